@@ -1,0 +1,199 @@
+"""The `cvmc` command line. Argument parsing only: the work happens in the library.
+
+Every user mistake surfaces as a CvmcError (or the runtime's ModelError) and is printed
+as one clear message with exit code 1, never as a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from cvmc_runtime.signature import ModelError
+from rich.console import Console
+from rich.table import Table
+
+from cvmc.errors import CvmcError
+
+console = Console(highlight=False)
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+# ---- check ----------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace) -> int:
+    """Parse, type and shape-check a model; print its signature and tensor table."""
+    from cvmc.frontend import load_graph
+    from cvmc.passes.precision import infer_precision
+    from cvmc.ops import lookup
+
+    graph = load_graph(args.model, quant=args.quant, params=args.params)
+    if all(lookup(n.op).compute for n in graph.nodes) and \
+            all(graph.types[i].is_integer for i in graph.inputs):
+        graph = infer_precision(graph)
+    producers = graph.producers()
+    kinds = {**{n: "input" for n in graph.inputs}, **{n: "weight" for n in graph.constants}}
+
+    def sig(names):
+        return ", ".join(f"{n}: {_fmt_shape(graph.types[n].shape)}" for n in names)
+
+    console.print(f"graph {graph.name}")
+    console.print(f"  inputs:  {sig(graph.inputs)}")
+    console.print(f"  outputs: {sig(graph.outputs)}")
+    table = Table("tensor", "op", "shape", "dtype", "precision", box=None)
+    for name in graph.values():
+        t = graph.types[name]
+        op = producers[name].op if name in producers else kinds[name]
+        table.add_row(name, op, _fmt_shape(t.shape), t.dtype,
+                      "-" if t.precision is None else str(t.precision))
+    console.print(table)
+    return 0
+
+
+# ---- ops ------------------------------------------------------------------------------
+def cmd_ops(args: argparse.Namespace) -> int:
+    """Print the operator table."""
+    from cvmc.ops import all_ops
+
+    table = Table("op", "family", "inputs", "attributes (defaults)", "precision", box=None)
+    for d in all_ops():
+        if d.compute or args.all:
+            names = d.name + (f" ({', '.join(d.aliases)})" if d.aliases else "")
+            table.add_row(names, d.family, ", ".join(d.inputs),
+                          "; ".join(a.describe() for a in d.attrs),
+                          d.precision_rule if d.compute else "(check only)")
+    console.print(table)
+    return 0
+
+
+# ---- run ------------------------------------------------------------------------------
+def _read_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
+    feeds = {}
+    for pair in pairs:
+        name, sep, file = pair.partition("=")
+        if not sep or not name or not file:
+            raise CvmcError(f"--input expects NAME=FILE.npy, got '{pair}'")
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise CvmcError(f"--input {name}: cannot read '{file}': {e}") from None
+    return feeds
+
+
+def _write_outputs(outputs: dict[str, np.ndarray], out_dir: str | None) -> None:
+    if out_dir:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for name, value in outputs.items():
+        line = f"{name}: shape {_fmt_shape(value.shape)} {value.dtype}"
+        if value.size:
+            line += f" min {int(value.min())} max {int(value.max())}"
+        if out_dir:
+            path = Path(out_dir) / f"{name}.npy"
+            np.save(path, value)
+            line += f" -> {path}"
+        console.print(line)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run a compiled artifact (or, with --reference, a graph on the interpreter)."""
+    feeds = _read_inputs(args.input)
+    if args.reference:
+        from cvmc.frontend import load_graph
+        from cvmc.reference import reference_run
+        graph = load_graph(args.model, quant=args.quant, params=args.params)
+        outputs = reference_run(graph, feeds, saturate=args.saturate)
+    else:
+        if args.quant or args.params:
+            raise CvmcError("--quant/--params apply with --reference (to a model, not an artifact)")
+        import cvmc_runtime
+        model = cvmc_runtime.load(args.model)
+        outputs = model.run(feeds, saturate=args.saturate)
+    _write_outputs(outputs, args.output_dir)
+    return 0
+
+
+# ---- compile --------------------------------------------------------------------------
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a model to a .cvmx artifact."""
+    from cvmc.codegen import compile_cli
+    return compile_cli(args, console)
+
+
+# ---- export ---------------------------------------------------------------------------
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a model in another format (CVM-Runtime JSON + params)."""
+    from cvmc.frontend import load_graph
+    from cvmc.frontend.cvm_json import export_cvm
+    graph = load_graph(args.model, quant=args.quant, params=args.params)
+    for path in export_cvm(graph, args.output):
+        console.print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    p = argparse.ArgumentParser(prog="cvmc", description="Compiler for integer (CVM) "
+                                "neural networks. See README.md.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_args(sp, what="model: NNEF file, folder or tar(.gz), or CVM-Runtime JSON"):
+        sp.add_argument("model", help=what)
+        sp.add_argument("--quant", help="graph.quant file (default: the one beside the graph)")
+        sp.add_argument("--params", help="params file of a CVM-Runtime JSON model")
+
+    sp = sub.add_parser("check", help="parse and check a model; print every tensor's type")
+    model_args(sp)
+    sp.set_defaults(fn=cmd_check)
+
+    sp = sub.add_parser("ops", help="print the operator table")
+    sp.add_argument("--all", action="store_true",
+                    help="include NNEF standard ops that cvmc only shape-checks")
+    sp.set_defaults(fn=cmd_ops)
+
+    sp = sub.add_parser("run", help="run a .cvmx artifact, or a model with --reference")
+    model_args(sp, "a .cvmx artifact, or a model with --reference")
+    sp.add_argument("--reference", action="store_true",
+                    help="run the model on the NumPy reference interpreter")
+    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    sp.add_argument("--output-dir", help="write each output to DIR/<name>.npy")
+    sp.add_argument("--saturate", action="store_true",
+                    help="clip inputs into their declared precision instead of rejecting them")
+    sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("compile", help="compile a model to a .cvmx artifact")
+    model_args(sp)
+    sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
+    sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
+    sp.add_argument("--arch", default="sm_80", help="CUDA arch, e.g. sm_80, sm_90 (default sm_80)")
+    sp.add_argument("-o", "--output", required=True, help="artifact path (.cvmx)")
+    sp.add_argument("--emit", action="append", default=[], choices=["tir", "source", "plan"],
+                    help="also write OUTPUT.<kind> for inspection (repeatable)")
+    sp.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass to DIR")
+    sp.add_argument("--stop-after", metavar="PASS", help="stop the pass pipeline after PASS")
+    sp.set_defaults(fn=cmd_compile)
+
+    sp = sub.add_parser("export", help="export a model for CVM-Runtime")
+    model_args(sp)
+    sp.add_argument("--format", choices=["cvm"], default="cvm")
+    sp.add_argument("-o", "--output", required=True, help="output folder")
+    sp.set_defaults(fn=cmd_export)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `cvmc` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except CvmcError as e:
+        print(e.render(), file=sys.stderr)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

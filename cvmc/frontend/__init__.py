@@ -1,0 +1,36 @@
+"""Frontends: NNEF text (+ .dat weights, graph.quant) and CVM-Runtime JSON + params.
+
+`load_graph` detects the format from the file's content, so every command accepts both.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cvmc.errors import CvmcError
+from cvmc.ir import Graph
+
+
+def _is_cvm_json(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        head = f.read(64).lstrip()
+    return head.startswith(b"{")
+
+
+def load_graph(path: str | Path, quant: str | Path | None = None,
+               params: str | Path | None = None) -> Graph:
+    """Read a model: an NNEF document / folder / tar(.gz), or a CVM-Runtime graph JSON."""
+    path = Path(path)
+    if not path.exists():
+        raise CvmcError(f"{path}: no such file or folder")
+    if _is_cvm_json(path):
+        from cvmc.frontend.cvm_json import read_cvm_model
+        if quant is not None:
+            raise CvmcError("--quant applies to NNEF documents, not CVM-Runtime JSON models")
+        return read_cvm_model(path, params)
+    if params is not None:
+        raise CvmcError("--params applies to CVM-Runtime JSON models; NNEF weights are "
+                        "variable() .dat files next to the graph")
+    from cvmc.frontend.nnef import load_nnef
+    return load_nnef(path, quant)

@@ -1,0 +1,147 @@
+"""Graph IR: a flat, topologically ordered list of op nodes over named tensor values.
+
+Graph inputs (NNEF `external`) and weights (`variable` / `constant`) are not nodes:
+inputs are listed in `Graph.inputs`, weights carry their data in `Graph.constants`.
+Every value name (input, weight, node output) has a `TensorType` in `Graph.types`.
+Passes treat a Graph as immutable: they build a new one (`Graph.replace`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cvmc.errors import SourceSpan
+
+INT_DTYPES = ("int8", "int32")
+
+
+def storage_dtype(precision: int) -> str:
+    """The storage dtype of an integer tensor: int8 when it fits (precision <= 8), else int32."""
+    return "int8" if precision <= 8 else "int32"
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Shape, element type and (for integer tensors) CVM precision in bits, 1..32.
+
+    dtype is one of int8, int32 (CVM integer tensors), float32 (NNEF `scalar`) or
+    bool (NNEF `logical`). precision is None until inferred and for non-integer types.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "int32"
+    precision: int | None = None
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        """Rank."""
+        return len(self.shape)
+
+    @property
+    def is_integer(self) -> bool:
+        """True for CVM integer tensors."""
+        return self.dtype in INT_DTYPES
+
+    def with_precision(self, precision: int) -> TensorType:
+        """This type with a precision and the storage dtype that goes with it."""
+        return TensorType(self.shape, storage_dtype(precision), precision)
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """One op application: `outputs = op(inputs, attrs)`.
+
+    `inputs` holds value names; an absent optional (trailing) input is simply left out.
+    `attrs` holds every attribute of the op, defaults filled in, canonical spellings.
+    """
+
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    span: SourceSpan | None = None
+
+    @property
+    def name(self) -> str:
+        """The node's instance name: its first output."""
+        return self.outputs[0]
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Node) and self.op == other.op and self.inputs == other.inputs
+                and self.outputs == other.outputs and dict(self.attrs) == dict(other.attrs))
+
+    def __hash__(self) -> int:
+        return hash((self.op, self.inputs, self.outputs))
+
+
+@dataclass
+class Graph:
+    """A whole model: its signature, nodes, value types and weight data."""
+
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+    nodes: list[Node]
+    types: dict[str, TensorType]
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # weight name -> NNEF .dat label
+    quant: dict[str, dict[str, Any]] = field(default_factory=dict)  # graph.quant entries
+
+    def replace(self, **changes: Any) -> Graph:
+        """A shallow copy with some fields replaced (containers are copied)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields.update(changes)
+        for k in ("inputs", "outputs", "nodes"):
+            fields[k] = list(fields[k])
+        for k in ("types", "constants", "labels", "quant"):
+            fields[k] = dict(fields[k])
+        return Graph(**fields)
+
+    def producers(self) -> dict[str, Node]:
+        """Map from value name to the node that produces it."""
+        return {out: n for n in self.nodes for out in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Map from value name to the nodes that read it (in order)."""
+        users: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                users.setdefault(i, []).append(n)
+        return users
+
+    def values(self) -> Iterator[str]:
+        """Every value name: inputs, weights, then node outputs in order."""
+        yield from self.inputs
+        yield from self.constants
+        for n in self.nodes:
+            yield from n.outputs
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return (self.inputs == other.inputs and self.outputs == other.outputs
+                and self.nodes == other.nodes and self.types == other.types
+                and self.constants.keys() == other.constants.keys()
+                and all(np.array_equal(v, other.constants[k]) for k, v in self.constants.items()))
+
+    def verify(self) -> None:
+        """Check structural invariants (internal; a failure is a cvmc bug)."""
+        defined = set(self.inputs) | set(self.constants)
+        for n in self.nodes:
+            for i in n.inputs:
+                assert i in defined, f"node {n.name}: input {i!r} used before definition"
+            for o in n.outputs:
+                assert o not in defined, f"value {o!r} assigned twice"
+                defined.add(o)
+        for name in list(self.outputs) + list(defined):
+            assert name in defined, f"output {name!r} is not defined"
+            assert name in self.types, f"value {name!r} has no type"

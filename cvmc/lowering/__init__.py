@@ -1,0 +1,1 @@
+"""Lowering: graph -> TE/TIR. Importing this package does not import TVM."""

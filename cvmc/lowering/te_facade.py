@@ -1,0 +1,37 @@
+"""The one place op `lower` rules reach TVM from (imported lazily inside the rules).
+
+TVM 0.27 moved things around (`tvm.tirx`, `tvm.s_tir`); keeping op modules on this facade
+means an API move is fixed here once. Integer helpers follow the CVM semantics notes:
+Python `//` and `%` on TIR expressions floor, `truncdiv` truncates, `>>` is arithmetic.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import te, tirx, topi
+
+__all__ = ["te", "tirx", "topi", "tvm", "const", "as_int64", "as_int32", "shape_of", "elementwise"]
+
+
+def const(value: int, dtype: str = "int32") -> tirx.PrimExpr:
+    """An integer constant of the given dtype."""
+    return tirx.const(int(value), dtype)
+
+
+def as_int64(e: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Widen an expression to int64 (for intermediates that may exceed int32)."""
+    return e.astype("int64")
+
+
+def as_int32(e: tirx.PrimExpr) -> tirx.PrimExpr:
+    """Narrow an expression to int32 (the value must already fit)."""
+    return e.astype("int32")
+
+
+def shape_of(t: te.Tensor) -> tuple[int, ...]:
+    """The static shape of a TE tensor as Python ints."""
+    return tuple(int(d) for d in t.shape)
+
+
+def elementwise(x: te.Tensor, fn, name: str) -> te.Tensor:
+    """`te.compute` applying `fn` to every element of `x`."""
+    return te.compute(x.shape, lambda *i: fn(x(*i)), name=name)

@@ -1,0 +1,15 @@
+"""All operators. Importing this package registers every op and runs the self-check."""
+from cvmc.ops import (  # noqa: F401  (imported for their registrations)
+    broadcast,
+    elemwise,
+    nn,
+    nnef_std,
+    reduce,
+    transform,
+    vision,
+)
+from cvmc.ops.registry import Attrs, OpDef, all_ops, check_registry, lookup
+
+check_registry()
+
+__all__ = ["Attrs", "OpDef", "all_ops", "lookup"]

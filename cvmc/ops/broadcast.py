@@ -1,0 +1,1 @@
+"""CVM broadcast operators (see ../shared/spec/cvm-operators-formal.txt)."""

@@ -1,0 +1,1 @@
+"""CVM elemwise operators (see ../shared/spec/cvm-operators-formal.txt)."""

@@ -1,0 +1,1 @@
+"""CVM reduce operators (see ../shared/spec/cvm-operators-formal.txt)."""

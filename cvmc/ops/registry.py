@@ -1,0 +1,347 @@
+"""The operator registry: one `OpDef` per op bundles every rule the compiler needs.
+
+An op module declares an entry with `op(...)` and attaches its rules with decorators:
+
+    relu = op("relu", family="nn", inputs=("data",), fusion=Fusion.ELEMWISE,
+              precision_rule="p_x")
+
+    @relu.shape
+    def _(ins, a): return ins[0].shape
+
+    @relu.precision
+    def _(ins, a): return ins[0].precision
+
+    @relu.reference
+    def _(xs, a): return np.maximum(xs[0], 0)
+
+    @relu.lower
+    def _(xs, a): ...   # TE compute over int32 inputs, returns int32 tensor(s)
+
+Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Attrs`):
+- shape(ins, a) -> shape tuple, or a list of shapes when the op has several outputs.
+  Raises `OpRuleError` naming the operand/attribute, expected and actual values.
+- precision(ins, a) -> int, or a tuple of ints for several outputs (each 1..32).
+- reference(xs, a) -> array(s): literal NumPy of the formal spec. Inputs arrive as
+  int64 and outputs are returned as int64; the interpreter checks them against the
+  inferred precision and casts to the storage dtype.
+- lower(xs, a) -> te.Tensor(s): TE compute over int32 inputs; the lowering casts the
+  result to the storage dtype. Import TVM inside the rule (`cvmc.lowering.te_facade`),
+  never at module level, so checking a graph never loads TVM.
+- cost(ins, outs, a) -> int: base operations per output element (default 1).
+The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
+
+Ops with `compute=False` are NNEF standard primitives that cvmc can parse and
+shape-check but not compile (float semantics); they need only a shape rule.
+"""
+from __future__ import annotations
+
+import difflib
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cvmc.errors import OpRuleError
+from cvmc.ir.graph import TensorType
+
+MAX_ATTR = 4096  # CVM-Runtime's default attribute bound ("max_attr")
+
+
+class Fusion(enum.Enum):
+    """How an op may be fused with its neighbours."""
+
+    ELEMWISE = "elemwise"
+    BROADCAST = "broadcast"
+    INJECTIVE = "injective"
+    REDUCTION = "reduction"
+    OUT_ELEMWISE = "out-elemwise-fusable"  # conv2d, dense: elementwise consumers may fuse in
+    OPAQUE = "opaque"
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+_NNEF_TYPE = {"int": "integer", "bool": "logical", "ints": "integer[]", "int?": "integer",
+              "str": "string"}
+
+
+@dataclass(frozen=True)
+class Attr:
+    """A typed attribute with default and inclusive range [lo, hi] (checked per element).
+
+    kind: "int", "bool", "ints" (list of ints), "int?" (int or None), "str".
+    length: required list length for "ints" (a single int is broadcast to it when
+    scalar_ok). aliases: other spellings accepted on input (CVM-Runtime, spec variants).
+    """
+
+    name: str
+    kind: str
+    default: Any = REQUIRED
+    lo: int | None = None
+    hi: int | None = None
+    length: int | None = None
+    scalar_ok: bool = False
+    aliases: tuple[str, ...] = ()
+    choices: tuple[str, ...] = ()
+
+    @property
+    def nnef_type(self) -> str:
+        """The NNEF type name used in signatures."""
+        return _NNEF_TYPE[self.kind]
+
+    def describe(self) -> str:
+        """`name: type = default` for tables and messages."""
+        text = f"{self.name}: {self.nnef_type}"
+        if self.default is not REQUIRED:
+            text += f" = {_fmt(self.default)}"
+        return text
+
+    def normalize(self, op: str, value: Any) -> Any:
+        """Type-check and range-check one value; returns the canonical form."""
+        where = f"{op}: attribute '{self.name}'"
+        if self.kind == "int?" and value is None:
+            return None
+        if self.kind in ("int", "int?"):
+            if not _is_int(value):
+                raise OpRuleError(f"{where} must be an integer, got {_fmt(value)}")
+            self._check_range(where, int(value))
+            return int(value)
+        if self.kind == "bool":
+            if not isinstance(value, bool):
+                raise OpRuleError(f"{where} must be a logical (true/false), got {_fmt(value)}")
+            return value
+        if self.kind == "str":
+            if not isinstance(value, str) or (self.choices and value not in self.choices):
+                expect = " or ".join(repr(c) for c in self.choices) or "a string"
+                raise OpRuleError(f"{where} must be {expect}, got {_fmt(value)}")
+            return value
+        assert self.kind == "ints", self.kind
+        if _is_int(value) and self.scalar_ok:
+            value = [int(value)] * (self.length or 1)
+        if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
+            raise OpRuleError(f"{where} must be a list of integers, got {_fmt(value)}")
+        if self.length is not None and len(value) != self.length:
+            raise OpRuleError(f"{where} must have {self.length} elements, got {_fmt(value)}")
+        for v in value:
+            self._check_range(where, int(v))
+        return tuple(int(v) for v in value)
+
+    def _check_range(self, where: str, v: int) -> None:
+        if (self.lo is not None and v < self.lo) or (self.hi is not None and v > self.hi):
+            lo = "-inf" if self.lo is None else self.lo
+            hi = "inf" if self.hi is None else self.hi
+            raise OpRuleError(f"{where} must be in [{lo}, {hi}], got {v}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, str):
+        return repr(v)
+    return "none" if v is None else str(v)
+
+
+class Attrs(dict):
+    """Normalized attribute values with attribute access (`a.padding`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+_RULES = ("shape", "precision", "reference", "lower", "cost")
+
+
+class OpDef:
+    """Everything cvmc knows about one operator. Create with `op(...)`."""
+
+    def __init__(self, name: str, *, family: str, inputs: Sequence[str],
+                 outputs: Sequence[str] = ("out",), attrs: Sequence[Attr] = (),
+                 aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
+                 precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
+                 compute: bool = True):
+        self.name = name
+        self.family = family
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self.attrs = tuple(attrs)
+        self.aliases = tuple(aliases)
+        self.fusion = fusion
+        self.precision_rule = precision_rule
+        self.seeds = tuple(seeds)
+        self.compute = compute
+        self.rules: dict[str, Callable[..., Any]] = {}
+        self._attr_by_name = {}
+        for at in self.attrs:
+            for spelling in (at.name, *at.aliases):
+                self._attr_by_name[spelling] = at
+
+    def __repr__(self) -> str:
+        return f"OpDef({self.name!r})"
+
+    # -- rule decorators ---------------------------------------------------------------
+    def _rule(kind: str):  # type: ignore[misc]  # noqa: N805 (decorator factory)
+        def decorator(self: OpDef, fn: Callable[..., Any]) -> Callable[..., Any]:
+            assert kind not in self.rules, f"{self.name}: {kind} rule defined twice"
+            self.rules[kind] = fn
+            return fn
+        decorator.__name__ = kind
+        decorator.__doc__ = f"Attach the {kind} rule."
+        return decorator
+
+    shape = _rule("shape")
+    precision = _rule("precision")
+    reference = _rule("reference")
+    lower = _rule("lower")
+    cost = _rule("cost")
+    del _rule
+
+    # -- inputs ------------------------------------------------------------------------
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Input names without the `?` (optional) and `*` (variadic) markers."""
+        return tuple(i.strip("?*") for i in self.inputs)
+
+    @property
+    def variadic(self) -> bool:
+        """True if the op takes any number of tensors (e.g. concatenate)."""
+        return any(i.startswith("*") for i in self.inputs)
+
+    def check_arity(self, n: int) -> None:
+        """Raise unless `n` input tensors are acceptable."""
+        if self.variadic:
+            if n < 1:
+                raise OpRuleError(f"{self.name}: needs at least one input tensor")
+            return
+        required = sum(1 for i in self.inputs if not i.endswith("?"))
+        if not required <= n <= len(self.inputs):
+            want = str(required) if required == len(self.inputs) else \
+                f"{required} to {len(self.inputs)}"
+            raise OpRuleError(f"{self.name}: expects {want} input tensors "
+                              f"({', '.join(self.inputs)}), got {n}")
+
+    # -- attributes --------------------------------------------------------------------
+    def attr(self, name: str) -> Attr | None:
+        """The attribute with this name or alias, if any."""
+        return self._attr_by_name.get(name)
+
+    def normalize_attrs(self, given: dict[str, Any]) -> Attrs:
+        """Map aliases, reject unknown names, check types and ranges, fill defaults."""
+        out = Attrs()
+        for key, value in given.items():
+            at = self._attr_by_name.get(key)
+            if at is None:
+                raise OpRuleError(f"{self.name}: unknown attribute '{key}'{self._suggest(key)}")
+            if at.name in out:
+                raise OpRuleError(f"{self.name}: attribute '{at.name}' given twice")
+            out[at.name] = at.normalize(self.name, value)
+        for at in self.attrs:
+            if at.name not in out:
+                if at.default is REQUIRED:
+                    raise OpRuleError(f"{self.name}: missing required attribute "
+                                      f"'{at.describe()}'")
+                out[at.name] = at.normalize(self.name, at.default) \
+                    if at.default is not None else None
+        return out
+
+    def _suggest(self, key: str) -> str:
+        close = difflib.get_close_matches(key, list(self._attr_by_name), n=1)
+        if close:
+            return f"; did you mean '{close[0]}'?"
+        names = ", ".join(a.name for a in self.attrs) or "none"
+        return f" (attributes: {names})"
+
+    # -- running the rules -------------------------------------------------------------
+    def infer_shapes(self, ins: Sequence[TensorType], a: Attrs) -> list[tuple[int, ...]]:
+        """Output shapes (one per output), validated."""
+        self.check_arity(len(ins))
+        result = self.rules["shape"](list(ins), a)
+        shapes = [result] if len(self.outputs) == 1 else list(result)
+        assert len(shapes) == len(self.outputs), f"{self.name}: shape rule arity"
+        return [tuple(int(d) for d in s) for s in shapes]
+
+    def infer_precisions(self, ins: Sequence[TensorType], a: Attrs) -> list[int]:
+        """Output precisions (one per output); each must be in 1..32."""
+        result = self.rules["precision"](list(ins), a)
+        precs = [result] if len(self.outputs) == 1 else list(result)
+        return [int(p) for p in precs]
+
+    def run_reference(self, xs: Sequence[Any], a: Attrs) -> list[Any]:
+        """Reference outputs as a list (int64 arrays)."""
+        result = self.rules["reference"](list(xs), a)
+        return [result] if len(self.outputs) == 1 else list(result)
+
+    def run_lower(self, xs: Sequence[Any], a: Attrs) -> list[Any]:
+        """TE output tensors as a list."""
+        result = self.rules["lower"](list(xs), a)
+        return [result] if len(self.outputs) == 1 else list(result)
+
+    def cost_of(self, ins: Sequence[TensorType], outs: Sequence[TensorType], a: Attrs) -> int:
+        """Base operations per output element (CVM-Runtime's gas model)."""
+        rule = self.rules.get("cost")
+        return int(rule(list(ins), list(outs), a)) if rule else 1
+
+    def missing_rules(self) -> list[str]:
+        """Rules this entry still lacks."""
+        needed = ("shape", "precision", "reference", "lower") if self.compute else ("shape",)
+        return [r for r in needed if r not in self.rules]
+
+
+_REGISTRY: dict[str, OpDef] = {}
+_ALIASES: dict[str, str] = {}
+
+
+def op(name: str, **kwargs: Any) -> OpDef:
+    """Declare and register an operator; attach rules with its decorators."""
+    assert name not in _REGISTRY and name not in _ALIASES, f"op {name!r} registered twice"
+    d = OpDef(name, **kwargs)
+    _REGISTRY[name] = d
+    for alias in d.aliases:
+        assert alias not in _REGISTRY and alias not in _ALIASES, f"alias {alias!r} taken"
+        _ALIASES[alias] = name
+    return d
+
+
+def lookup(name: str) -> OpDef | None:
+    """The op with this name or alias, or None."""
+    return _REGISTRY.get(_ALIASES.get(name, name))
+
+
+def all_ops() -> list[OpDef]:
+    """Every registered op, in registration order."""
+    return list(_REGISTRY.values())
+
+
+def suggest(name: str) -> str:
+    """A ` did you mean ...?` suffix for an unknown op name ('' if nothing is close)."""
+    close = difflib.get_close_matches(name, list(_REGISTRY) + list(_ALIASES), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def check_registry() -> None:
+    """Fail loudly (at import) if any entry lacks a rule it needs."""
+    problems = [f"{d.name}: missing {', '.join(d.missing_rules())}"
+                for d in _REGISTRY.values() if d.missing_rules()]
+    for d in _REGISTRY.values():
+        if d.compute and not d.precision_rule:
+            problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
+        optional = [i.endswith("?") for i in d.inputs]
+        if any(o and not later for o, later in zip(optional, optional[1:])):
+            problems.append(f"{d.name}: optional inputs must come last")
+        bad = set(d.rules) - set(_RULES)
+        if bad:
+            problems.append(f"{d.name}: unknown rules {sorted(bad)}")
+    if problems:
+        raise RuntimeError("operator registry is incomplete:\n  " + "\n  ".join(problems))

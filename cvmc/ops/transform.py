@@ -1,0 +1,1 @@
+"""CVM transform operators (see ../shared/spec/cvm-operators-formal.txt)."""

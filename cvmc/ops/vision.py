@@ -1,0 +1,1 @@
+"""CVM vision operators (see ../shared/spec/cvm-operators-formal.txt)."""

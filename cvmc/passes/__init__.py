@@ -1,0 +1,1 @@
+"""Graph -> Graph passes; `pipeline.py` lists them in order."""

@@ -1,0 +1,44 @@
+"""The pass pipeline: every Graph -> Graph pass, in order, with why it is there."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from cvmc.errors import CvmcError
+from cvmc.ir import Graph
+from cvmc.passes.precision import infer_precision
+from cvmc.passes.simplify import eliminate_dead_code, fold_constants
+
+PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+    # Shapes are inferred as the frontend builds the graph; precisions need the whole
+    # graph (weights' data), and prove int32 never overflows.
+    ("infer-precision", infer_precision),
+    # Nodes whose inputs are all weights are evaluated now with the reference rules.
+    ("fold-constants", fold_constants),
+    # Nodes (and weights) that no output depends on are dropped.
+    ("eliminate-dead-code", eliminate_dead_code),
+]
+
+
+def pass_names() -> list[str]:
+    """Names accepted by --stop-after."""
+    return [name for name, _ in PASSES]
+
+
+def run_pipeline(graph: Graph, stop_after: str | None = None,
+                 dump_dir: str | Path | None = None) -> Graph:
+    """Run the passes in order; optionally dump the graph after each and stop early."""
+    if stop_after is not None and stop_after not in pass_names():
+        raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
+                        f"passes: {', '.join(pass_names())}")
+    for index, (name, fn) in enumerate(PASSES):
+        graph = fn(graph)
+        graph.verify()
+        if dump_dir is not None:
+            from cvmc.ir.printer import print_graph
+            out = Path(dump_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{index:02d}-{name}.nnef").write_text(print_graph(graph))
+        if name == stop_after:
+            break
+    return graph

@@ -1,0 +1,74 @@
+"""Model signatures and input checking, shared by the runtime and cvmc's interpreter.
+
+A CVM tensor of precision p holds integers with |v| <= 2^(p-1) - 1. Inputs are checked
+against that before anything runs: a violation is an error naming the input, the first
+offending index and value; with saturate=True values are clipped instead (as
+CVM-Runtime does for its data input).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class ModelError(Exception):
+    """A problem with a model file or with the inputs given to a model."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape, storage dtype (int8/int32) and precision of a model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    precision: int
+
+    def to_json(self) -> dict:
+        """A JSON-serialisable dict."""
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+                "precision": self.precision}
+
+    @staticmethod
+    def from_json(d: Mapping) -> TensorSpec:
+        """Inverse of to_json."""
+        return TensorSpec(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]),
+                          int(d["precision"]))
+
+
+def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.ndarray:
+    """Validate one input array and return it converted to the spec's storage dtype."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu":
+        raise ModelError(f"input '{spec.name}': expected an integer array, got dtype {arr.dtype}")
+    if tuple(arr.shape) != spec.shape:
+        raise ModelError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
+                         f"got {list(arr.shape)}")
+    bound = (1 << (spec.precision - 1)) - 1
+    wide = arr.astype(np.int64)
+    bad = np.abs(wide) > bound
+    if bad.any():
+        if not saturate:
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ModelError(f"input '{spec.name}': value {int(wide[idx])} at index {list(idx)} "
+                             f"is outside precision {spec.precision} (|v| <= {bound}); "
+                             f"pass saturate to clip")
+        wide = np.clip(wide, -bound, bound)
+    return wide.astype(spec.dtype)
+
+
+def check_inputs(specs: list[TensorSpec], feeds: Mapping[str, object],
+                 saturate: bool = False) -> dict[str, np.ndarray]:
+    """Check names (none missing, none unknown) and every input; returns converted arrays."""
+    known = {s.name for s in specs}
+    unknown = sorted(set(feeds) - known)
+    if unknown:
+        raise ModelError(f"unknown input '{unknown[0]}'; the model's inputs are: "
+                         f"{', '.join(s.name for s in specs)}")
+    missing = [s.name for s in specs if s.name not in feeds]
+    if missing:
+        raise ModelError(f"missing input '{missing[0]}' "
+                         f"(shape {list(specs[[s.name for s in specs].index(missing[0])].shape)})")
+    return {s.name: check_input(s, feeds[s.name], saturate) for s in specs}
