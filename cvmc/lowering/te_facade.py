@@ -9,7 +9,7 @@ from __future__ import annotations
 import tvm
 from tvm import te, tirx, topi
 
-__all__ = ["te", "tirx", "topi", "tvm", "const", "as_int64", "as_int32", "shape_of", "elementwise"]
+__all__ = ["te", "tirx", "topi", "tvm", "const", "as_int64", "as_int32", "shape_of", "elementwise", "cast"]
 
 
 def const(value: int, dtype: str = "int32") -> tirx.PrimExpr:
@@ -35,3 +35,8 @@ def shape_of(t: te.Tensor) -> tuple[int, ...]:
 def elementwise(x: te.Tensor, fn, name: str) -> te.Tensor:
     """`te.compute` applying `fn` to every element of `x`."""
     return te.compute(x.shape, lambda *i: fn(x(*i)), name=name)
+
+
+def cast(x: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    """`x` converted elementwise to `dtype` (TE lambdas cannot take default arguments)."""
+    return te.compute(x.shape, lambda *i: x(*i).astype(dtype), name=name)

@@ -66,14 +66,16 @@ class _Required:
 REQUIRED: Any = _Required()
 
 _NNEF_TYPE = {"int": "integer", "bool": "logical", "ints": "integer[]", "int?": "integer",
-              "str": "string"}
+              "str": "string", "scalar": "scalar", "scalars": "scalar[]",
+              "int_pairs": "(integer,integer)[]"}
 
 
 @dataclass(frozen=True)
 class Attr:
     """A typed attribute with default and inclusive range [lo, hi] (checked per element).
 
-    kind: "int", "bool", "ints" (list of ints), "int?" (int or None), "str".
+    kind: "int", "bool", "ints" (list of ints), "int?" (int or None), "str", and for
+    NNEF standard ops "scalar" (a number), "scalars" and "int_pairs" ([(p, q), ...]).
     length: required list length for "ints" (a single int is broadcast to it when
     scalar_ok). aliases: other spellings accepted on input (CVM-Runtime, spec variants).
     """
@@ -119,6 +121,21 @@ class Attr:
                 expect = " or ".join(repr(c) for c in self.choices) or "a string"
                 raise OpRuleError(f"{where} must be {expect}, got {_fmt(value)}")
             return value
+        if self.kind == "scalar":
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise OpRuleError(f"{where} must be a number, got {_fmt(value)}")
+            return value
+        if self.kind == "scalars":
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                raise OpRuleError(f"{where} must be a list of numbers, got {_fmt(value)}")
+            return tuple(value)
+        if self.kind == "int_pairs":
+            if not isinstance(value, (list, tuple)) or not all(
+                    isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(x) for x in v)
+                    for v in value):
+                raise OpRuleError(f"{where} must be a list of integer pairs, got {_fmt(value)}")
+            return tuple((int(p), int(q)) for p, q in value)
         assert self.kind == "ints", self.kind
         if _is_int(value) and self.scalar_ok:
             value = [int(value)] * (self.length or 1)
@@ -144,6 +161,8 @@ def _is_int(v: Any) -> bool:
 def _fmt(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v):
+        return f"({v[0]}, {v[1]})"
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
     if isinstance(v, str):
@@ -219,6 +238,12 @@ class OpDef:
         """True if the op takes any number of tensors (e.g. concatenate)."""
         return any(i.startswith("*") for i in self.inputs)
 
+    @property
+    def variadic_outputs(self) -> bool:
+        """True if the op returns an array of tensors whose length the shape rule decides
+        (NNEF split / unstack)."""
+        return self.outputs[0].startswith("*")
+
     def check_arity(self, n: int) -> None:
         """Raise unless `n` input tensors are acceptable."""
         if self.variadic:
@@ -268,8 +293,10 @@ class OpDef:
         """Output shapes (one per output), validated."""
         self.check_arity(len(ins))
         result = self.rules["shape"](list(ins), a)
-        shapes = [result] if len(self.outputs) == 1 else list(result)
-        assert len(shapes) == len(self.outputs), f"{self.name}: shape rule arity"
+        shapes = [result] if len(self.outputs) == 1 and not self.variadic_outputs \
+            else list(result)
+        assert self.variadic_outputs or len(shapes) == len(self.outputs), \
+            f"{self.name}: shape rule arity"
         return [tuple(int(d) for d in s) for s in shapes]
 
     def infer_precisions(self, ins: Sequence[TensorType], a: Attrs) -> list[int]:

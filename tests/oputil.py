@@ -1,0 +1,75 @@
+"""Test helpers: build one-op graphs, run them on the reference and compiled for llvm."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from cvmc.ir import Graph, Node, TensorType
+from cvmc.ops import lookup
+from cvmc.passes.precision import infer_precision
+from cvmc.reference import reference_run
+
+
+def one_op_graph(op: str, inputs: list[tuple[np.ndarray, int]], attrs: dict | None = None,
+                 weights: tuple[int, ...] = ()) -> Graph:
+    """A graph applying `op` to `inputs` [(array, precision)]; indices in `weights` become
+    weights (constants with that declared precision), the rest graph inputs x0, x1, ..."""
+    d = lookup(op)
+    a = d.normalize_attrs(attrs or {})
+    names = [f"w{i}" if i in weights else f"x{i}" for i in range(len(inputs))]
+    types = {n: TensorType(tuple(arr.shape), "int32", p) for n, (arr, p) in zip(names, inputs)}
+    outs = tuple(f"y{i}" for i in range(len(d.outputs))) if not d.outputs[0].startswith("*") \
+        else ("y0",)
+    shapes = d.infer_shapes([types[n] for n in names], a)
+    types.update({o: TensorType(s, "int32") for o, s in zip(outs, shapes)})
+    consts = {n: arr for n, (arr, _) in zip(names, inputs) if n.startswith("w")}
+    g = Graph("test", [n for n in names if n.startswith("x")], list(outs),
+              [Node(d.name, tuple(names), outs, dict(a))], types, consts)
+    return infer_precision(g)
+
+
+def run_reference(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Reference outputs of a one_op_graph in output order."""
+    feeds = {n: inputs[int(n[1:])] for n in g.inputs}
+    res = reference_run(g, feeds)
+    return [res[o] for o in g.outputs]
+
+
+@functools.cache
+def _host_target():
+    import tvm
+    return tvm.target.Target.from_device(tvm.cpu())
+
+
+def run_compiled_llvm(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Compile the single node of `g` for the host CPU and run it."""
+    import tvm
+
+    from cvmc.lowering.lower import lower_node
+    from cvmc.lowering.schedule import schedule_cpu
+
+    node = g.nodes[0]
+    func = lower_node(node, g.types, "k")
+    mod = schedule_cpu(tvm.IRModule({"k": func}), "k")
+    ex = tvm.compile(mod, target=_host_target())
+    dev = tvm.cpu()
+    vals = {**{n: inputs[int(n[1:])] for n in g.inputs}, **g.constants}
+    args = [tvm.runtime.tensor(np.asarray(vals[n]).astype(g.types[n].dtype), dev)
+            for n in dict.fromkeys(node.inputs)]
+    outs = [tvm.runtime.empty(g.types[o].shape, g.types[o].dtype, dev) for o in node.outputs]
+    ex["k"](*args, *outs)
+    return [o.numpy() for o in outs]
+
+
+def check_op(op: str, inputs: list[tuple[np.ndarray, int]], attrs: dict | None = None,
+             weights: tuple[int, ...] = ()) -> list[np.ndarray]:
+    """Reference vs compiled (llvm), bit-exact; returns the reference outputs."""
+    g = one_op_graph(op, inputs, attrs, weights)
+    xs = [arr for arr, _ in inputs]
+    ref = run_reference(g, xs)
+    got = run_compiled_llvm(g, xs)
+    for name, r, c in zip(g.outputs, ref, got):
+        assert r.dtype == c.dtype and r.shape == c.shape, (name, r.dtype, c.dtype)
+        assert np.array_equal(r, c), f"{op} output {name}: compiled differs from reference"
+    return ref
