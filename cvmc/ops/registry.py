@@ -158,13 +158,13 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, nested: bool = False) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v):
-        return f"({v[0]}, {v[1]})"
+    if nested and isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v):
+        return f"({v[0]}, {v[1]})"  # an element of an (integer,integer)[] list
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+        return "[" + ", ".join(_fmt(x, True) for x in v) + "]"
     if isinstance(v, str):
         return repr(v)
     return "none" if v is None else str(v)
