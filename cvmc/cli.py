@@ -35,7 +35,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             all(graph.types[i].is_integer for i in graph.inputs):
         graph = infer_precision(graph)
     producers = graph.producers()
-    kinds = {**{n: "input" for n in graph.inputs}, **{n: "weight" for n in graph.constants}}
+    kinds = {**{n: "input" for n in graph.inputs}, **{n: "weight" for n in graph.weights()}}
 
     def sig(names):
         return ", ".join(f"{n}: {_fmt_shape(graph.types[n].shape)}" for n in names)

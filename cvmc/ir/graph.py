@@ -2,6 +2,9 @@
 
 Graph inputs (NNEF `external`) and weights (`variable` / `constant`) are not nodes:
 inputs are listed in `Graph.inputs`, weights carry their data in `Graph.constants`.
+A `variable` is also listed in `Graph.labels` (its .dat label); one whose data file is
+absent (a graph shipped without weights) is in `labels` but not in `constants`: it can be
+shape-checked, and anything that needs its values reports the missing file.
 Every value name (input, weight, node output) has a `TensorType` in `Graph.types`.
 Passes treat a Graph as immutable: they build a new one (`Graph.replace`).
 """
@@ -118,10 +121,14 @@ class Graph:
                 users.setdefault(i, []).append(n)
         return users
 
+    def weights(self) -> list[str]:
+        """Weight names: variables (with or without data) and constants."""
+        return list(dict.fromkeys([*self.labels, *self.constants]))
+
     def values(self) -> Iterator[str]:
         """Every value name: inputs, weights, then node outputs in order."""
         yield from self.inputs
-        yield from self.constants
+        yield from self.weights()
         for n in self.nodes:
             yield from n.outputs
 
@@ -135,7 +142,7 @@ class Graph:
 
     def verify(self) -> None:
         """Check structural invariants (internal; a failure is a cvmc bug)."""
-        defined = set(self.inputs) | set(self.constants)
+        defined = set(self.inputs) | set(self.weights())
         for n in self.nodes:
             for i in n.inputs:
                 assert i in defined, f"node {n.name}: input {i!r} used before definition"

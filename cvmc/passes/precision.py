@@ -22,8 +22,11 @@ def infer_precision(graph: Graph) -> Graph:
             raise CvmcError(f"graph input '{name}' must be an integer tensor with a declared "
                             f"precision (external<integer>(..., precision = P))")
         types[name] = t.with_precision(t.precision)
-    for name, data in graph.constants.items():
-        t = types[name]
+    for name in graph.weights():
+        if name not in graph.constants:
+            raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "
+                            f"not found beside the graph; integer inference needs the values")
+        data, t = graph.constants[name], types[name]
         if not t.is_integer:
             raise CvmcError(f"weight '{name}' has type {t.dtype}; cvmc computes on integers only")
         types[name] = t.with_precision(t.precision or data_precision(data))

@@ -34,8 +34,8 @@ def eliminate_dead_code(graph: Graph) -> Graph:
             live.update(node.inputs)
     constants = {k: v for k, v in graph.constants.items() if k in live}
     kept_ids = {id(n) for n in kept}
-    dead = set(graph.constants) - set(constants) | {
+    dead = set(graph.weights()) - live | {
         o for n in graph.nodes if id(n) not in kept_ids for o in n.outputs}
     types = {k: v for k, v in graph.types.items() if k not in dead}
-    labels = {k: v for k, v in graph.labels.items() if k in constants}
+    labels = {k: v for k, v in graph.labels.items() if k in live}
     return graph.replace(nodes=kept[::-1], constants=constants, types=types, labels=labels)
