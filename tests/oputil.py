@@ -1,7 +1,8 @@
 """Test helpers: build one-op graphs, run them on the reference and compiled for llvm."""
 from __future__ import annotations
 
-import functools
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -36,30 +37,18 @@ def run_reference(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [res[o] for o in g.outputs]
 
 
-@functools.cache
-def _host_target():
-    import tvm
-    return tvm.target.Target.from_device(tvm.cpu())
-
-
 def run_compiled_llvm(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Compile the single node of `g` for the host CPU and run it."""
-    import tvm
+    """Compile `g` for the host CPU through the real path (.cvmx + runtime) and run it."""
+    import cvmc_runtime
 
-    from cvmc.lowering.lower import lower_node
-    from cvmc.lowering.schedule import schedule_cpu
+    from cvmc.codegen import compile_model
 
-    node = g.nodes[0]
-    func = lower_node(node, g.types, "k")
-    mod = schedule_cpu(tvm.IRModule({"k": func}), "k")
-    ex = tvm.compile(mod, target=_host_target())
-    dev = tvm.cpu()
-    vals = {**{n: inputs[int(n[1:])] for n in g.inputs}, **g.constants}
-    args = [tvm.runtime.tensor(np.asarray(vals[n]).astype(g.types[n].dtype), dev)
-            for n in dict.fromkeys(node.inputs)]
-    outs = [tvm.runtime.empty(g.types[o].shape, g.types[o].dtype, dev) for o in node.outputs]
-    ex["k"](*args, *outs)
-    return [o.numpy() for o in outs]
+    with tempfile.TemporaryDirectory(prefix="cvmc-op-") as tmp:
+        path = Path(tmp) / "op.cvmx"
+        compile_model(g, path, "llvm")
+        model = cvmc_runtime.load(path)
+    res = model.run({n: inputs[int(n[1:])] for n in g.inputs})
+    return [res[o] for o in g.outputs]
 
 
 def check_op(op: str, inputs: list[tuple[np.ndarray, int]], attrs: dict | None = None,

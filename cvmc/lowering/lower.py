@@ -1,4 +1,4 @@
-"""Graph nodes -> TE -> PrimFuncs.
+"""Graph nodes -> TE -> PrimFuncs, and a whole graph -> IRModule + execution plan.
 
 Kernel inputs and outputs use the tensors' storage dtypes (int8 / int32); an op's
 `lower` rule sees int32 views of its inputs (inlined casts) and returns int32 (or int64)
@@ -7,11 +7,14 @@ that the cast never changes a value.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from cvmc.ir import Node, TensorType
+import numpy as np
+
+from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
+from cvmc.passes.fusion import Group, fuse_groups
 
 
 def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[str, object]):
@@ -30,12 +33,144 @@ def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[st
     return result
 
 
-def lower_node(node: Node, types: Mapping[str, TensorType], symbol: str):
-    """A PrimFunc `symbol(inputs..., outputs...)` computing one node."""
+def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence[str],
+                 types: Mapping[str, TensorType], symbol: str, scratch: bool = False):
+    """(PrimFunc `symbol(inputs..., outputs..., scratch...)`, scratch specs).
+
+    With `scratch`, every stage that cannot be inlined (a reduction or extern stage that
+    is not an output) becomes a trailing argument the caller allocates: CUDA kernels built
+    for `cuda_host` cannot allocate global memory themselves. Specs are (shape, dtype).
+    """
     from cvmc.lowering.te_facade import te
 
-    placeholders = {n: te.placeholder(types[n].shape, types[n].dtype, name=n)
-                    for n in dict.fromkeys(node.inputs)}
-    outs = node_compute(node, types, placeholders)
-    args = [placeholders[n] for n in dict.fromkeys(node.inputs)] + outs
-    return te.create_prim_func(args).with_attr("global_symbol", symbol)
+    env = {n: te.placeholder(types[n].shape, types[n].dtype, name=n) for n in inputs}
+    for node in nodes:
+        env.update(zip(node.outputs, node_compute(node, types, env)))
+    outs, seen = [], set()
+    for name in outputs:
+        t = env[name]
+        # A kernel output must be a fresh compute stage: an op may return its input
+        # unchanged (identity, a no-op reshape) or two outputs may share one tensor.
+        if isinstance(t.op, te.PlaceholderOp) or t in seen:
+            t = te.compute(t.shape, _copy_of(t), name=f"{name}_copy")
+        seen.add(t)
+        outs.append(t)
+    extra = _materialized_stages(outs) if scratch else []
+    args = [env[n] for n in inputs] + outs + extra
+    func = te.create_prim_func(args).with_attr("global_symbol", symbol)
+    return func, [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in extra]
+
+
+def needs_global_memory(func) -> bool:
+    """True if `func`, scheduled for CUDA, still allocates a global intermediate buffer."""
+    import tvm
+
+    from cvmc.lowering.schedule import cuda_target, schedule_cuda
+
+    mod = schedule_cuda(tvm.IRModule({"f": func}), tvm.target.Target(cuda_target("sm_80")))
+    allocs = [line for line in mod.script().splitlines() if "alloc_buffer(" in line]
+    return any("scope=" not in line or 'scope="global"' in line for line in allocs)
+
+
+def _materialized_stages(outs) -> list:
+    """Reduction and extern stages feeding `outs` (they get a buffer of their own)."""
+    from cvmc.lowering.te_facade import te
+
+    found, visited = [], set()
+
+    def visit(op) -> None:
+        if op in visited or isinstance(op, te.PlaceholderOp):
+            return
+        visited.add(op)
+        for t in op.input_tensors:
+            visit(t.op)
+        if isinstance(op, te.ExternOp) or (isinstance(op, te.ComputeOp) and op.reduce_axis):
+            found.extend(op.output(i) for i in range(op.num_outputs))
+
+    for t in outs:
+        visit(t.op)
+    return [t for t in found if t not in outs]
+
+
+def _copy_of(t):
+    """Index function copying `t` (a closure: TE lambdas cannot take default arguments)."""
+    return lambda *i: t(*i)
+
+
+def lower_node(node: Node, types: Mapping[str, TensorType], symbol: str):
+    """A PrimFunc `symbol(inputs..., outputs...)` computing one node."""
+    return lower_kernel([node], list(dict.fromkeys(node.inputs)), list(node.outputs), types,
+                        symbol)[0]
+
+
+def nbytes(t: TensorType) -> int:
+    """Storage size of a tensor in bytes."""
+    return t.size * np.dtype(t.dtype).itemsize
+
+
+def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
+    """(IRModule of one PrimFunc per fused group, groups, execution plan dict).
+
+    Kernel symbols are `<prefix><index>_<ops>`.
+    For cuda, conv2d/dense stand alone (their dlight schedules need no epilogue) and
+    non-inlinable intermediate stages become scratch buffers the runtime allocates.
+    """
+    import tvm
+
+    cuda = target == "cuda"
+    groups = fuse_groups(graph, absorb_epilogues=not cuda)
+    funcs, scratch = {}, {}
+    for index, group in enumerate(groups):
+        symbol = f"{prefix}{index}_{'_'.join(dict.fromkeys(group.ops))}"[:60]
+        funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
+                                            graph.types, symbol)
+        if cuda and needs_global_memory(funcs[symbol]):
+            funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
+                                                graph.types, symbol, scratch=True)
+        scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),
+                            "dtype": dtype, "bytes": int(np.prod(shape, dtype=np.int64))
+                            * np.dtype(dtype).itemsize} for i, (shape, dtype) in enumerate(specs)]
+    plan = execution_plan(graph, groups, list(funcs))
+    for kernel in plan["kernels"]:
+        kernel["args"] += [s["name"] for s in scratch[kernel["symbol"]]]
+        plan["buffers"] += scratch[kernel["symbol"]]
+    return tvm.IRModule(funcs), groups, plan
+
+
+def _spec(graph: Graph, name: str) -> dict:
+    t = graph.types[name]
+    return {"name": name, "shape": list(t.shape), "dtype": t.dtype, "precision": t.precision}
+
+
+def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dict:
+    """The JSON-ready plan: signature, weights, intermediate buffers, kernel calls, memory."""
+    weights = [w for w in graph.weights() if any(w in g.inputs for g in groups)]
+    io = set(graph.inputs) | set(graph.outputs) | set(weights)
+    buffers = [v for g in groups for v in g.outputs if v not in io]
+    kernels = [{"symbol": s, "ops": g.ops, "args": [*g.inputs, *g.outputs],
+                "num_inputs": len(g.inputs)} for s, g in zip(symbols, groups)]
+    return {
+        "inputs": [_spec(graph, n) for n in graph.inputs],
+        "outputs": [_spec(graph, n) for n in graph.outputs],
+        "weights": [_spec(graph, n) for n in weights],
+        "buffers": [{**_spec(graph, n), "bytes": nbytes(graph.types[n])} for n in buffers],
+        "kernels": kernels,
+        "weight_bytes": sum(nbytes(graph.types[w]) for w in weights),
+        "peak_activation_bytes": peak_activation_bytes(graph, groups),
+    }
+
+
+def peak_activation_bytes(graph: Graph, groups: list[Group]) -> int:
+    """Largest total size of live activations (inputs, buffers, outputs) over the kernels.
+
+    A value is live from the kernel that writes it (graph inputs: from the start) to the
+    last kernel that reads it (graph outputs: to the end).
+    """
+    first = {v: -1 for v in graph.inputs}
+    first.update({v: i for i, g in enumerate(groups) for v in g.outputs})
+    last = dict(first)
+    last.update({v: i for i, g in enumerate(groups) for v in g.inputs if v in first})
+    last.update({v: len(groups) for v in graph.outputs})
+    steps = range(-1, len(groups))
+    return max(sum(nbytes(graph.types[v]) for v in first if first[v] <= step <= last[v])
+               for step in steps)

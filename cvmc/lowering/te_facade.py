@@ -9,7 +9,8 @@ from __future__ import annotations
 import tvm
 from tvm import te, tirx, topi
 
-__all__ = ["te", "tirx", "topi", "tvm", "const", "as_int64", "as_int32", "shape_of", "elementwise", "cast"]
+__all__ = ["as_int32", "as_int64", "cast", "const", "elementwise", "shape_of", "te", "tirx",
+           "topi", "tvm"]
 
 
 def const(value: int, dtype: str = "int32") -> tirx.PrimExpr:

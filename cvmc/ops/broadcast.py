@@ -1,1 +1,98 @@
-"""CVM broadcast operators (see ../shared/spec/cvm-operators-formal.txt)."""
+"""CVM broadcast operators: broadcast_add, broadcast_sub, broadcast_mul, broadcast_div,
+broadcast_max.
+
+Spec: ../shared/spec/cvm-operators-formal.txt, "Broadcast Operators": shapes align on the
+right (a_j = d_{Q-M+j}), each pair of dimensions equal or one of them 1. Precision rules
+from ../shared/design/cvm-semantics.md.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cvmc.ops.common import require
+from cvmc.ops.registry import Fusion, OpDef, op
+
+
+def broadcast_shape(name: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[int, ...]:
+    """The output shape of a broadcast op, or an OpRuleError naming the clashing dimension."""
+    q = max(len(lhs), len(rhs))
+    em = (1,) * (q - len(lhs)) + tuple(lhs)
+    en = (1,) * (q - len(rhs)) + tuple(rhs)
+    for i, (m, n) in enumerate(zip(em, en)):
+        require(m == n or m == 1 or n == 1,
+                f"{name}: lhs shape {tuple(lhs)} and rhs shape {tuple(rhs)} do not broadcast: "
+                f"aligned on the right, dimension {i} is {m} vs {n} (expected equal or 1)")
+    return tuple(max(m, n) for m, n in zip(em, en))
+
+
+def _np_operands(xs) -> tuple[np.ndarray, np.ndarray]:
+    """Both inputs expanded to the output shape: leading axes of extent 1 are prepended
+    (em_i = 1 for i < Q - M) and an axis of extent 1 is always read at index 0."""
+    a, b = xs
+    out = broadcast_shape("broadcast", a.shape, b.shape)
+
+    def expand(x: np.ndarray) -> np.ndarray:
+        aligned = x.reshape((1,) * (len(out) - x.ndim) + x.shape)
+        return np.broadcast_to(aligned, out)
+    return expand(a), expand(b)
+
+
+def _te_broadcast(xs, fn: Callable, name: str):
+    """`te.compute` of `fn(A[a...], B[b...])` over the broadcast output shape."""
+    from cvmc.lowering.te_facade import shape_of, te
+    a, b = xs
+    out = broadcast_shape(name, shape_of(a), shape_of(b))
+
+    def read(t, idx):
+        dims = shape_of(t)
+        off = len(idx) - len(dims)
+        return t(*[0 if m == 1 else idx[off + j] for j, m in enumerate(dims)])
+    return te.compute(out, lambda *idx: fn(read(a, idx), read(b, idx)), name=name)
+
+
+def _declare(name: str, precision_rule: str, precision: Callable, ref: Callable,
+             expr: Callable) -> OpDef:
+    """Register one broadcast op: `ref` (NumPy) and `expr` (TE) compute A OP B elementwise."""
+    d = op(name, family="broadcast", inputs=("lhs", "rhs"), fusion=Fusion.BROADCAST,
+           precision_rule=precision_rule)
+    d.shape(lambda ins, a: broadcast_shape(name, ins[0].shape, ins[1].shape))
+    d.precision(lambda ins, a: precision(ins[0].precision, ins[1].precision))
+    d.reference(lambda xs, a: ref(*_np_operands(xs)))
+    d.lower(lambda xs, a: _te_broadcast(xs, expr, name))
+    return d
+
+
+def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Quotient truncated toward zero; x / 0 = 0."""
+    nonzero = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(nonzero) * np.sign(a) * np.sign(nonzero)
+    return np.where(b == 0, 0, q)
+
+
+def _te_div(u, v):
+    from cvmc.lowering.te_facade import const, tirx
+    # divide by 1 where v = 0: a zero divisor would trap (x86 idiv) even in a dead branch
+    q = tirx.truncdiv(u, tirx.Select(v == 0, const(1), v))
+    return tirx.Select(v == 0, const(0), q)
+
+
+def _te_max(u, v):
+    from cvmc.lowering.te_facade import tirx
+    return tirx.max(u, v)
+
+
+def _add_precision(pa: int, pb: int) -> int:
+    return max(pa, pb) + 1
+
+
+broadcast_add = _declare("broadcast_add", "max(p_a, p_b) + 1", _add_precision,
+                         np.add, lambda u, v: u + v)
+broadcast_sub = _declare("broadcast_sub", "max(p_a, p_b) + 1", _add_precision,
+                         np.subtract, lambda u, v: u - v)
+broadcast_mul = _declare("broadcast_mul", "p_a + p_b", lambda pa, pb: pa + pb,
+                         np.multiply, lambda u, v: u * v)
+broadcast_div = _declare("broadcast_div", "p_a (truncating; x / 0 = 0)", lambda pa, pb: pa,
+                         _np_div, _te_div)
+broadcast_max = _declare("broadcast_max", "max(p_a, p_b)", max, np.maximum, _te_max)

@@ -1,1 +1,278 @@
-"""CVM elemwise operators (see ../shared/spec/cvm-operators-formal.txt)."""
+"""CVM elemwise operators: abs, cvm_precision, elemwise_add/sub, negative, clip, cvm_clip,
+cvm_right_shift, cvm_left_shift.
+
+Spec: ../shared/spec/cvm-operators-formal.txt, "Elemwise Operators"; precision rules and
+the CVM-Runtime quirks avoided here from ../shared/design/cvm-semantics.md.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cvmc.ops.common import numprec, prec_max, require
+from cvmc.ops.registry import Attr, Fusion, op
+
+INT32_MAX = 2**31 - 1
+_PRECISION = Attr("precision", "int", lo=1, hi=32)
+_SHIFT_BIT = Attr("shift_bit", "int", lo=1, hi=32)
+
+
+# ---- rules shared by several entries ---------------------------------------------------
+def _input_shape(ins, a):
+    return ins[0].shape
+
+
+def _input_precision(ins, a):
+    return ins[0].precision
+
+
+def _attr_precision(ins, a):
+    return a.precision
+
+
+def _np_clip(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """The spec's clip: a_max for x >= a_max, a_min for x <= a_min, else x."""
+    return np.where(x >= hi, hi, np.where(x <= lo, lo, x))
+
+
+def _te_clip(v, lo: int, hi: int):
+    """TE expression clamping `v` to [lo, hi]."""
+    from cvmc.lowering.te_facade import const, tirx
+    return tirx.max(tirx.min(v, const(hi)), const(lo))
+
+
+def _te_binary(xs, fn, name: str):
+    """`te.compute` applying `fn(a, b)` to same-shaped inputs."""
+    from cvmc.lowering.te_facade import te
+    a, b = xs
+    return te.compute(a.shape, lambda *i: fn(a(*i), b(*i)), name=name)
+
+
+def _same_shapes(name: str):
+    """Shape rule for the two-input elemwise ops: both inputs must have the same shape."""
+    def rule(ins, a):
+        lhs, rhs = ins[0].shape, ins[1].shape
+        require(lhs == rhs, f"{name}: rhs has shape {rhs}, expected the lhs shape {lhs} "
+                            f"(elemwise ops do not broadcast; use broadcast_*)")
+        return lhs
+    return rule
+
+
+def _add_precision(ins, a):
+    return max(ins[0].precision, ins[1].precision) + 1
+
+
+# ---- abs -------------------------------------------------------------------------------
+abs_op = op("abs", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
+            precision_rule="p_x")
+abs_op.shape(_input_shape)
+abs_op.precision(_input_precision)
+
+
+@abs_op.reference
+def _abs_reference(xs, a):
+    x = xs[0]
+    return np.where(x >= 0, x, -x)
+
+
+@abs_op.lower
+def _abs_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise, tirx
+    return elementwise(xs[0], tirx.abs, "abs")
+
+
+# ---- cvm_precision ---------------------------------------------------------------------
+cvm_precision = op("cvm_precision", family="elemwise", inputs=("data",),
+                   fusion=Fusion.ELEMWISE, precision_rule="6 (a bit length <= 31)")
+cvm_precision.shape(_input_shape)
+
+
+@cvm_precision.precision
+def _cvm_precision_precision(ins, a):
+    return 6
+
+
+@cvm_precision.reference
+def _cvm_precision_reference(xs, a):
+    # ceil(log2(|x| + 1)) is the bit length of |x|: count the shifts that leave it nonzero
+    ax = np.abs(xs[0])
+    bits = np.zeros_like(ax)
+    for k in range(32):
+        bits += (ax >> k) > 0
+    return np.maximum(bits, 1)  # 0 takes 1 bit
+
+
+@cvm_precision.lower
+def _cvm_precision_lower(xs, a):
+    from cvmc.lowering.te_facade import const, elementwise, tirx
+
+    def bit_length(v):
+        # clz(0) is undefined, and max(|x|, 1) has the bit length the spec gives 0 (one)
+        return const(32) - tirx.clz(tirx.max(tirx.abs(v), const(1)))
+    return elementwise(xs[0], bit_length, "cvm_precision")
+
+
+# ---- elemwise_add, elemwise_sub --------------------------------------------------------
+elemwise_add = op("elemwise_add", family="elemwise", inputs=("lhs", "rhs"),
+                  fusion=Fusion.ELEMWISE, precision_rule="max(p_a, p_b) + 1")
+elemwise_add.shape(_same_shapes("elemwise_add"))
+elemwise_add.precision(_add_precision)
+
+
+@elemwise_add.reference
+def _elemwise_add_reference(xs, a):
+    return xs[0] + xs[1]
+
+
+@elemwise_add.lower
+def _elemwise_add_lower(xs, a):
+    return _te_binary(xs, lambda u, v: u + v, "elemwise_add")
+
+
+elemwise_sub = op("elemwise_sub", family="elemwise", inputs=("lhs", "rhs"),
+                  fusion=Fusion.ELEMWISE, precision_rule="max(p_a, p_b) + 1")
+elemwise_sub.shape(_same_shapes("elemwise_sub"))
+elemwise_sub.precision(_add_precision)
+
+
+@elemwise_sub.reference
+def _elemwise_sub_reference(xs, a):
+    return xs[0] - xs[1]
+
+
+@elemwise_sub.lower
+def _elemwise_sub_lower(xs, a):
+    return _te_binary(xs, lambda u, v: u - v, "elemwise_sub")
+
+
+# ---- negative --------------------------------------------------------------------------
+negative = op("negative", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
+              precision_rule="p_x")
+negative.shape(_input_shape)
+negative.precision(_input_precision)
+
+
+@negative.reference
+def _negative_reference(xs, a):
+    return -xs[0]
+
+
+@negative.lower
+def _negative_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise
+    return elementwise(xs[0], lambda v: -v, "negative")
+
+
+# ---- clip ------------------------------------------------------------------------------
+clip = op("clip", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
+          attrs=(Attr("a_min", "int", lo=-INT32_MAX, hi=INT32_MAX),
+                 Attr("a_max", "int", lo=-INT32_MAX, hi=INT32_MAX)),
+          precision_rule="numprec(max(|a_min|, |a_max|)); a_min < a_max")
+
+
+def _check_clip_bounds(a) -> None:
+    require(a.a_min < a.a_max, f"clip: attribute 'a_min' must be less than 'a_max' "
+                               f"({a.a_max}), got {a.a_min}")
+
+
+@clip.shape
+def _clip_shape(ins, a):
+    _check_clip_bounds(a)
+    return ins[0].shape
+
+
+@clip.precision
+def _clip_precision(ins, a):
+    _check_clip_bounds(a)
+    return numprec(max(abs(a.a_min), abs(a.a_max)))
+
+
+@clip.reference
+def _clip_reference(xs, a):
+    return _np_clip(xs[0], a.a_min, a.a_max)
+
+
+@clip.lower
+def _clip_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise
+    return elementwise(xs[0], lambda v: _te_clip(v, a.a_min, a.a_max), "clip")
+
+
+# ---- cvm_clip --------------------------------------------------------------------------
+cvm_clip = op("cvm_clip", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
+              attrs=(_PRECISION,), precision_rule="precision (attribute, 1..32)")
+cvm_clip.shape(_input_shape)
+cvm_clip.precision(_attr_precision)
+
+
+@cvm_clip.reference
+def _cvm_clip_reference(xs, a):
+    alpha = prec_max(a.precision)
+    return _np_clip(xs[0], -alpha, alpha)
+
+
+@cvm_clip.lower
+def _cvm_clip_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise
+    alpha = prec_max(a.precision)
+    return elementwise(xs[0], lambda v: _te_clip(v, -alpha, alpha), "cvm_clip")
+
+
+# ---- cvm_right_shift -------------------------------------------------------------------
+cvm_right_shift = op("cvm_right_shift", family="elemwise", inputs=("data",),
+                     fusion=Fusion.ELEMWISE, attrs=(_PRECISION, _SHIFT_BIT),
+                     precision_rule="precision (attribute, 1..32)")
+cvm_right_shift.shape(_input_shape)
+cvm_right_shift.precision(_attr_precision)
+
+
+@cvm_right_shift.reference
+def _cvm_right_shift_reference(xs, a):
+    # int64: the spec's floor(X / 2^(s-1)) + 1 can reach 2^31 (CVM-Runtime quirk #1)
+    t = (xs[0] // 2 ** (a.shift_bit - 1) + 1) // 2
+    alpha = prec_max(a.precision)
+    return _np_clip(t, -alpha, alpha)
+
+
+@cvm_right_shift.lower
+def _cvm_right_shift_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise
+    alpha = prec_max(a.precision)
+
+    def shift(v):
+        # shift amounts are s-1 <= 31 and 1: never the full int32 width, even for s = 32
+        w = v >> (a.shift_bit - 1)
+        # floor((w + 1) / 2) without w + 1, which overflows for w = 2^31 - 1 (quirk #1)
+        return _te_clip((w >> 1) + (w & 1), -alpha, alpha)
+    return elementwise(xs[0], shift, "cvm_right_shift")
+
+
+# ---- cvm_left_shift --------------------------------------------------------------------
+cvm_left_shift = op("cvm_left_shift", family="elemwise", inputs=("data",),
+                    fusion=Fusion.ELEMWISE, attrs=(_PRECISION, _SHIFT_BIT),
+                    precision_rule="precision (attribute, 1..32); p_x + shift_bit <= 32")
+cvm_left_shift.shape(_input_shape)
+
+
+@cvm_left_shift.precision
+def _cvm_left_shift_precision(ins, a):
+    p_x = ins[0].precision
+    # X * 2^shift_bit must fit int32 before the clip
+    require(p_x + a.shift_bit <= 32,
+            f"cvm_left_shift: data precision + attribute 'shift_bit' must be <= 32, got "
+            f"{p_x} + {a.shift_bit} = {p_x + a.shift_bit}")
+    return a.precision
+
+
+@cvm_left_shift.reference
+def _cvm_left_shift_reference(xs, a):
+    alpha = prec_max(a.precision)
+    return _np_clip(xs[0] * 2 ** a.shift_bit, -alpha, alpha)
+
+
+@cvm_left_shift.lower
+def _cvm_left_shift_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise
+    alpha = prec_max(a.precision)
+    # the precision rule keeps |x| * 2^shift_bit < 2^31, so the shift cannot overflow
+    return elementwise(xs[0], lambda v: _te_clip(v << a.shift_bit, -alpha, alpha),
+                       "cvm_left_shift")

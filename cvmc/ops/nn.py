@@ -1,13 +1,283 @@
 """CVM NN operators: conv2d, dense, relu, max_pool2d, upsampling.
 
 Spec: ../shared/spec/cvm-operators-formal.txt, "NN Operators"; precision rules from
-../shared/design/cvm-semantics.md.
+../shared/design/cvm-semantics.md. Attribute bounds follow CVM-Runtime's
+`VerifyAttrRange`: [lo, max_attr) with max_attr = 4096, so the inclusive upper bound
+is MAX_ATTR - 1.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cvmc.ops.registry import Fusion, op
+from cvmc.ops.common import INT32_MIN, bitlen, require
+from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, op
+
+_HI = MAX_ATTR - 1
+
+
+def _pair_attr(name: str, lo: int, default, aliases: tuple[str, ...] = ()) -> Attr:
+    """A length-2 integer list attribute bounded by [lo, max_attr)."""
+    return Attr(name, "ints", default, lo=lo, hi=_HI, length=2, aliases=aliases)
+
+
+def _shape_str(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _require_rank(opname: str, operand: str, t, rank: int, dims: str) -> None:
+    """Raise unless operand `t` has the given rank; `dims` names the expected axes."""
+    require(t.ndim == rank, f"{opname}: {operand} must be {rank}-D {dims}, "
+                            f"got shape {_shape_str(t.shape)}")
+
+
+def _require_low_precision(opname: str, ins) -> None:
+    """conv2d / dense multiply 8-bit operands only (CVM-Runtime: 'must be INT8')."""
+    for operand, t in zip(("data", "weight"), ins):
+        require(t.precision <= 8, f"{opname}: {operand} precision must be <= 8 bits, "
+                                  f"got {t.precision}")
+
+
+def _bias_precision(p: int, ins) -> int:
+    """The shared bias rule: `max(P, p_b) + 1` when a bias is given, else P."""
+    return max(p, ins[2].precision) + 1 if len(ins) == 3 else p
+
+
+def _check_bias(opname: str, ins, a, n_out: int) -> None:
+    """Bias (when given) must be (n_out,); `use_bias` (when given) must agree with it."""
+    has_bias = len(ins) == 3
+    if has_bias:
+        require(ins[2].shape == (n_out,), f"{opname}: bias must have shape ({n_out},) "
+                                          f"(one per output channel), got "
+                                          f"{_shape_str(ins[2].shape)}")
+    if a.use_bias is not None:
+        require(a.use_bias == has_bias,
+                f"{opname}: attribute 'use_bias' is {str(a.use_bias).lower()} but "
+                f"{'a' if has_bias else 'no'} bias input is given")
+
+
+def _exact_matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """Integer `lhs @ rhs` (batched), computed with float64 BLAS and returned as int64.
+
+    Exact: both operands hold values of at most 8 bits (|v| <= 127), so each product is
+    below 2^14, and the precision rule (p_x + p_w + bitlen(K) <= 32) bounds every partial
+    sum below 2^31, far inside float64's exact integer range (2^53) whatever the
+    summation order. NumPy's int64 matmul has no BLAS and is ~100x slower.
+    """
+    return np.matmul(lhs.astype(np.float64), rhs.astype(np.float64)).astype(np.int64)
+
+
+def _add_bias(y: np.ndarray, xs, axis: int) -> np.ndarray:
+    """y + B broadcast along `axis` (the output-channel axis), if a bias is given."""
+    if len(xs) < 3:
+        return y
+    shape = [1] * y.ndim
+    shape[axis] = -1
+    return y + xs[2].reshape(shape)
+
+
+def _lower_bias(y, xs, axis: int, name: str):
+    """TE: y + B[index along axis] as its own stage (the sum stays a pure reduction)."""
+    if len(xs) < 3:
+        return y
+    from cvmc.lowering.te_facade import te
+    b = xs[2]
+    return te.compute(y.shape, lambda *i: y(*i) + b[i[axis]], name=name)
+
+
+def _padded_reader(x, ph: int, pw: int, value: int):
+    """(n, c, h, w) -> x[n, c, h - ph, w - pw] inside the input, `value` outside (spec pad())."""
+    from cvmc.lowering.te_facade import const, tirx
+    h, w = int(x.shape[2]), int(x.shape[3])
+    if ph == 0 and pw == 0:
+        return lambda n, c, i, j: x[n, c, i, j]
+
+    def read(n, c, i, j):
+        inside = tirx.all(i >= ph, i < h + ph, j >= pw, j < w + pw)
+        return tirx.if_then_else(inside, x[n, c, i - ph, j - pw], const(value))
+    return read
+
+
+def _window_rows(out: int, stride: int, k: int, dil: int) -> np.ndarray:
+    """Padded-input coordinates of every tap: [tap, out] = tap*dil + out*stride."""
+    return (np.arange(k) * dil)[:, None] + (np.arange(out) * stride)[None, :]
+
+
+def _gather_windows(xp: np.ndarray, oh: int, ow: int, k, stride, dil) -> np.ndarray:
+    """taps[n, c, ki, kj, p, q] = xp[n, c, ki*DH + p*SH, kj*DW + q*SW] (xp already padded)."""
+    rows = _window_rows(oh, stride[0], k[0], dil[0])
+    cols = _window_rows(ow, stride[1], k[1], dil[1])
+    return xp[:, :, rows[:, None, :, None], cols[None, :, None, :]]
+
+
+# ---- conv2d ---------------------------------------------------------------------------
+conv2d = op(
+    "conv2d", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
+    attrs=(
+        _pair_attr("padding", 0, (0, 0)),
+        _pair_attr("stride", 1, (1, 1), aliases=("strides",)),
+        _pair_attr("dilation", 1, (1, 1)),
+        Attr("groups", "int", 1, lo=1),
+        # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
+        Attr("channels", "int?", None, lo=1),
+        Attr("kernel_size", "ints", None, lo=1, length=2),
+        Attr("use_bias", "bool", None),
+        Attr("layout", "str", "NCHW", choices=("NCHW",)),
+        Attr("kernel_layout", "str", "OIHW", choices=("OIHW",)),
+    ),
+    precision_rule="p_x + p_w + bitlen(IC*KH*KW); with bias max(that, p_b) + 1; "
+                   "p_x, p_w <= 8")
+
+
+def _check_conv_channels(ins, a) -> None:
+    """C == IC x groups and OC % groups == 0 (CVM-Runtime reads past the weight otherwise)."""
+    _require_rank("conv2d", "data", ins[0], 4, "(N, C, H, W)")
+    _require_rank("conv2d", "weight", ins[1], 4, "(OC, IC, KH, KW)")
+    c, (oc, ic) = ins[0].shape[1], ins[1].shape[:2]
+    g = a.groups
+    require(c == ic * g, f"conv2d: data has {c} channels but weight expects {ic * g} "
+                         f"(IC={ic} x groups={g})")
+    require(oc % g == 0, f"conv2d: weight has {oc} output channels, not a multiple of "
+                         f"groups={g}")
+
+
+def _conv_out_size(axis: str, size: int, pad: int, k: int, dil: int, stride: int) -> int:
+    """Spec: floor((size + 2*pad - dil*(k-1) - 1) / stride) + 1, with the kernel inside."""
+    span = dil * (k - 1) + 1
+    require(span <= size + 2 * pad,
+            f"conv2d: dilated kernel {axis} {span} (K={k}, dilation={dil}) exceeds the padded "
+            f"input {axis} {size + 2 * pad} ({size} + 2*{pad})")
+    return (size + 2 * pad - span) // stride + 1
+
+
+def _conv_out_hw(x_shape, w_shape, a) -> tuple[int, int]:
+    """(Y_HMAX, Y_WMAX) of the spec for data (N, C, H, W) and weight (OC, IC, KH, KW)."""
+    return tuple(_conv_out_size(axis, x_shape[2 + i], a.padding[i], w_shape[2 + i],
+                                a.dilation[i], a.stride[i])
+                 for i, axis in enumerate(("height", "width")))
+
+
+@conv2d.shape
+def _conv2d_shape(ins, a):
+    _check_conv_channels(ins, a)
+    n = ins[0].shape[0]
+    oc, _, kh, kw = ins[1].shape
+    if a.channels is not None:
+        require(a.channels == oc, f"conv2d: attribute 'channels' is {a.channels} but weight "
+                                  f"has {oc} output channels")
+    if a.kernel_size is not None:
+        require(tuple(a.kernel_size) == (kh, kw),
+                f"conv2d: attribute 'kernel_size' is {list(a.kernel_size)} but weight kernel "
+                f"is [{kh}, {kw}]")
+    _check_bias("conv2d", ins, a, oc)
+    return (n, oc, *_conv_out_hw(ins[0].shape, ins[1].shape, a))
+
+
+@conv2d.precision
+def _conv2d_precision(ins, a):
+    _require_low_precision("conv2d", ins)
+    _check_conv_channels(ins, a)
+    _, ic, kh, kw = ins[1].shape
+    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(ic * kh * kw), ins)
+
+
+@conv2d.reference
+def _conv2d_reference(xs, a):
+    # Y[n,oc,p,q] = sum_ic kernel(n, (oc // OPG)*IC + ic, p, q, oc, ic) (+ B[oc]), with
+    # kernel = sum_{ki<KH, kj<KW} pad(p*SH - PH + ki*DH, q*SW - PW + kj*DW) * W[oc,ic,ki,kj].
+    # The spec's sums run "to KH" inclusive, a typo: W has only KH rows.
+    x, w = xs[0], xs[1]
+    n = x.shape[0]
+    oc, ic, kh, kw = w.shape
+    g = a.groups
+    (ph, pw), stride, dil = a.padding, a.stride, a.dilation
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # pad(): 0 outside the input
+    oh, ow = _conv_out_hw(x.shape, w.shape, a)
+    taps = _gather_windows(xp, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
+    # im2col per group: channel j = group*IC + ic, output channel oc = group*OPG + o.
+    cols = taps.reshape(n, g, ic * kh * kw, oh * ow)
+    y = _exact_matmul(w.reshape(g, oc // g, ic * kh * kw), cols)  # (n, g, OPG, OH*OW)
+    return _add_bias(y.reshape(n, oc, oh, ow), xs, 1)
+
+
+@conv2d.lower
+def _conv2d_lower(xs, a):
+    from cvmc.lowering.te_facade import shape_of, te
+    x, w = xs[0], xs[1]
+    n = shape_of(x)[0]
+    oc, ic, kh, kw = shape_of(w)
+    (sh, sw), (dh, dw) = a.stride, a.dilation
+    opg = oc // a.groups
+    oh, ow = _conv_out_hw(shape_of(x), shape_of(w), a)
+    read = _padded_reader(x, a.padding[0], a.padding[1], 0)
+    rc = te.reduce_axis((0, ic), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def acc(b, o, p, q):
+        # int32 inputs: products < 2^14 and the precision rule keeps the sum inside int32.
+        pixel = read(b, o // opg * ic + rc, p * sh + ry * dh, q * sw + rx * dw)
+        return te.sum(pixel * w[o, rc, ry, rx], axis=[rc, ry, rx])
+    y = te.compute((n, oc, oh, ow), acc, name="conv2d")
+    return _lower_bias(y, xs, 1, "conv2d_bias")
+
+
+@conv2d.cost
+def _conv2d_cost(ins, outs, a):
+    _, ic, kh, kw = ins[1].shape
+    return 3 * ic * kh * kw + (1 if len(ins) == 3 else 0)
+
+
+# ---- dense ----------------------------------------------------------------------------
+dense = op(
+    "dense", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
+    attrs=(
+        # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
+        Attr("units", "int?", None, lo=1),
+        Attr("use_bias", "bool", None),
+    ),
+    precision_rule="p_x + p_w + bitlen(K); with bias max(that, p_b) + 1; p_x, p_w <= 8")
+
+
+@dense.shape
+def _dense_shape(ins, a):
+    _require_rank("dense", "data", ins[0], 2, "(M, K)")
+    _require_rank("dense", "weight", ins[1], 2, "(N, K)")
+    (m, k), (units, wk) = ins[0].shape, ins[1].shape
+    require(k == wk, f"dense: data has K={k} columns but weight has {wk} "
+                     f"(weight must be (N, K) = (units, {k}))")
+    if a.units is not None:
+        require(a.units == units, f"dense: attribute 'units' is {a.units} but weight has "
+                                  f"{units} rows")
+    _check_bias("dense", ins, a, units)
+    return (m, units)
+
+
+@dense.precision
+def _dense_precision(ins, a):
+    _require_low_precision("dense", ins)
+    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(ins[1].shape[-1]), ins)
+
+
+@dense.reference
+def _dense_reference(xs, a):
+    # Y = X W^T (+ B)
+    return _add_bias(_exact_matmul(xs[0], xs[1].T), xs, 1)
+
+
+@dense.lower
+def _dense_lower(xs, a):
+    from cvmc.lowering.te_facade import shape_of, te
+    x, w = xs[0], xs[1]
+    (m, k), units = shape_of(x), shape_of(w)[0]
+    rk = te.reduce_axis((0, k), name="rk")
+    y = te.compute((m, units), lambda i, j: te.sum(x[i, rk] * w[j, rk], axis=rk), name="dense")
+    return _lower_bias(y, xs, 1, "dense_bias")
+
+
+@dense.cost
+def _dense_cost(ins, outs, a):
+    return 3 * ins[1].shape[1] + (1 if len(ins) == 3 else 0)
+
 
 # ---- relu -----------------------------------------------------------------------------
 relu = op("relu", family="nn", inputs=("data",), fusion=Fusion.ELEMWISE, precision_rule="p_x")
@@ -32,3 +302,138 @@ def _relu_reference(xs, a):
 def _relu_lower(xs, a):
     from cvmc.lowering.te_facade import const, elementwise, tirx
     return elementwise(xs[0], lambda v: tirx.max(v, const(0)), "relu")
+
+
+# ---- max_pool2d -----------------------------------------------------------------------
+max_pool2d = op(
+    "max_pool2d", family="nn", inputs=("data",), fusion=Fusion.OUT_ELEMWISE,
+    attrs=(
+        Attr("pool_size", "ints", lo=1, hi=_HI, length=2),
+        # One int (or a 1-element list) means PH = PW, as in the spec and CVM-Runtime.
+        Attr("padding", "ints", (0, 0), lo=0, hi=_HI, scalar_ok=True),
+        _pair_attr("strides", 1, (1, 1), aliases=("stride",)),
+        Attr("ceil_mode", "bool", False),
+        Attr("layout", "str", "NCHW", choices=("NCHW",)),
+    ),
+    precision_rule="p_x")
+
+
+def _pool_padding(a) -> tuple[int, int]:
+    """(PH, PW) from a 1- or 2-element padding attribute."""
+    pad = tuple(a.padding)
+    require(len(pad) in (1, 2), f"max_pool2d: attribute 'padding' must have 1 or 2 elements "
+                                f"(PH = PW, or (PH, PW)), got {list(pad)}")
+    return (pad[0], pad[0]) if len(pad) == 1 else pad
+
+
+def _pool_out_size(axis: str, size: int, pad: int, k: int, stride: int, ceil: bool) -> int:
+    """Spec: ceil_func((size + 2*pad - k) / stride) + 1, after the spec's window checks."""
+    require(pad < k <= size + 2 * pad,
+            f"max_pool2d: pool_size {axis} must be in ({pad}, {size + 2 * pad}] "
+            f"(> padding {pad}, <= input {size} + 2*padding), got {k}")
+    span = size + 2 * pad - k
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    # ceil_mode can add a window that starts past the input: it would hold only padding
+    # (INT32_MIN). CVM-Runtime rejects that case too ("min_o_h < H").
+    start = (out - 1) * stride - pad
+    require(start < size, f"max_pool2d: with ceil_mode the last window along {axis} starts "
+                          f"at {start}, past the input {axis} {size}; it would hold only "
+                          f"padding (use a smaller stride or ceil_mode=false)")
+    return out
+
+
+def _pool_geometry(shape, a) -> tuple[int, int, int, int]:
+    """(PH, PW, OH, OW) for an (N, C, H, W) input."""
+    ph, pw = _pool_padding(a)
+    (kh, kw), (sh, sw) = a.pool_size, a.strides
+    oh = _pool_out_size("height", shape[2], ph, kh, sh, a.ceil_mode)
+    ow = _pool_out_size("width", shape[3], pw, kw, sw, a.ceil_mode)
+    return ph, pw, oh, ow
+
+
+@max_pool2d.shape
+def _max_pool2d_shape(ins, a):
+    _require_rank("max_pool2d", "data", ins[0], 4, "(N, C, H, W)")
+    _, _, oh, ow = _pool_geometry(ins[0].shape, a)
+    return (*ins[0].shape[:2], oh, ow)
+
+
+@max_pool2d.precision
+def _max_pool2d_precision(ins, a):
+    return ins[0].precision
+
+
+@max_pool2d.reference
+def _max_pool2d_reference(xs, a):
+    # Y[n,i,p,q] = max{pad(p*SH - PH + ki, q*SW - PW + kj) : ki < PSH, kj < PSW},
+    # pad() = INT32_MIN outside the input. Padding "after" covers ceil_mode's extra window.
+    x = xs[0]
+    ph, pw, oh, ow = _pool_geometry(x.shape, a)
+    (kh, kw), (sh, sw) = a.pool_size, a.strides
+    after_h = max(ph, (oh - 1) * sh + kh - ph - x.shape[2])
+    after_w = max(pw, (ow - 1) * sw + kw - pw - x.shape[3])
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, after_h), (pw, after_w)), constant_values=INT32_MIN)
+    taps = _gather_windows(xp, oh, ow, (kh, kw), (sh, sw), (1, 1))
+    return taps.max(axis=(2, 3))
+
+
+@max_pool2d.lower
+def _max_pool2d_lower(xs, a):
+    from cvmc.lowering.te_facade import shape_of, te
+    x = xs[0]
+    ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
+    (kh, kw), (sh, sw) = a.pool_size, a.strides
+    read = _padded_reader(x, ph, pw, INT32_MIN)
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def window_max(n, c, p, q):
+        return te.max(read(n, c, p * sh + ry, q * sw + rx), axis=[ry, rx])
+    return te.compute((*shape_of(x)[:2], oh, ow), window_max, name="max_pool2d")
+
+
+@max_pool2d.cost
+def _max_pool2d_cost(ins, outs, a):
+    return a.pool_size[0] * a.pool_size[1]
+
+
+# ---- upsampling -----------------------------------------------------------------------
+upsampling = op(
+    "upsampling", family="nn", inputs=("data",), fusion=Fusion.INJECTIVE,
+    attrs=(
+        Attr("scale", "int", lo=1, hi=_HI),
+        Attr("method", "str", "NEAREST_NEIGHBOR", choices=("NEAREST_NEIGHBOR",)),
+        Attr("layout", "str", "NCHW", choices=("NCHW",)),
+    ),
+    precision_rule="p_x")
+
+
+@upsampling.shape
+def _upsampling_shape(ins, a):
+    _require_rank("upsampling", "data", ins[0], 4, "(N, C, H, W)")
+    n, c, h, w = ins[0].shape
+    return (n, c, h * a.scale, w * a.scale)
+
+
+@upsampling.precision
+def _upsampling_precision(ins, a):
+    return ins[0].precision
+
+
+@upsampling.reference
+def _upsampling_reference(xs, a):
+    # Y[n, i, h, w] = X[n, i, h // scale, w // scale]
+    x, s = xs[0], a.scale
+    rows = np.arange(x.shape[2] * s) // s
+    cols = np.arange(x.shape[3] * s) // s
+    return x[:, :, rows[:, None], cols[None, :]]
+
+
+@upsampling.lower
+def _upsampling_lower(xs, a):
+    from cvmc.lowering.te_facade import shape_of, te
+    x, s = xs[0], a.scale
+    n, c, h, w = shape_of(x)
+    # Indices are non-negative, so TIR's floor division equals the spec's floor.
+    return te.compute((n, c, h * s, w * s), lambda b, i, p, q: x[b, i, p // s, q // s],
+                      name="upsampling")

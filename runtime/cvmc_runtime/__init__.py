@@ -1,1 +1,5 @@
 """cvmc_runtime: load a compiled .cvmx artifact and run it (NumPy + apache-tvm-ffi only)."""
+from cvmc_runtime.model import Model, load
+from cvmc_runtime.signature import ModelError, TensorSpec
+
+__all__ = ["Model", "ModelError", "TensorSpec", "load"]

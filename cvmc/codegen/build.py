@@ -1,0 +1,172 @@
+"""Build an IRModule of PrimFuncs into one shared library for llvm (host CPU) or cuda.
+
+llvm: TVM's LLVM backend, linked with the backend shim (cvmc.codegen.shim) so the library
+runs with apache-tvm-ffi alone. cuda: the `cuda_host` route: device kernels and their
+host wrappers become one .cu translation unit that nvcc compiles ahead of time, with the
+small device-memory helpers the runtime needs (cvmc_empty / cvmc_copy).
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cvmc.codegen.shim import SHIM_C
+from cvmc.errors import CvmcError
+from cvmc.lowering.schedule import cuda_target
+
+NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
+
+
+@dataclass
+class Built:
+    """A built kernel library: its bytes, the target dict, scheduled TIR and source."""
+
+    library: bytes
+    target: dict
+    tir: str
+    source: str
+    source_suffix: str
+
+
+@functools.cache
+def host_cpu() -> str:
+    """The host CPU's LLVM name (never LLVM's generic fallback)."""
+    import tvm
+    return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
+
+
+def llvm_target(mcpu: str | None) -> dict:
+    """The llvm target dict for `mcpu` (default: the host CPU)."""
+    return {"kind": "llvm", "mcpu": mcpu or host_cpu()}
+
+
+@functools.cache
+def _shim_object() -> Path:
+    """The backend shim compiled once per process (linked into every CPU library)."""
+    tmp = Path(tempfile.mkdtemp(prefix="cvmc-shim-"))
+    atexit.register(shutil.rmtree, tmp, True)
+    (tmp / "shim.c").write_text(SHIM_C)
+    obj = tmp / "shim.o"
+    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-fopenmp", "-c", str(tmp / "shim.c"), "-o",
+                           str(obj)], check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CvmcError(f"cannot compile the CPU backend shim with gcc:\n{proc.stderr}")
+    return obj
+
+
+def schedule_module(mod, target: dict, vectorize: bool = True,
+                    on_kernel: Callable[[str], None] | None = None):
+    """Apply the default schedule of `target` to every PrimFunc of `mod`."""
+    import tvm
+
+    from cvmc.lowering.schedule import schedule_cpu, schedule_cuda
+
+    if target["kind"] == "cuda":
+        return schedule_cuda(mod, tvm.target.Target(target))
+    for gv in list(mod.functions):
+        mod = schedule_cpu(mod, gv.name_hint, vectorize)
+        if on_kernel:
+            on_kernel(gv.name_hint)
+    return mod
+
+
+def _check_cpu(mcpu: str) -> None:
+    """Reject a CPU name LLVM does not know (it would silently fall back to generic)."""
+    import tvm
+    from tvm.target import codegen
+
+    triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
+    if not codegen.llvm_is_valid_cpu(mcpu, triple):
+        close = [c for c in codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm"}))
+                 if c[:3] == mcpu[:3]][:8]
+        hint = f"; similar: {', '.join(close)}" if close else ""
+        raise CvmcError(f"--mcpu {mcpu}: not a CPU LLVM knows for {triple}{hint}")
+
+
+def build_llvm(mod, mcpu: str | None = None,
+               on_kernel: Callable[[str], None] | None = None) -> Built:
+    """Schedule and compile `mod` for the CPU; returns the linked library."""
+    import tvm
+
+    target = llvm_target(mcpu)
+    _check_cpu(target["mcpu"])
+    try:
+        scheduled = schedule_module(mod, target, True, on_kernel)
+        ex = tvm.compile(scheduled, target=target)
+    except Exception:  # noqa: BLE001 (TVM surfaces codegen failures as assorted types)
+        # A kernel the vectoriser rejects still compiles with the scalar inner loop; if
+        # this fails too, its error propagates.
+        scheduled = schedule_module(mod, target, False)
+        ex = tvm.compile(scheduled, target=target)
+    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
+        lib = Path(tmp) / "kernels.so"
+        ex.export_library(str(lib), addons=[str(_shim_object())], options=["-fopenmp"])
+        return Built(lib.read_bytes(), target, scheduled.script(),
+                     ex.mod.inspect_source("ll"), "ll")
+
+
+def find_nvcc() -> str:
+    """Path of nvcc, or a CvmcError saying how to get one."""
+    for candidate in NVCC_CANDIDATES:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    raise CvmcError("--target cuda needs nvcc (CUDA toolkit) on the compiling machine; "
+                    "none found at /usr/local/cuda/bin/nvcc or on PATH")
+
+
+def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | None = None):
+    """(scheduled module, one .cu source with kernels, host wrappers and memory helpers)."""
+    import tvm
+    import tvm.backend.cuda
+
+    from cvmc.codegen.shim import CUDA_HELPERS_CU
+
+    target = tvm.target.Target(cuda_target(arch), host={"kind": "cuda_host"})
+    scheduled = schedule_module(mod, cuda_target(arch))
+    ex = tvm.compile(scheduled, target=target)
+    # A function left without thread bindings compiles to host-only code: catch it here.
+    if len(ex.mod.imports) == 0:
+        raise CvmcError("cuda build produced no device code")
+    for gv in scheduled.functions:
+        if on_kernel:
+            on_kernel(gv.name_hint)
+    return scheduled, tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
+
+
+def nvcc_shared(source: str, arch: str, output: Path) -> None:
+    """Compile a .cu translation unit ahead of time into a shared library."""
+    import tvm_ffi
+
+    cu = output.with_suffix(".cu")
+    cu.write_text(source)
+    include = tvm_ffi.libinfo.find_include_path()
+    libdir = Path(tvm_ffi.__file__).parent / "lib"
+    # -diag-suppress 174: the generated host code has expression statements like "0;".
+    cmd = [find_nvcc(), "-shared", "-O2", "-std=c++17", "-Xcompiler", "-fPIC",
+           "-diag-suppress", "174",
+           f"-gencode=arch=compute_{arch[3:]},code=[sm_{arch[3:]},compute_{arch[3:]}]",
+           f"-I{include}", f"-I{Path(include) / 'dlpack'}", f"-L{libdir}", "-ltvm_ffi",
+           "-o", str(output), str(cu)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CvmcError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
+
+
+def build_cuda(mod, arch: str = "sm_80",
+               on_kernel: Callable[[str], None] | None = None) -> Built:
+    """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability `arch`."""
+    if not arch.startswith("sm_") or not arch[3:].isdigit():
+        raise CvmcError(f"--arch {arch}: expected sm_<digits>, e.g. sm_80 or sm_90")
+    scheduled, source = cuda_translation_unit(mod, arch, on_kernel)
+    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
+        lib = Path(tmp) / "kernels.so"
+        nvcc_shared(source, arch, lib)
+        return Built(lib.read_bytes(), {"kind": "cuda", "arch": arch}, scheduled.script(),
+                     source, "cu")

@@ -1,0 +1,391 @@
+"""CVM-Runtime models: graph JSON (NNVM style, "cvm_1.0.0" / "cvm_1.1.0") + params file.
+
+Import: `null` nodes with data in the params file are weights, the other `null` nodes are
+graph inputs (their declared precision is their input precision). Op nodes are
+`{"op": "cvm_op", "attrs": {"func_name": OP, ...}}`; their attributes are the per-node
+JSON strings of `attrs.op_attrs`, whose values are strings such as "(1, 1)", "True",
+"None". Shapes and precisions declared in the JSON are recomputed with the registry's
+rules and must agree (-1 means "not declared", as CVM-Runtime allows). The params file
+defaults to `<stem>.params` beside the JSON, else `params` in the same folder (the
+name `export_cvm` writes). Extra outputs of a multi-output node are named
+`<node>_out<k>`.
+
+Export writes `symbol.json` ("cvm_1.1.0") and `params` (int32 arrays: CVM-Runtime loads
+nothing else). CVM-Runtime feeds one input named `data`, so a single graph input of
+another name is renamed `data` in the exported files.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cvmc.errors import CvmcError, OpRuleError
+from cvmc.frontend.cvm_params import params_bytes, read_params
+from cvmc.ir import Graph, Node, TensorType
+from cvmc.ops import OpDef, lookup
+from cvmc.ops.common import prec_max
+from cvmc.ops.registry import Attrs, suggest
+from cvmc.passes.precision import infer_precision
+
+VERSIONS = ("cvm_1.0.0", "cvm_1.1.0")
+EXPORT_VERSION = "cvm_1.1.0"
+MAX_RANK = 6  # CVM-Runtime's limit on every tensor
+
+# Spellings CVM-Runtime uses where the registry's canonical name differs (op -> name).
+_CVM_OP_NAMES = {"get_valid_count": "get_valid_counts", "slice": "strided_slice"}
+# (op, canonical attribute) -> CVM-Runtime spelling; used only when it is an alias there.
+_CVM_ATTR_NAMES = {("conv2d", "stride"): "strides", ("sum", "axes"): "axis",
+                   ("max", "axes"): "axis", ("slice", "strides"): "stride",
+                   ("squeeze", "axes"): "axis", ("slice_like", "axes"): "axis",
+                   ("reshape", "target_shape"): "shape"}
+# NNVM conv2d/dense attributes with no effect on integer results, checked then dropped.
+_INERT_ATTRS = {"out_dtype": ("same", "int32", "-1", ""), "out_layout": ("", "NCHW", "None")}
+# Attributes CVM-Runtime requires that a cvmc graph may leave to the weight's shape.
+_DERIVED_ATTRS = {"conv2d": ("channels", "kernel_size", "use_bias"),
+                  "dense": ("units", "use_bias")}
+
+
+# ---- attribute strings ------------------------------------------------------------------
+def parse_attr_value(text: Any, kind: str) -> Any:
+    """A CVM-Runtime attribute string ("(1, 1)", "True", "None", "3") as a Python value."""
+    if not isinstance(text, str) or kind == "str":
+        return text
+    s = text.strip()
+    if s in ("None", "none"):
+        return None
+    if s in ("True", "true", "False", "false"):
+        return s in ("True", "true")
+    if s[:1] in "([" and s[-1:] in ")]":
+        return [parse_attr_value(p, "int") for p in s[1:-1].split(",") if p.strip()]
+    if re.fullmatch(r"[+-]?\d+", s):
+        return int(s)
+    if kind == "bool" and s in ("0", "1"):
+        return s == "1"
+    return s
+
+
+def format_attr_value(value: Any) -> str:
+    """A Python attribute value in CVM-Runtime's string spelling."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if value is None:
+        return "None"
+    if isinstance(value, (list, tuple)):
+        items = [format_attr_value(v) for v in value]
+        return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
+    return str(value)
+
+
+# ---- import -----------------------------------------------------------------------------
+class _Doc:
+    """The JSON document with typed, error-reporting field access."""
+
+    def __init__(self, doc: Any, where: str):
+        self.where = where
+        self.doc = self.field({"document": doc}, "document", dict, "")
+
+    def fail(self, message: str) -> CvmcError:
+        return CvmcError(f"{self.where}: {message}")
+
+    def field(self, obj: dict, key: str, kind: type, what: str) -> Any:
+        if key not in obj:
+            raise self.fail(f"{what}missing key '{key}'")
+        if not isinstance(obj[key], kind) or isinstance(obj[key], bool):
+            raise self.fail(f"{what}'{key}' must be a JSON {kind.__name__}, "
+                            f"got {type(obj[key]).__name__}")
+        return obj[key]
+
+    def graph_attr(self, key: str, tag: str, length: int) -> list:
+        """One `attrs` entry: ["tag", [values...]] with `length` values."""
+        entry = self.field(self.field(self.doc, "attrs", dict, ""), key, list, "attrs: ")
+        if len(entry) != 2 or entry[0] != tag or not isinstance(entry[1], list):
+            raise self.fail(f"attrs: '{key}' must be [\"{tag}\", [...]]")
+        if len(entry[1]) != length:
+            raise self.fail(f"attrs: '{key}' has {len(entry[1])} entries, expected {length} "
+                            f"(one per node output)" if key != "op_attrs" else
+                            f"attrs: 'op_attrs' has {len(entry[1])} entries, expected {length} "
+                            f"(one per node)")
+        return entry[1]
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise CvmcError(f"{path}: cannot read: {e.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CvmcError(f"{path}: not valid JSON ({e})") from None
+
+
+def _default_params(path: Path) -> Path | None:
+    for candidate in (path.with_suffix(".params"), path.parent / "params"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+class _Importer:
+    """Builds a Graph from a parsed CVM-Runtime JSON document and its params arrays."""
+
+    def __init__(self, doc: _Doc, arrays: dict[str, np.ndarray], params_name: str, name: str):
+        self.d, self.arrays, self.params_name, self.name = doc, arrays, params_name, name
+        self.nodes = self.d.field(self.d.doc, "nodes", list, "")
+        self.ops: list[OpDef | None] = [self._node_op(i, n) for i, n in enumerate(self.nodes)]
+        self.row_ptr = [0]
+        for op in self.ops:
+            self.row_ptr.append(self.row_ptr[-1] + (len(op.outputs) if op else 1))
+        n_entries = self.row_ptr[-1]
+        self.shapes = self.d.graph_attr("shape", "list_shape", n_entries)
+        self.precisions = self.d.graph_attr("precision", "list_int", n_entries)
+        self.op_attrs = self.d.graph_attr("op_attrs", "list_str", len(self.nodes))
+        for key, tag in (("dltype", "list_str"), ("storage_id", "list_int")):
+            self.d.graph_attr(key, tag, n_entries)
+        self.values: list[list[str]] = []  # node id -> its value names
+        self.types: dict[str, TensorType] = {}
+
+    def _node_op(self, i: int, node: Any) -> OpDef | None:
+        """The OpDef of node i (None for a `null` variable node)."""
+        what = f"node {i}: "
+        if not isinstance(node, dict):
+            raise self.d.fail(f"{what}must be a JSON object")
+        op = self.d.field(node, "op", str, what)
+        self.d.field(node, "name", str, what)
+        self.d.field(node, "inputs", list, what)
+        if op == "null":
+            return None
+        if op == "cvm_op":
+            op = self.d.field(self.d.field(node, "attrs", dict, what), "func_name", str, what)
+        opdef = lookup(re.sub(r"_\d+$", "", op)) or lookup(op)
+        if opdef is None or not opdef.compute:
+            raise self.d.fail(f"node {i} '{node['name']}': unknown op '{op}'{suggest(op)}")
+        return opdef
+
+    def run(self) -> Graph:
+        inputs, constants, nodes = [], {}, []
+        for i, node in enumerate(self.nodes):
+            names = self._value_names(i, node["name"])
+            if self.ops[i] is None:
+                self._variable(i, names[0], inputs, constants)
+            else:
+                nodes.append(self._op_node(i, names))
+        unused = sorted(set(self.arrays) - set(constants))
+        if unused:
+            raise CvmcError(f"params file '{self.params_name}': array '{unused[0]}' matches "
+                            f"no null node of the graph")
+        outputs = [self._entry(e, len(self.nodes), "heads") for e in
+                   self.d.field(self.d.doc, "heads", list, "")]
+        self._check_arg_nodes()
+        graph = Graph(self.name, inputs, outputs, nodes, self.types, constants)
+        return self._check_precisions(infer_precision(graph))
+
+    def _value_names(self, i: int, name: str) -> list[str]:
+        n_out = self.row_ptr[i + 1] - self.row_ptr[i]
+        names = [name] + [f"{name}_out{k}" for k in range(1, n_out)]
+        for k, v in enumerate(names):
+            if v in self.types:
+                raise self.d.fail(f"node {i}: name '{v}' is used twice")
+            self.types[v] = TensorType(self._shape(self.row_ptr[i] + k))
+        self.values.append(names)
+        return names
+
+    def _shape(self, eid: int) -> tuple[int, ...]:
+        shape = self.shapes[eid]
+        if not (isinstance(shape, list) and 1 <= len(shape) <= MAX_RANK and
+                all(isinstance(d, int) and d >= 1 for d in shape)):
+            raise self.d.fail(f"attrs: shape #{eid} must be 1 to {MAX_RANK} positive integers, "
+                              f"got {shape}")
+        return tuple(shape)
+
+    def _variable(self, i: int, name: str, inputs: list, constants: dict) -> None:
+        t, prec = self.types[name], self.precisions[self.row_ptr[i]]
+        if name not in self.arrays:
+            if not (isinstance(prec, int) and 1 <= prec <= 32):
+                raise self.d.fail(f"input '{name}' must declare a precision in 1..32, got {prec}")
+            inputs.append(name)
+            self.types[name] = TensorType(t.shape, "int32", prec)
+            return
+        data = self.arrays[name]
+        if data.shape != t.shape:
+            raise CvmcError(f"params file '{self.params_name}': weight '{name}' has shape "
+                            f"{list(data.shape)}, the graph declares {list(t.shape)}")
+        if prec != -1:
+            bad = np.flatnonzero(np.abs(data.astype(np.int64)) > prec_max(prec))
+            if bad.size:
+                raise CvmcError(f"params file '{self.params_name}': weight '{name}' value "
+                                f"{data.flat[bad[0]]} at index {bad[0]} is outside its "
+                                f"declared precision {prec}")
+        constants[name] = data
+        self.types[name] = TensorType(t.shape, "int32", None if prec == -1 else prec)
+
+    def _entry(self, entry: Any, limit: int, what: str) -> str:
+        """The value name of a [node id, output index(, version)] reference."""
+        if not (isinstance(entry, list) and len(entry) in (2, 3) and
+                all(isinstance(x, int) for x in entry)):
+            raise self.d.fail(f"{what}: entry {entry} must be [node id, output index, version]")
+        nid, idx = entry[0], entry[1]
+        if not 0 <= nid < len(self.nodes):
+            raise self.d.fail(f"{what}: node id {nid} is out of range (0..{len(self.nodes) - 1})")
+        if nid >= limit:
+            raise self.d.fail(f"{what}: input node {nid} does not come before it "
+                              f"(nodes must be in topological order)")
+        if not 0 <= idx < len(self.values[nid]):
+            raise self.d.fail(f"{what}: output index {idx} of node {nid} is out of range")
+        return self.values[nid][idx]
+
+    def _op_node(self, i: int, outputs: list[str]) -> Node:
+        node, opdef = self.nodes[i], self.ops[i]
+        assert opdef is not None
+        where = f"node {i} {opdef.name} '{node['name']}'"
+        ins = tuple(self._entry(e, i, where) for e in node["inputs"])
+        attrs = self._attrs(i, opdef, where)
+        try:
+            shapes = opdef.infer_shapes([self.types[v] for v in ins], attrs)
+        except OpRuleError as e:
+            raise self.d.fail(f"{where}: {e.message}") from None
+        for k, (out, shape) in enumerate(zip(outputs, shapes)):
+            if shape != self.types[out].shape:
+                raise self.d.fail(f"{where}: output {k} has shape {list(shape)} but the JSON "
+                                  f"declares {list(self.types[out].shape)}")
+        return Node(opdef.name, ins, tuple(outputs), attrs)
+
+    def _attrs(self, i: int, opdef: OpDef, where: str) -> Attrs:
+        declared = self.nodes[i].get("attrs", {})
+        n_in = declared.get("num_inputs") if isinstance(declared, dict) else None
+        if n_in is not None and str(n_in) != str(len(self.nodes[i]["inputs"])):
+            raise self.d.fail(f"{where}: num_inputs is {n_in} but it lists "
+                              f"{len(self.nodes[i]['inputs'])} inputs")
+        text = self.op_attrs[i]
+        try:
+            given = json.loads(text) if isinstance(text, str) and text.strip() else {}
+        except json.JSONDecodeError as e:
+            raise self.d.fail(f"{where}: op_attrs is not a JSON object string ({e})") from None
+        if not isinstance(given, dict):
+            raise self.d.fail(f"{where}: op_attrs must encode a JSON object, got {text!r}")
+        values = {}
+        for key, value in given.items():
+            if key in _INERT_ATTRS and str(value) in _INERT_ATTRS[key]:
+                continue
+            at = opdef.attr(key)
+            values[key] = parse_attr_value(value, at.kind if at else "str")
+        try:
+            return opdef.normalize_attrs(values)
+        except OpRuleError as e:
+            raise self.d.fail(f"{where}: {e.message}") from None
+
+    def _check_arg_nodes(self) -> None:
+        arg_nodes = self.d.field(self.d.doc, "arg_nodes", list, "")
+        variables = [i for i, op in enumerate(self.ops) if op is None]
+        # cvm_1.1.0 recomputes arg_nodes and node_row_ptr; cvm_1.0.0 requires them exact.
+        if self.d.doc.get("version", VERSIONS[0]) == "cvm_1.0.0":
+            if arg_nodes != variables:
+                raise self.d.fail(f"arg_nodes {arg_nodes} must list the null nodes {variables}")
+            row_ptr = self.d.doc.get("node_row_ptr", self.row_ptr)
+            if row_ptr != self.row_ptr:
+                raise self.d.fail(f"node_row_ptr {row_ptr} must be {self.row_ptr}")
+
+    def _check_precisions(self, graph: Graph) -> Graph:
+        for i, names in enumerate(self.values):
+            for k, v in enumerate(names):
+                declared = self.precisions[self.row_ptr[i] + k]
+                if declared != -1 and declared != graph.types[v].precision:
+                    raise self.d.fail(f"node {i} '{self.nodes[i]['name']}': output {k} has "
+                                      f"precision {graph.types[v].precision} but the JSON "
+                                      f"declares {declared}")
+        return graph
+
+
+def read_cvm_model(path: Path, params: Path | None = None) -> Graph:
+    """Read a CVM-Runtime graph JSON and its params file into a precision-inferred Graph."""
+    path = Path(path)
+    d = _Doc(_load_json(path), str(path))
+    version = d.doc.get("version", VERSIONS[0])
+    if version not in VERSIONS:
+        raise d.fail(f"unsupported version {version!r} (expected {' or '.join(VERSIONS)})")
+    params_path = Path(params) if params is not None else _default_params(path)
+    arrays = read_params(params_path) if params_path is not None else {}
+    return _Importer(d, arrays, str(params_path), path.stem).run()
+
+
+# ---- export -----------------------------------------------------------------------------
+def _cvm_attrs(node: Node, opdef: OpDef, types: dict[str, TensorType]) -> dict[str, str]:
+    """The node's attributes as CVM-Runtime op_attrs strings, in its spellings."""
+    attrs = dict(node.attrs)
+    derived = _DERIVED_ATTRS.get(opdef.name, ())
+    if derived:
+        w = types[node.inputs[1]].shape
+        fill = {"channels": w[0], "units": w[0], "kernel_size": tuple(w[2:]),
+                "use_bias": len(node.inputs) == 3}
+        attrs.update({k: fill[k] for k in derived if attrs.get(k) is None})
+    out = {}
+    for at in opdef.attrs:
+        spelling = _CVM_ATTR_NAMES.get((opdef.name, at.name), at.name)
+        key = spelling if opdef.attr(spelling) is at else at.name
+        out[key] = format_attr_value(attrs[at.name])
+    return out
+
+
+def _check_exportable(graph: Graph) -> None:
+    for node in graph.nodes:
+        if not lookup(node.op).compute:
+            raise CvmcError(f"{node.op} '{node.name}': NNEF standard op with no CVM-Runtime "
+                            f"counterpart; cannot export to CVM-Runtime", node.span)
+    for v in graph.values():
+        if not 1 <= len(graph.types[v].shape) <= MAX_RANK:
+            raise CvmcError(f"tensor '{v}' has rank {len(graph.types[v].shape)}; CVM-Runtime "
+                            f"supports ranks 1..{MAX_RANK}")
+    if len(graph.inputs) != 1:
+        raise CvmcError(f"CVM-Runtime models have exactly one input ('data'); this graph has "
+                        f"{len(graph.inputs)}: {', '.join(graph.inputs) or 'none'}")
+
+
+def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
+    """The CVM-Runtime JSON document and params arrays for a graph."""
+    _check_exportable(graph)
+    if any(graph.types[v].precision is None for v in graph.values()):
+        graph = infer_precision(graph)
+    rename = {graph.inputs[0]: "data"} if "data" not in graph.types else {}
+    nodes, entries, op_attrs = [], {}, []
+    for v in [*graph.inputs, *graph.weights()]:
+        entries[v] = [len(nodes), 0, 0]
+        nodes.append({"op": "null", "name": rename.get(v, v), "inputs": []})
+        op_attrs.append("{}")
+    for node in graph.nodes:
+        opdef = lookup(node.op)
+        nodes.append({"op": "cvm_op", "name": node.name,
+                      "attrs": {"func_name": _CVM_OP_NAMES.get(opdef.name, opdef.name),
+                                "num_inputs": str(len(node.inputs)),
+                                "num_outputs": str(len(node.outputs)), "flatten_data": "0"},
+                      "inputs": [entries[i] for i in node.inputs]})
+        op_attrs.append(json.dumps(_cvm_attrs(node, opdef, graph.types)))
+        for k, out in enumerate(node.outputs):
+            entries[out] = [len(nodes) - 1, k, 0]
+    order = list(entries)  # entry ids follow node order, outputs of a node consecutively
+    row_ptr = [0]
+    for n in nodes:
+        row_ptr.append(row_ptr[-1] + int(n.get("attrs", {}).get("num_outputs", 1)))
+    doc = {
+        "version": EXPORT_VERSION, "nodes": nodes,
+        "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
+        "node_row_ptr": row_ptr, "heads": [entries[o] for o in graph.outputs],
+        "attrs": {"dltype": ["list_str", ["int32"] * len(order)],
+                  "storage_id": ["list_int", list(range(len(order)))],
+                  "shape": ["list_shape", [list(graph.types[v].shape) for v in order]],
+                  "precision": ["list_int", [graph.types[v].precision for v in order]],
+                  "op_attrs": ["list_str", op_attrs]},
+    }
+    return doc, {w: graph.constants[w] for w in graph.weights()}
+
+
+def export_cvm(graph: Graph, out_dir: str | Path) -> list[Path]:
+    """Write `out_dir/symbol.json` and `out_dir/params` for CVM-Runtime; returns the paths."""
+    doc, arrays = cvm_document(graph)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    symbol, params = out / "symbol.json", out / "params"
+    symbol.write_text(json.dumps(doc) + "\n")
+    params.write_bytes(params_bytes(arrays))
+    return [symbol, params]

@@ -1,0 +1,148 @@
+"""NNEF fragment declarations: parameter/result types, defaults, and argument type checks.
+
+Types are tuples: ("prim", name) for integer/scalar/logical/string/?, ("tensor", name or
+None), ("array", item type) and ("tuple", (item types...)). The standard library
+(`stdlib.nnef`, Khronos NNEF-Tools 1.0.5) is parsed once and shared by every document.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import lark
+
+from cvmc.frontend.syntax import Source, parse_text
+
+Type = tuple
+NO_DEFAULT: Any = object()
+DTYPE_OF = {"integer": "int32", "scalar": "float32", "logical": "bool"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A tensor value during evaluation: the IR value name and its dtype."""
+
+    name: str
+    dtype: str
+
+
+@dataclass
+class Param:
+    """A fragment parameter: name, type, default value (NO_DEFAULT when required)."""
+
+    name: str
+    type: Type
+    default: Any
+
+
+@dataclass
+class Fragment:
+    """A fragment declaration, with its body when it is compound."""
+
+    name: str
+    generic: bool
+    generic_default: str | None
+    params: list[Param]
+    results: list[tuple[str, Type]]
+    body: lark.Tree | None
+    meta: Any
+    source: Source
+
+    def param(self, name: str) -> Param | None:
+        """The parameter called `name`, if any."""
+        return next((p for p in self.params if p.name == name), None)
+
+
+def type_of(tree: Any) -> Type:
+    """Convert a type_spec parse tree to a Type tuple."""
+    if tree.data == "type_name":
+        return ("prim", str(tree.children[0]))
+    if tree.data == "tensor_type":
+        return ("tensor", str(tree.children[0].children[0]) if tree.children else None)
+    if tree.data == "array_type":
+        return ("array", type_of(tree.children[0]))
+    assert tree.data == "tuple_type", tree.data
+    return ("tuple", tuple(type_of(c) for c in tree.children))
+
+
+def type_str(t: Type) -> str:
+    """NNEF spelling of a type, for messages."""
+    if t[0] == "prim":
+        return t[1]
+    if t[0] == "tensor":
+        return f"tensor<{t[1] or ''}>"
+    if t[0] == "array":
+        return type_str(t[1]) + "[]"
+    return "(" + ", ".join(type_str(x) for x in t[1]) + ")"
+
+
+def declare(tree: lark.Tree, source: Source, literal: Any) -> Fragment:
+    """Build a Fragment from a `fragment` parse tree; `literal` evaluates default values."""
+    name_tok, *rest = tree.children
+    generic, generic_default = False, None
+    if rest and isinstance(rest[0], lark.Tree) and rest[0].data == "generic":
+        generic = True
+        if rest[0].children:
+            generic_default = str(rest[0].children[0].children[0])
+        rest = rest[1:]
+    params_tree, results_tree, *body = rest
+    params = []
+    for p in params_tree.children:
+        default = literal(p.children[2]) if len(p.children) > 2 else NO_DEFAULT
+        params.append(Param(str(p.children[0]), type_of(p.children[1]), default))
+    results = [(str(r.children[0]), type_of(r.children[1])) for r in results_tree.children]
+    has_body = body and isinstance(body[0], lark.Tree)
+    return Fragment(str(name_tok), generic, generic_default, params, results,
+                    body[0] if has_body else None, tree.meta, source)
+
+
+@functools.cache
+def stdlib() -> dict[str, Fragment]:
+    """The NNEF standard library's fragments by name."""
+    text = resources.files("cvmc.frontend").joinpath("stdlib.nnef").read_text()
+    header = "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
+    placeholder = "\ngraph G( x ) -> ( x ) { x = external(shape = []); }\n"
+    source = Source(header + text + placeholder, "<stdlib.nnef>")
+    from cvmc.frontend.semantics import literal_value
+    tree = parse_text(source)
+    return {f.children[0].value: declare(f, source, literal_value)
+            for f in tree.find_data("fragment")}
+
+
+def check_value(value: Any, t: Type, generic: str | None) -> str | None:
+    """None if `value` fits type `t` (cvmc dialect: integer and scalar tensors mix),
+    else a description of what was expected."""
+    kind = t[0]
+    if kind == "tensor":
+        want = generic if t[1] == "?" else t[1]
+        if isinstance(value, Tensor):
+            ok = want in (None, "?") or (want == "logical") == (value.dtype == "bool")
+            return None if ok else f"a tensor<{want}>"
+        return None if _is_prim(value, want) else f"a tensor<{want or ''}> or a literal"
+    if kind == "prim":
+        want = generic if t[1] == "?" else t[1]
+        return None if _is_prim(value, want) else f"a value of type {want}"
+    if kind == "array":
+        if not isinstance(value, list):
+            return f"an array ({type_str(t)})"
+        bad = [check_value(v, t[1], generic) for v in value]
+        return next((f"an array of {b}" for b in bad if b), None)
+    if not isinstance(value, tuple) or len(value) != len(t[1]):
+        return f"a tuple {type_str(t)}"
+    return next((b for v, it in zip(value, t[1]) if (b := check_value(v, it, generic))), None)
+
+
+def _is_prim(value: Any, want: str | None) -> bool:
+    if isinstance(value, Tensor):
+        return False
+    if want in (None, "?"):
+        return isinstance(value, (int, float, bool, str))
+    if want == "logical":
+        return isinstance(value, bool)
+    if want == "string":
+        return isinstance(value, str)
+    if want == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # scalar

@@ -1,0 +1,186 @@
+"""Tensors that enter a graph from text: external, variable, constant and literal numbers.
+
+Also the CVM-Runtime size limits (every dim 1..2^24, volume <= 2^30), checked on every
+declared or inferred shape before anything is allocated.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import numpy as np
+
+from cvmc.errors import CvmcError, SourceSpan
+from cvmc.frontend.fragments import DTYPE_OF, NO_DEFAULT, Tensor, check_value, stdlib
+from cvmc.frontend.syntax import Source, span_of
+from cvmc.ir import TensorType
+
+MAX_DIM = 1 << 24
+MAX_VOLUME = 1 << 30
+NP_DTYPE = {"int32": np.int32, "float32": np.float32, "bool": np.bool_}
+
+
+def literal_value(tree: Any) -> Any:
+    """The value of a literal expression (numbers, strings, logicals, arrays, tuples)."""
+    kind = tree.data
+    if kind == "number":
+        text = str(tree.children[0])
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    if kind == "string":
+        return str(tree.children[0])[1:-1]
+    if kind in ("true", "false"):
+        return kind == "true"
+    if kind == "unary" and str(tree.children[0]) in "+-":
+        v = literal_value(tree.children[1])
+        return -v if str(tree.children[0]) == "-" else v
+    if kind in ("array", "tuple"):
+        items = [literal_value(c) for c in tree.children]
+        return items if kind == "array" else tuple(items)
+    raise ValueError(kind)
+
+
+class TensorFactory:
+    """Value names, types and weights of the graph being built."""
+
+    def __init__(self, source: Source, read_tensor: Any):
+        self.source = source
+        self.read_tensor = read_tensor
+        self.types: dict[str, TensorType] = {}
+        self.constants: dict[str, np.ndarray] = {}
+        self.labels: dict[str, str] = {}
+        self.reserved: set[str] = set()  # every name the document assigns
+        self.hint = "t"  # the current graph statement's first name
+        self.counter = 0
+
+    def err(self, message: str, where: Any) -> CvmcError:
+        """A CvmcError at a tree node / token of the user's document."""
+        return self.source.error(message, where)
+
+    def span(self, where: Any) -> SourceSpan | None:
+        """The span of a tree node / token, if any."""
+        return span_of(self.source.filename, where) if getattr(where, "line", None) else None
+
+    def fresh(self) -> str:
+        """A new value name `<hint>__<n>` that no user name and no value uses."""
+        while True:
+            self.counter += 1
+            name = f"{self.hint}__{self.counter}"
+            if name not in self.reserved and name not in self.types:
+                return name
+
+    def check_shape(self, name: str, shape: Any, where: Any) -> tuple[int, ...]:
+        """Validate a shape against CVM-Runtime's limits; returns it as a tuple."""
+        if not isinstance(shape, (list, tuple)) or not all(
+                isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            raise self.err(f"tensor '{name}': shape must be a list of integers, got {shape}",
+                           where)
+        for d in shape:
+            if not 1 <= d <= MAX_DIM:
+                raise self.err(f"tensor '{name}': dimension {d} in shape {list(shape)} is "
+                               f"outside 1..{MAX_DIM} (CVM-Runtime limit)", where)
+        volume = int(np.prod(shape, dtype=object)) if shape else 1
+        if volume > MAX_VOLUME:
+            raise self.err(f"tensor '{name}': shape {list(shape)} has {volume} elements, "
+                           f"more than {MAX_VOLUME} (CVM-Runtime limit)", where)
+        return tuple(shape)
+
+    def literal_tensor(self, value: Any, where: Any) -> Tensor:
+        """A number/logical literal used as a tensor: a shape-[] constant."""
+        dtype = "bool" if isinstance(value, bool) else \
+            "int32" if isinstance(value, int) else "float32"
+        name = self.fresh()
+        self.constants[name] = np.array(value, dtype=NP_DTYPE[dtype])
+        self.types[name] = TensorType((), dtype)
+        return Tensor(name, dtype)
+
+    # ---- external / variable / constant --------------------------------------------------
+    def introduce(self, op: str, generic: str | None, pos: list, named: dict, where: Any,
+                  name: str) -> Tensor:
+        """Declare a graph input or weight named `name`."""
+        args = self.introducer_args(op, generic, pos, named, where)
+        dtype = DTYPE_OF.get(args["__type"])
+        if dtype is None:
+            raise self.err(f"{op}: element type must be integer, scalar or logical, "
+                           f"got {args['__type']}", where)
+        shape = self.check_shape(name, args["shape"], where)
+        precision = args.get("precision")
+        if precision is not None and (dtype != "int32" or not 1 <= precision <= 32):
+            raise self.err(f"{op} '{name}': precision must be in 1..32 and applies to "
+                           f"{op}<integer> only, got {precision} for {op}<{args['__type']}>",
+                           where)
+        if op == "variable":
+            self.labels[name] = args["label"]
+            data = self.read_tensor(args["label"]) if self.read_tensor else None
+            if data is not None:
+                self.constants[name] = self.checked_data(name, data, shape, dtype, precision,
+                                                         where)
+        elif op == "constant":
+            self.constants[name] = self.constant_data(name, args["value"], shape, dtype, where)
+        self.types[name] = TensorType(shape, dtype, precision)
+        return Tensor(name, dtype)
+
+    def introducer_args(self, op: str, generic: str | None, pos: list, named: dict,
+                        where: Any) -> dict[str, Any]:
+        """Bind external/variable/constant arguments (stdlib signature + `precision`)."""
+        decl = stdlib()[op]
+        params = [p.name for p in decl.params] + ["precision"]
+        if len(pos) > len(params):
+            raise self.err(f"{op}: takes {len(params)} arguments, {len(pos)} given", where)
+        values = {p: a.value for p, a in zip(params, pos)}
+        for key, a in named.items():
+            if key not in params:
+                close = difflib.get_close_matches(key, params, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else \
+                    f" (arguments: {', '.join(params)})"
+                raise self.err(f"{op}: unknown argument '{key}'{hint}", where)
+            values[key] = a.value
+        elem = generic or decl.generic_default
+        for p in decl.params:
+            if p.name not in values:
+                if p.default is NO_DEFAULT:
+                    raise self.err(f"{op}: missing required argument '{p.name}'", where)
+                values[p.name] = p.default
+            bad = check_value(values[p.name], p.type, elem)
+            if bad:
+                raise self.err(f"{op}: argument '{p.name}' must be {bad}, got "
+                               f"{values[p.name]!r}", where)
+        prec = values.get("precision")
+        if prec is not None and (not isinstance(prec, int) or isinstance(prec, bool)):
+            raise self.err(f"{op}: argument 'precision' must be an integer, got {prec!r}",
+                           where)
+        values["__type"] = elem
+        return values
+
+    def checked_data(self, name: str, data: np.ndarray, shape: tuple[int, ...], dtype: str,
+                     precision: int | None, where: Any) -> np.ndarray:
+        """A variable's .dat contents, checked against its declaration."""
+        if tuple(data.shape) != shape:
+            raise self.err(f"variable '{name}': data file '{self.labels[name]}.dat' has shape "
+                           f"{list(data.shape)}, but the variable declares {list(shape)}",
+                           where)
+        if dtype == "int32" and data.dtype.kind not in "iub":
+            raise self.err(f"variable '{name}': data file '{self.labels[name]}.dat' holds "
+                           f"{data.dtype} values, but the variable is declared integer", where)
+        if precision is not None and data.size:
+            bound = (1 << (precision - 1)) - 1
+            worst = int(np.abs(data.astype(np.int64)).max())
+            if worst > bound:
+                raise self.err(f"variable '{name}': value {worst} (in magnitude) does not fit "
+                               f"precision {precision} (|v| <= {bound})", where)
+        return data
+
+    def constant_data(self, name: str, value: list, shape: tuple[int, ...], dtype: str,
+                      where: Any) -> np.ndarray:
+        """A constant's values: one value broadcast, or one per element."""
+        volume = int(np.prod(shape, dtype=np.int64))
+        if len(value) not in (1, volume):
+            raise self.err(f"constant '{name}': value has {len(value)} items; expected 1 or "
+                           f"{volume} (the volume of shape {list(shape)})", where)
+        if dtype == "int32" and not all(isinstance(v, int) and -2**31 <= v < 2**31
+                                        for v in value):
+            raise self.err(f"constant '{name}': values of constant<integer> must be int32 "
+                           f"integers, got {value}", where)
+        arr = np.array(value, dtype=NP_DTYPE[dtype])
+        return np.full(shape, arr[0]) if len(value) == 1 else arr.reshape(shape)
+
+

@@ -1,0 +1,127 @@
+"""graph.quant (NNEF spec 5.3): one `"tensor": fragment(attr = value, ...);` entry per line.
+
+Values are literals: numbers (a leading '-' allowed), strings in '' or "", `true` /
+`false`, arrays `[...]` and tuples `(a, b)`. The spec's "compile-time expressions" are
+read as literals: arithmetic in a quantization file has no known use. Comments run from
+'#' to the end of the line. cvmc's own fragment is `cvm_precision_spec(precision = P)`;
+any other fragment (e.g. Khronos `linear_quantize`) is kept as given.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, NoReturn
+
+from cvmc.errors import CvmcError, SourceSpan
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t\r\n]+|\#[^\n]*)
+  | (?P<string>"[^"\n]*"|'[^'\n]*')
+  | (?P<number>[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<punct>[:()=,;\[\]-])
+""", re.VERBOSE)
+
+Token = tuple[str, str, int]  # kind, text, offset
+
+
+class _Parser:
+    """Recursive descent over the token list; errors carry the token's line and column."""
+
+    def __init__(self, text: str, filename: str):
+        self.text, self.filename = text, filename
+        self.tokens = self._tokenize()
+        self.pos = 0
+
+    def _tokenize(self) -> list[Token]:
+        tokens, offset = [], 0
+        while offset < len(self.text):
+            m = _TOKEN.match(self.text, offset)
+            if m is None:
+                self.fail(offset, f"unexpected character {self.text[offset]!r}")
+            if m.lastgroup != "ws":
+                tokens.append((m.lastgroup or "", m.group(), offset))
+            offset = m.end()
+        tokens.append(("eof", "end of file", len(self.text)))
+        return tokens
+
+    def fail(self, offset: int, message: str) -> NoReturn:
+        """Raise a CvmcError located at a character offset."""
+        line = self.text.count("\n", 0, offset) + 1
+        start = self.text.rfind("\n", 0, offset) + 1
+        end = self.text.find("\n", offset)
+        source = self.text[start:end if end >= 0 else len(self.text)]
+        raise CvmcError(message, SourceSpan(self.filename, line, offset - start + 1), source)
+
+    def peek(self) -> Token:
+        return self.tokens[self.pos]
+
+    def take(self, kind: str, text: str | None = None) -> Token:
+        """Consume the next token, which must be of `kind` (and spelled `text`)."""
+        tok = self.peek()
+        if tok[0] != kind or (text is not None and tok[1] != text):
+            want = f"'{text}'" if text else {"string": "a quoted tensor name",
+                                              "ident": "an identifier"}.get(kind, kind)
+            self.fail(tok[2], f"expected {want}, found '{tok[1]}'")
+        self.pos += 1
+        return tok
+
+    def at(self, text: str) -> bool:
+        return self.peek()[0] == "punct" and self.peek()[1] == text
+
+    def document(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        entries: dict[str, tuple[str, dict[str, Any]]] = {}
+        while self.peek()[0] != "eof":
+            _, text, offset = self.take("string")
+            if text[1:-1] in entries:
+                self.fail(offset, f"tensor {text} has a second quantization entry")
+            self.take("punct", ":")
+            entries[text[1:-1]] = self.invocation()
+            self.take("punct", ";")
+        return entries
+
+    def invocation(self) -> tuple[str, dict[str, Any]]:
+        fragment = self.take("ident")[1]
+        self.take("punct", "(")
+        attrs: dict[str, Any] = {}
+        while not self.at(")"):
+            if attrs:
+                self.take("punct", ",")
+            _, name, offset = self.take("ident")
+            if name in attrs:
+                self.fail(offset, f"attribute '{name}' of {fragment} given twice")
+            self.take("punct", "=")
+            attrs[name] = self.value()
+        self.take("punct", ")")
+        return fragment, attrs
+
+    def value(self) -> Any:
+        kind, text, offset = self.peek()
+        if self.at("[") or self.at("("):
+            return self.sequence()
+        self.pos += 1
+        if kind == "string":
+            return text[1:-1]
+        if kind == "ident" and text in ("true", "false"):
+            return text == "true"
+        if kind == "number":
+            return float(text) if any(c in text for c in ".eE") else int(text)
+        if text == "-" and self.peek()[0] == "number":
+            return -self.value()
+        self.fail(offset, f"expected a literal value (number, string, true/false, array or "
+                          f"tuple), found '{text}'")
+
+    def sequence(self) -> list[Any] | tuple[Any, ...]:
+        opener = self.take("punct")[1]
+        closer = "]" if opener == "[" else ")"
+        items: list[Any] = []
+        while not self.at(closer):
+            if items:
+                self.take("punct", ",")
+            items.append(self.value())
+        self.take("punct", closer)
+        return items if opener == "[" else tuple(items)
+
+
+def parse_quant(text: str, filename: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Parse a graph.quant file: tensor name -> (fragment name, attributes)."""
+    return _Parser(text, filename).document()

@@ -1,0 +1,587 @@
+"""NNEF semantics (spec 3.3, chapter 6): evaluate a parsed document into a `Graph`.
+
+Assignments are evaluated in order. Compile-time values are Python ints, floats, bools,
+strings, lists (arrays) and tuples; tensors are `Tensor` handles naming IR values.
+Calls resolve as follows (see `GraphBuilder.call`): a user fragment with a body is
+expanded; otherwise for `f(...)` the registry entries `f` then `nnef.f` are tried and the
+first whose signature accepts the call (tensor arity, attribute names) becomes one atomic
+node; otherwise a standard-library compound fragment is expanded into the ops it calls;
+otherwise the error of the first registry candidate (or "unknown operation") is reported.
+The name an assignment gives (its "destination") is passed down, so the op that computes
+a named tensor gets that name; intermediate values get fresh names `<lhs>__<n>`.
+"""
+from __future__ import annotations
+
+import difflib
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import lark
+
+from cvmc.errors import OpRuleError
+from cvmc.frontend.fragments import DTYPE_OF, NO_DEFAULT, Fragment, Tensor, check_value, stdlib
+from cvmc.frontend.literals import TensorFactory, literal_value
+from cvmc.frontend.syntax import Source
+from cvmc.ir import Node, TensorType
+from cvmc.ops import lookup
+from cvmc.ops.registry import Attrs, OpDef, suggest
+
+__all__ = ["GraphBuilder", "Scope", "literal_value"]
+
+# Tensor operator expressions map to these NNEF operations (spec 3.2.3 table).
+BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow", "<": "lt",
+              "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne", "&&": "and",
+              "||": "or"}
+UNARY_OPS = {"-": "neg", "!": "not"}
+BUILTINS = ("length_of", "range_of", "shape_of", "integer", "scalar", "logical", "string")
+INTRODUCERS = ("external", "variable", "constant")
+
+
+@dataclass
+class Arg:
+    """An evaluated call argument and where it was written."""
+
+    value: Any
+    meta: Any
+
+
+@dataclass
+class Scope:
+    """Names visible in a graph body or one fragment expansion."""
+
+    names: dict[str, Any] = field(default_factory=dict)
+    fragment: Fragment | None = None
+    dests: dict[str, Any] = field(default_factory=dict)  # fragment result -> destination
+    site: Any = None  # call site in the user's document while expanding the stdlib
+    label: str = ""  # "softmax 'y'": the user-visible op being expanded
+
+    def where(self, meta: Any) -> Any:
+        """The location to report for `meta` (the call site inside stdlib expansions)."""
+        return self.site if self.site is not None else meta
+
+
+class GraphBuilder(TensorFactory):
+    """Evaluates assignments and collects nodes, types and weights."""
+
+    def __init__(self, source: Source, fragments: dict[str, Fragment], read_tensor: Any):
+        super().__init__(source, read_tensor)
+        self.fragments = fragments
+        self.nodes: list[Node] = []
+
+    # ---- statements ---------------------------------------------------------------------
+    def assign(self, tree: lark.Tree, scope: Scope) -> None:
+        """Evaluate one `lvalue = expr;` and bind its names."""
+        lvalue, expr = tree.children
+        for tok in _lvalue_names(lvalue):
+            if tok in scope.names:
+                raise self.err(f"identifier '{tok}' is already assigned (NNEF assigns each "
+                               f"identifier once)", scope.where(tok))
+        dest = self.dest_of(lvalue, scope)
+        self.bind(lvalue, self.eval(expr, scope, dest), scope, tree.meta)
+
+    def dest_of(self, lvalue: Any, scope: Scope) -> Any:
+        """The destination names an lvalue asks for (None: generate)."""
+        if lvalue.data == "lv_ident":
+            name = str(lvalue.children[0])
+            return scope.dests.get(name) if scope.fragment else name
+        parts = [self.dest_of(c, scope) for c in lvalue.children]
+        return parts if lvalue.data == "lv_array" else tuple(parts)
+
+    def bind(self, lvalue: Any, value: Any, scope: Scope, meta: Any) -> None:
+        """Destructure `value` along `lvalue` into scope."""
+        if lvalue.data == "lv_ident":
+            tok = lvalue.children[0]
+            name = str(tok)
+            if scope.fragment is None:
+                if not isinstance(value, Tensor):
+                    raise self.err(f"'{name}' must be assigned a tensor, got "
+                                   f"{_show(value)}", tok)
+                value = self.named(value, name, scope, tok)
+            elif name in scope.dests and isinstance(value, Tensor):
+                value = self.named(value, scope.dests[name], scope, tok)
+            scope.names[name] = value
+            return
+        kind, want = (list, "an array") if lvalue.data == "lv_array" else (tuple, "a tuple")
+        if not isinstance(value, kind) or len(value) != len(lvalue.children):
+            raise self.err(f"the left-hand side expects {want} of {len(lvalue.children)} "
+                           f"items, got {_show(value)}", scope.where(meta))
+        for child, item in zip(lvalue.children, value):
+            self.bind(child, item, scope, meta)
+
+    def named(self, value: Tensor, dest: Any, scope: Scope, meta: Any) -> Tensor:
+        """`value` under the name `dest`: a `copy` node when it already has another name."""
+        if not isinstance(dest, str) or value.name == dest:
+            return value
+        return self.call("copy", None, [Arg(value, meta)], {}, scope, dest, meta)
+
+    # ---- expressions --------------------------------------------------------------------
+    def eval(self, tree: Any, scope: Scope, dest: Any = None) -> Any:
+        """Evaluate an expression; `dest` names the tensor(s) it produces."""
+        kind = tree.data
+        if kind in ("number", "string", "true", "false"):
+            return literal_value(tree)
+        if kind == "ident":
+            name = str(tree.children[0])
+            if name not in scope.names:
+                raise self.err(f"undeclared identifier '{name}'", scope.where(tree.meta))
+            return scope.names[name]
+        if kind == "invocation":
+            return self.invoke(tree, scope, dest)
+        if kind == "if_else":
+            cond = self.eval(tree.children[1], scope)
+            if not isinstance(cond, bool):
+                raise self.err(f"if-else condition must be a logical value, got "
+                               f"{_show(cond)}", scope.where(tree.children[1].meta))
+            return self.eval(tree.children[0 if cond else 2], scope, dest)
+        if kind in ("array", "tuple"):
+            pieces = dest if isinstance(dest, (list, tuple)) and \
+                len(dest) == len(tree.children) else [None] * len(tree.children)
+            items = [self.eval(c, scope, d) for c, d in zip(tree.children, pieces)]
+            return items if kind == "array" else tuple(items)
+        if kind == "binary":
+            return self.binary(tree, scope, dest)
+        if kind == "unary":
+            return self.unary(tree, scope, dest)
+        if kind in ("index", "range_index"):
+            return self.subscript(tree, scope)
+        assert kind == "comprehension", kind
+        return self.comprehension(tree, scope)
+
+    def binary(self, tree: lark.Tree, scope: Scope, dest: Any) -> Any:
+        """A binary operator: an NNEF op on tensors, else compile-time arithmetic."""
+        left, op_tok, right = tree.children
+        a, b = self.eval(left, scope), self.eval(right, scope)
+        op = str(op_tok) if not isinstance(op_tok, lark.Tree) else "in"
+        if isinstance(a, Tensor) or isinstance(b, Tensor):
+            if op not in BINARY_OPS:
+                raise self.err(f"operator '{op}' does not apply to tensors",
+                               scope.where(tree.meta))
+            args = [Arg(a, left.meta), Arg(b, right.meta)]
+            return self.call(BINARY_OPS[op], None, args, {}, scope, dest, tree.meta)
+        try:
+            return _compile_time(op, a, b)
+        except (TypeError, ZeroDivisionError, ValueError):
+            raise self.err(f"operator '{op}' cannot apply to {_show(a)} and {_show(b)}",
+                           scope.where(tree.meta)) from None
+
+    def unary(self, tree: lark.Tree, scope: Scope, dest: Any) -> Any:
+        """Unary -, + or ! on a tensor (neg / not) or a compile-time value."""
+        op, operand = str(tree.children[0]), tree.children[1]
+        v = self.eval(operand, scope)
+        if isinstance(v, Tensor):
+            if op == "+":
+                return v
+            return self.call(UNARY_OPS[op], None, [Arg(v, operand.meta)], {}, scope, dest,
+                             tree.meta)
+        if op == "!" and isinstance(v, bool):
+            return not v
+        if op in "+-" and isinstance(v, (int, float)) and not isinstance(v, bool):
+            return -v if op == "-" else v
+        raise self.err(f"operator '{op}' cannot apply to {_show(v)}", scope.where(tree.meta))
+
+    def subscript(self, tree: lark.Tree, scope: Scope) -> Any:
+        """`a[i]` or `a[i:j]` on an array or string."""
+        seq = self.eval(tree.children[0], scope)
+        where = scope.where(tree.meta)
+        if not isinstance(seq, (list, str)):
+            raise self.err(f"only arrays and strings can be subscripted, got {_show(seq)}",
+                           where)
+        if tree.data == "index":
+            i = self.eval(tree.children[1], scope)
+            if not _is_int(i) or not 0 <= i < len(seq):
+                raise self.err(f"index {_show(i)} is out of range for an array of length "
+                               f"{len(seq)}", where)
+            return seq[i]
+        bounds, seen_colon = [None, None], False
+        for c in tree.children[1:]:
+            if isinstance(c, lark.Token) and c.type == "COLON":
+                seen_colon = True
+            else:
+                bounds[int(seen_colon)] = self.eval(c, scope)
+        if not all(b is None or _is_int(b) for b in bounds):
+            raise self.err(f"range bounds must be integers, got {_show(bounds)}", where)
+        return seq[bounds[0]:bounds[1]]
+
+    def comprehension(self, tree: lark.Tree, scope: Scope) -> list[Any]:
+        """`[for i in a, j in b if cond yield expr]` (iterators advance together)."""
+        iters = [c for c in tree.children if isinstance(c, lark.Tree) and c.data == "loop_iter"]
+        cond = tree.children[-2] if len(tree.children) - len(iters) == 2 else None
+        seqs = []
+        for it in iters:
+            seq = self.eval(it.children[1], scope)
+            if not isinstance(seq, list):
+                raise self.err(f"'{it.children[0]}' must iterate over an array, got "
+                               f"{_show(seq)}", scope.where(it.meta))
+            seqs.append(seq)
+        if len({len(s) for s in seqs}) > 1:
+            raise self.err("loop iterators must have equal lengths", scope.where(tree.meta))
+        out = []
+        for items in zip(*seqs):
+            inner = Scope(dict(scope.names), scope.fragment, scope.dests, scope.site,
+                          scope.label)
+            inner.names.update({str(it.children[0]): v for it, v in zip(iters, items)})
+            if cond is not None and self.eval(cond, inner) is not True:
+                continue
+            out.append(self.eval(tree.children[-1], inner))
+        return out
+
+    # ---- invocations --------------------------------------------------------------------
+    def invoke(self, tree: lark.Tree, scope: Scope, dest: Any) -> Any:
+        """An invocation: builtin, tensor introduction, op or fragment."""
+        head, *arg_trees = tree.children
+        name, _, generic = str(head).replace(" ", "").rstrip(">").partition("<")
+        pos, named = [], {}
+        for a in arg_trees:
+            if isinstance(a, lark.Tree) and a.data == "named_arg":
+                key = str(a.children[0])
+                if key in named:
+                    raise self.err(f"{name}: argument '{key}' given twice",
+                                   scope.where(a.children[0]))
+                named[key] = Arg(self.eval(a.children[1], scope), a.children[1].meta)
+            elif named:
+                raise self.err(f"{name}: positional argument after named arguments",
+                               scope.where(a.meta))
+            else:
+                pos.append(Arg(self.eval(a, scope), a.meta))
+        if name in BUILTINS:
+            return self.builtin(name, pos, named, scope, tree.meta)
+        if name in INTRODUCERS:
+            if scope.fragment is not None and name != "constant":
+                raise self.err(f"operation '{name}' is not allowed inside fragments",
+                               scope.where(tree.meta))
+            return self.introduce(name, generic or None, pos, named, scope.where(tree.meta),
+                                  dest if isinstance(dest, str) else self.fresh())
+        if name == "update" and pos and not (isinstance(pos[0].value, Tensor)
+                                             and pos[0].value.name in self.labels):
+            raise self.err("the first argument of 'update' must be a variable",
+                           scope.where(pos[0].meta))
+        return self.call(name, generic or None, pos, named, scope, dest, tree.meta)
+
+    def builtin(self, name: str, pos: list[Arg], named: dict, scope: Scope, meta: Any) -> Any:
+        """length_of, range_of, and the integer/scalar/logical/string conversions."""
+        where = scope.where(meta)
+        if name == "shape_of":
+            raise self.err("'shape_of' is deprecated since NNEF 1.0.1 and not supported; "
+                           "write the shape explicitly", where)
+        if len(pos) != 1 or named:
+            raise self.err(f"'{name}' takes exactly one argument", where)
+        v = pos[0].value
+        if name in ("length_of", "range_of"):
+            if not isinstance(v, (list, str)):
+                raise self.err(f"'{name}' expects an array, got {_show(v)}", where)
+            return len(v) if name == "length_of" else list(range(len(v)))
+        if isinstance(v, (Tensor, list, tuple)):
+            raise self.err(f"'{name}' converts a single value, got {_show(v)}", where)
+        try:
+            return {"integer": int, "scalar": float, "logical": bool, "string": str}[name](v)
+        except ValueError:
+            raise self.err(f"cannot convert {_show(v)} to {name}", where) from None
+
+    def call(self, name: str, generic: str | None, pos: list[Arg], named: dict[str, Arg],
+             scope: Scope, dest: Any, meta: Any) -> Any:
+        """Resolve and apply an operation (the rule is in this module's docstring)."""
+        user = self.fragments.get(name)
+        if user is not None and user.body is not None:
+            return self.expand(user, generic, pos, named, scope, dest, meta)
+        first_error, seen = None, []
+        for opdef in (lookup(name), lookup("nnef." + name)):
+            if opdef is None or opdef in seen:
+                continue
+            seen.append(opdef)
+            try:
+                bound = self.bind_op(opdef, pos, named, user or stdlib().get(name))
+                attrs = opdef.normalize_attrs({k: a.value for k, a in bound[1].items()})
+            except OpRuleError as e:
+                first_error = first_error or e
+                continue
+            return self.apply(opdef, bound[0], attrs, generic, user or stdlib().get(name),
+                              scope, dest, meta)
+        decl = user or stdlib().get(name)
+        if decl is not None and decl.body is not None:
+            return self.expand(decl, generic, pos, named, scope, dest, meta)
+        where = scope.where(meta)
+        if first_error is not None:
+            raise self.err(self.prefix(scope, name, dest, first_error.message), where)
+        if decl is not None:
+            raise self.err(f"operation '{name}' is declared without a body and cvmc has no "
+                           f"operator '{name}' (no shape rule; register one in cvmc.ops)",
+                           where)
+        raise self.err(f"unknown operation '{name}'{suggest(name)}", where)
+
+    def prefix(self, scope: Scope, op: str, dest: Any, message: str) -> str:
+        """Prefix an op rule's message with the user-visible op and instance name."""
+        if scope.label:
+            return f"{scope.label}: {message}"
+        inst = dest if isinstance(dest, str) else _first_name(dest)
+        body = message.removeprefix(op + ": ")
+        return f"{op} '{inst}': {body}" if inst else f"{op}: {body}"
+
+    def bind_op(self, opdef: OpDef, pos: list[Arg], named: dict[str, Arg],
+                decl: Fragment | None) -> tuple[list[Arg], dict[str, Arg]]:
+        """Split arguments into tensor inputs and attributes, or raise OpRuleError when
+        the op's signature does not accept them."""
+        inputs: list[Arg | None] = []
+        i = 0
+        if opdef.variadic:
+            if pos and isinstance(pos[0].value, list):
+                inputs, i = [Arg(v, pos[0].meta) for v in pos[0].value], 1
+            else:
+                while i < len(pos) and isinstance(pos[i].value, Tensor):
+                    inputs.append(pos[i])
+                    i += 1
+        else:
+            for slot in opdef.inputs:
+                if i >= len(pos) or (slot.endswith("?") and not _tensorish(pos[i].value)):
+                    break
+                inputs.append(pos[i])
+                i += 1
+        if len(pos) - i > len(opdef.attrs):
+            raise OpRuleError(f"{opdef.name}: too many positional arguments "
+                              f"({len(pos)} given)")
+        attrs = {opdef.attrs[k].name: a for k, a in enumerate(pos[i:])}
+        for key, arg in named.items():
+            if key in opdef.input_names and not opdef.variadic:
+                slot = opdef.input_names.index(key)
+                inputs.extend([None] * (slot + 1 - len(inputs)))
+                if inputs[slot] is not None:
+                    raise OpRuleError(f"{opdef.name}: input '{key}' given twice")
+                inputs[slot] = arg
+            elif opdef.attr(key) is None:
+                opdef.normalize_attrs({key: arg.value})  # raises: unknown, did you mean
+            else:
+                attrs[key] = arg
+        for key, a in attrs.items():
+            if _has_tensor(a.value):
+                raise OpRuleError(f"{opdef.name}: attribute '{key}' must be a compile-time "
+                                  f"value, got {_show(a.value)}")
+        inputs = self.fill_defaults(opdef, inputs, decl)
+        opdef.check_arity(len(inputs))
+        return inputs, attrs
+
+    def fill_defaults(self, opdef: OpDef, inputs: list[Arg | None],
+                      decl: Fragment | None) -> list[Arg]:
+        """Omitted optional inputs take their NNEF declaration default (e.g. conv's
+        `bias = 0.0`); an input left out in the middle must have one."""
+        names = opdef.input_names
+        params = {p.name: p for p in decl.params} if decl else {}
+        if not opdef.variadic:
+            for k in range(len(inputs), len(names)):
+                p = params.get(names[k])
+                if p is not None and p.default is not NO_DEFAULT:
+                    inputs.append(None)
+        out = []
+        for k, arg in enumerate(inputs):
+            if arg is None:
+                p = params.get(names[k]) if k < len(names) else None
+                if p is None or p.default is NO_DEFAULT:
+                    raise OpRuleError(f"{opdef.name}: input '{names[k]}' is missing")
+                arg = Arg(p.default, None)
+            out.append(arg)
+        return out
+
+    def apply(self, opdef: OpDef, inputs: list[Arg], attrs: Attrs, generic: str | None,
+              decl: Fragment | None, scope: Scope, dest: Any, meta: Any) -> Any:
+        """Create the node for a resolved registry op; returns its output tensor(s)."""
+        where = scope.where(meta)
+        try:
+            names = [self.tensor_input(opdef, k, a, where) for k, a in enumerate(inputs)]
+            shapes = opdef.infer_shapes([self.types[n] for n in names], attrs)
+        except OpRuleError as e:
+            raise self.err(self.prefix(scope, _bare(opdef.name), dest, e.message),
+                           where) from None
+        outs = self.output_names(opdef, len(shapes), dest, where)
+        dtype = self.result_dtype(opdef, decl, generic, names)
+        for out, shape in zip(outs, shapes):
+            self.check_shape(out, shape, where)
+            self.types[out] = TensorType(shape, dtype)
+        self.nodes.append(Node(opdef.name, tuple(names), tuple(outs), dict(attrs),
+                               self.span(where)))
+        tensors = [Tensor(o, dtype) for o in outs]
+        if opdef.variadic_outputs:
+            return tensors
+        return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+    def tensor_input(self, opdef: OpDef, k: int, arg: Arg, where: Any) -> str:
+        """The value name of one tensor input; a literal number becomes a constant."""
+        v = arg.value
+        if isinstance(v, Tensor):
+            return v.name
+        if _tensorish(v):
+            return self.literal_tensor(v, where).name
+        slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
+        raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor, got {_show(v)}")
+
+    def output_names(self, opdef: OpDef, count: int, dest: Any, where: Any) -> list[str]:
+        """Names for an op's outputs, from the destination or freshly generated."""
+        if count == 1 and not opdef.variadic_outputs:
+            return [dest if isinstance(dest, str) else self.fresh()]
+        if dest is None:
+            return [self.fresh() for _ in range(count)]
+        if not isinstance(dest, (list, tuple)) or len(dest) != count:
+            raise self.err(f"{_bare(opdef.name)} returns {count} tensors but the left-hand "
+                           f"side names {len(dest) if isinstance(dest, (list, tuple)) else 1}",
+                           where)
+        return [d if isinstance(d, str) else self.fresh() for d in dest]
+
+    def result_dtype(self, opdef: OpDef, decl: Fragment | None, generic: str | None,
+                     inputs: list[str]) -> str:
+        """int32 for CVM ops; an NNEF op's declared result type otherwise."""
+        first = self.types[inputs[0]].dtype if inputs else "float32"
+        if opdef.compute or decl is None:
+            return "int32" if opdef.compute else first
+        elem = _tensor_elem(decl.results[0][1])
+        if elem != "?":
+            return DTYPE_OF.get(elem or "", first)
+        if generic:
+            return DTYPE_OF[generic]
+        # `tensor<?>` results have the type of the inputs declared `tensor<?>` (select's
+        # branches, not its condition): pair the declaration's tensor params with inputs.
+        tensor_params = [p.type for p in decl.params if _tensor_elem(p.type) is not None]
+        for t, name in zip(tensor_params, inputs):
+            if _tensor_elem(t) == "?":
+                return self.types[name].dtype
+        return first
+
+    def expand(self, frag: Fragment, generic: str | None, pos: list[Arg],
+               named: dict[str, Arg], scope: Scope, dest: Any, meta: Any) -> Any:
+        """Evaluate a compound fragment's body with its parameters bound."""
+        where = scope.where(meta)
+        values = self.bind_fragment(frag, generic, pos, named, where)
+        if len(frag.results) == 1:
+            dests = {frag.results[0][0]: dest}
+        elif isinstance(dest, (list, tuple)) and len(dest) == len(frag.results):
+            dests = {r[0]: d for r, d in zip(frag.results, dest)}
+        elif dest is None:
+            dests = {}
+        else:
+            raise self.err(f"{frag.name} returns {len(frag.results)} results but the "
+                           f"left-hand side names {_count(dest)}", where)
+        is_std = frag.source is not self.source
+        label = scope.label or (f"{frag.name} '{_first_name(dest) or self.hint}'"
+                                if is_std else "")
+        inner = Scope(values, frag, dests, where if is_std else scope.site, label)
+        for stmt in frag.body.children[:-1]:
+            self.assign(stmt, inner)
+        out = []
+        for rname, _ in frag.results:
+            if rname not in inner.names:
+                raise self.err(f"result '{rname}' of fragment '{frag.name}' is not assigned",
+                               where)
+            out.append(inner.names[rname])
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def bind_fragment(self, frag: Fragment, generic: str | None, pos: list[Arg],
+                      named: dict[str, Arg], where: Any) -> dict[str, Any]:
+        """Bind call arguments to a fragment's parameters and type-check them."""
+        if len(pos) > len(frag.params):
+            raise self.err(f"{frag.name}: takes {len(frag.params)} arguments, "
+                           f"{len(pos)} given", where)
+        values = {p.name: a.value for p, a in zip(frag.params, pos)}
+        for key, a in named.items():
+            if frag.param(key) is None:
+                close = difflib.get_close_matches(key, [p.name for p in frag.params], n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise self.err(f"{frag.name}: unknown argument '{key}'{hint}", where)
+            if key in values:
+                raise self.err(f"{frag.name}: argument '{key}' given twice", where)
+            values[key] = a.value
+        gen = generic or frag.generic_default
+        for p in frag.params:
+            if p.name not in values:
+                if p.default is NO_DEFAULT:
+                    raise self.err(f"{frag.name}: missing required argument '{p.name}'", where)
+                values[p.name] = p.default
+            bad = check_value(values[p.name], p.type, gen)
+            if bad:
+                raise self.err(f"{frag.name}: argument '{p.name}' must be {bad}, got "
+                               f"{_show(values[p.name])}", where)
+        return values
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def _lvalue_names(lvalue: Any) -> list[lark.Token]:
+    if lvalue.data == "lv_ident":
+        return [lvalue.children[0]]
+    return [t for c in lvalue.children for t in _lvalue_names(c)]
+
+
+def _compile_time(op: str, a: Any, b: Any) -> Any:
+    """Compile-time arithmetic/logic on NNEF values (arrays: + concatenates, * repeats)."""
+    if op in ("&&", "||"):
+        if not (isinstance(a, bool) and isinstance(b, bool)):
+            raise TypeError
+        return (a and b) if op == "&&" else (a or b)
+    if op == "in":
+        if not isinstance(b, list):
+            raise TypeError
+        return a in b
+    if op == "/" and _is_int(a) and _is_int(b):
+        return a // b
+    if op == "^":
+        r = a ** b
+        return float(r) if isinstance(r, float) or (_is_int(b) and b < 0) else r
+    if isinstance(a, bool) or isinstance(b, bool):
+        if op in ("==", "!="):
+            return (a == b) == (op == "==")
+        raise TypeError
+    if isinstance(a, list) and op == "*" and not _is_int(b):
+        raise TypeError
+    fn = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+          "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+          "==": operator.eq, "!=": operator.ne}[op]
+    return fn(a, b)
+
+
+def _tensor_elem(t: tuple) -> str | None:
+    """The element type name of a tensor or tensor-array type ("" for `tensor<>`)."""
+    while t[0] == "array":
+        t = t[1]
+    return (t[1] or "") if t[0] == "tensor" else None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _tensorish(v: Any) -> bool:
+    """A tensor or a number/logical literal usable as a shape-[] tensor."""
+    return isinstance(v, (Tensor, int, float, bool))
+
+
+def _has_tensor(v: Any) -> bool:
+    if isinstance(v, (list, tuple)):
+        return any(_has_tensor(x) for x in v)
+    return isinstance(v, Tensor)
+
+
+def _bare(name: str) -> str:
+    return name.removeprefix("nnef.")
+
+
+def _first_name(dest: Any) -> str | None:
+    if isinstance(dest, str):
+        return dest
+    if isinstance(dest, (list, tuple)):
+        return next((n for d in dest if (n := _first_name(d))), None)
+    return None
+
+
+def _count(dest: Any) -> int:
+    return len(dest) if isinstance(dest, (list, tuple)) else 1
+
+
+def _show(v: Any) -> str:
+    """A value as NNEF text, for messages."""
+    if isinstance(v, Tensor):
+        return f"tensor '{v.name}'"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_show(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(_show(x) for x in v) + ")"
+    return str(v)
+

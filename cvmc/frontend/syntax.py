@@ -1,0 +1,100 @@
+"""NNEF text -> lark parse tree, with syntax errors as located `CvmcError`s.
+
+The grammar (`nnef.lark`) is generic: it names no operations. This module only parses
+and turns lark's exceptions into `file:line:col: error: ...` messages.
+"""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+import lark
+
+from cvmc.errors import CvmcError, SourceSpan
+
+# Token names as users should read them in "expected ..." messages.
+_TOKEN_WORDS = {
+    "SEMICOLON": "';'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
+    "COMMA": "','", "EQUAL": "'='", "IDENT": "an identifier", "NUMBER": "a number",
+    "STRING": "a string", "RBRACE": "'}'", "LBRACE": "'{'", "COLON": "':'",
+    "GENERIC_NAME": "an invocation", "__ANON_0": "'->'", "MORETHAN": "'>'",
+    "LESSTHAN": "'<'", "$END": "end of file",
+}
+
+
+@functools.cache
+def _parser() -> lark.Lark:
+    grammar = resources.files("cvmc.frontend").joinpath("nnef.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", propagate_positions=True)
+
+
+def span_of(filename: str, meta: Any) -> SourceSpan:
+    """The source position of a tree node or token."""
+    return SourceSpan(filename, meta.line, meta.column)
+
+
+class Source:
+    """A document's text and name, for locating errors."""
+
+    def __init__(self, text: str, filename: str):
+        self.text = text
+        self.filename = filename
+        self.lines = text.splitlines()
+
+    def line(self, n: int) -> str | None:
+        """Line `n` (1-based) of the text, if it exists."""
+        return self.lines[n - 1] if 0 < n <= len(self.lines) else None
+
+    def error(self, message: str, where: Any) -> CvmcError:
+        """A CvmcError located at a tree node or token (or unlocated if `where` is None)."""
+        if where is None or getattr(where, "line", None) is None:
+            return CvmcError(message)
+        return CvmcError(message, span_of(self.filename, where), self.line(where.line))
+
+
+def parse_text(source: Source) -> lark.Tree:
+    """Parse a whole NNEF document; raise a located CvmcError on a syntax error."""
+    try:
+        return _parser().parse(source.text)
+    except lark.UnexpectedCharacters as e:
+        char = source.text[e.pos_in_stream] if e.pos_in_stream < len(source.text) else ""
+        msg = "unterminated string literal" if char in "'\"" else \
+            f"unexpected character {char!r}"
+        raise _at(source, msg, e.line, e.column) from None
+    except lark.UnexpectedToken as e:
+        tok = e.token
+        if tok.type == "$END":
+            line = max(len(source.lines), 1)
+            col = len(source.line(line) or "") + 1
+            raise _at(source, f"unexpected end of file; expected {_expected(e)}",
+                      line, col) from None
+        prev = (getattr(e, "token_history", None) or [None])[-1]
+        if "SEMICOLON" in e.expected and prev is not None and prev.end_line < tok.line:
+            # a missing ';' at a line end: point after the last token, not at the next line
+            raise _at(source, f"missing ';' after '{prev}'", prev.end_line,
+                      prev.end_column) from None
+        raise _at(source, f"unexpected {_describe(tok)}; expected {_expected(e)}",
+                  tok.line, tok.column) from None
+    except lark.UnexpectedInput as e:  # any other lark input error, still located
+        raise _at(source, "syntax error", e.line, e.column) from None
+
+
+def _at(source: Source, message: str, line: int, col: int) -> CvmcError:
+    return CvmcError(message, SourceSpan(source.filename, line, col), source.line(line))
+
+
+def _describe(tok: lark.Token) -> str:
+    return f"'{tok}'" if tok.type != "$END" else "end of file"
+
+
+def _expected(e: lark.UnexpectedToken) -> str:
+    names = sorted({_TOKEN_WORDS.get(t, _anon_word(t)) for t in e.expected})
+    if len(names) > 6:
+        names = names[:6] + ["..."]
+    return " or ".join(names)
+
+
+def _anon_word(name: str) -> str:
+    """Readable form of lark's names for anonymous tokens ("VERSION" -> 'version')."""
+    return f"'{name.lower()}'" if name.isalpha() else name

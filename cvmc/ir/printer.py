@@ -1,0 +1,94 @@
+"""Print a Graph as a flat NNEF document that the frontend parses back to an equal Graph.
+
+Inputs print as `external<T>(shape, precision)`, variables as `variable<T>(shape, label,
+precision)` (their data lives in .dat files, see `cvmc.frontend.tensorfile`), other
+weights as `constant<T>(shape, value)`, and every node as one assignment with its
+attributes by name. Registry names print bare (`nnef.max` -> `max`): the frontend's
+resolution rule maps them back to the same op.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cvmc.ir.graph import Graph, Node, TensorType
+
+_ELEM = {"int8": "integer", "int32": "integer", "float32": "scalar", "bool": "logical"}
+
+
+def print_graph(graph: Graph) -> str:
+    """The graph as NNEF text (flat syntax plus cvmc's `precision` arguments)."""
+    header = f"graph {graph.name}( {', '.join(graph.inputs)} ) -> ( {', '.join(graph.outputs)} )"
+    lines = ["version 1.0;", "", header, "{"]
+    for name in graph.inputs:
+        lines.append(f"    {name} = external<{_elem(graph.types[name])}>"
+                     f"({_decl_args(graph.types[name])});")
+    for name in graph.weights():
+        lines.append(f"    {name} = {_weight(graph, name)};")
+    lines.extend(f"    {_node(n, graph.types)};" for n in graph.nodes)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _elem(t: TensorType) -> str:
+    return _ELEM[t.dtype]
+
+
+def _decl_args(t: TensorType, *extra: str) -> str:
+    args = [f"shape = {_value(list(t.shape))}", *extra]
+    if t.precision is not None:
+        args.append(f"precision = {t.precision}")
+    return ", ".join(args)
+
+
+def _weight(graph: Graph, name: str) -> str:
+    t = graph.types[name]
+    if name in graph.labels:
+        return f"variable<{_elem(t)}>({_decl_args(t, f'label = {_value(graph.labels[name])}')})"
+    data = np.asarray(graph.constants[name]).reshape(-1).tolist()
+    value = f"value = {_value(data)}"
+    return f"constant<{_elem(t)}>({_decl_args(t, value)})"
+
+
+def _node(node: Node, types: dict[str, TensorType]) -> str:
+    from cvmc.ops import lookup
+    opdef = lookup(node.op)
+    outs = list(node.outputs)
+    if opdef is not None and opdef.variadic_outputs:
+        lhs = "[" + ", ".join(outs) + "]"
+    else:
+        lhs = ", ".join(outs)
+    ins = list(node.inputs)
+    args = ["[" + ", ".join(ins) + "]"] if opdef is not None and opdef.variadic else ins
+    for key, v in node.attrs.items():
+        if v is not None:
+            kind = opdef.attr(key).kind if opdef is not None and opdef.attr(key) else ""
+            args.append(f"{key} = {_value(v, kind == 'int_pairs')}")
+    return f"{lhs} = {node.op.removeprefix('nnef.')}{_generic(node, types)}({', '.join(args)})"
+
+
+def _generic(node: Node, types: dict[str, TensorType]) -> str:
+    """`<T>` where an NNEF op's result type is not that of its first input (cast<integer>):
+    the frontend would otherwise infer the input's type for a generic result."""
+    from cvmc.ops import lookup
+    opdef, out = lookup(node.op), types[node.outputs[0]].dtype
+    if opdef is None or opdef.compute or (node.inputs and types[node.inputs[0]].dtype == out):
+        return ""
+    return f"<{_ELEM[out]}>"
+
+
+def _value(v: Any, pairs: bool = False) -> str:
+    """An attribute / argument value as NNEF text (pairs: a list of (p, q) tuples)."""
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return "'" + v + "'" if "'" not in v else '"' + v + '"'
+    if isinstance(v, (list, tuple)):
+        if pairs:
+            return "[" + ", ".join(f"({_value(p)}, {_value(q)})" for p, q in v) + "]"
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, (float, np.floating)):
+        text = repr(float(v))
+        return text if any(c in text for c in ".e") else text + ".0"
+    return str(int(v))

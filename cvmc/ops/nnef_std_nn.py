@@ -1,0 +1,231 @@
+"""NNEF 1.0.5 sliding-window, up-sampling and RoI primitives (check-only, shape rules only).
+
+conv, deconv, box, debox, argmax_pool, sample, desample, multilinear_upsample, avg_roi_pool,
+max_roi_pool, roi_resample. Output sizes follow "Output Shape Calculation" and "Automatic
+Padding Calculation" in section 4.3 of ../shared/spec/nnef-1.0-spec.txt. Shared helpers
+live in `nnef_std`.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cvmc.ops.common import require
+from cvmc.ops.nnef_std import BORDERS, Shape, check_positive, declare, fmt
+from cvmc.ops.registry import Attr, Attrs
+
+CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
+
+
+def _down(op_name: str, extent: int, f: int, pad: tuple[int, int] | None, s: int,
+          d: int) -> int:
+    """Down-scaled extent x from up-scaled X; auto padding (None) gives ceil(X / s)."""
+    if pad is None:
+        return -(-extent // s)
+    fd = (f - 1) * d + 1
+    padded = pad[0] + extent + pad[1]
+    require(padded >= fd, f"{op_name}: padded extent {padded} (padding {pad}) is smaller "
+                          f"than the dilated window {fd}")
+    return (padded - fd) // s + 1
+
+
+def _up(extent: int, f: int, pad: tuple[int, int] | None, s: int, d: int) -> int:
+    """Up-scaled extent X from down-scaled x; auto padding (None) gives x * s."""
+    if pad is None:
+        return extent * s
+    return (extent - 1) * s + (f - 1) * d + 1 - (pad[0] + pad[1])
+
+
+def _per_dim(op_name: str, a: Attrs, n: int, what: str) -> list[tuple]:
+    """Zip padding/stride/dilation per window dimension after checking their lengths."""
+    for name in ("padding", "stride", "dilation"):
+        value = a[name]
+        require(len(value) in (0, n), f"{op_name}: expected '{name}' of length {n} (one per "
+                                      f"{what} dimension) or 0, found {len(value)}")
+    pads = a.padding or (None,) * n
+    return list(zip(pads, a.stride or (1,) * n, a.dilation or (1,) * n))
+
+
+def window(op_name: str, x: Sequence[int], size: Sequence[int], a: Attrs, what: str,
+           transposed: bool) -> Shape:
+    """Window-output extents of `x` (the dims the window slides over): x for basic ops,
+    X for reverse ops (transposed), where any given `output_shape` already fixed X."""
+    dims = _per_dim(op_name, a, len(x), what)
+    if transposed:
+        return tuple(_up(e, f, *pd) for e, f, pd in zip(x, size, dims))
+    return tuple(_down(op_name, e, f, *pd) for e, f, pd in zip(x, size, dims))
+
+
+def reverse_window(op_name: str, x: Shape, size: Sequence[int], a: Attrs, what: str,
+                   out: Shape) -> Shape:
+    """Check that down-scaling `out` (a given output_shape) gives back the input `x`."""
+    expected = window(op_name, out, size, a, what, transposed=False)
+    require(expected == x, f"{op_name}: input shape {fmt(x)} does not match the shape "
+                           f"{fmt(expected)} derived from 'output_shape'")
+    return out
+
+
+def _check_output_shape(op_name: str, out: Sequence[int], rank: int) -> None:
+    require(len(out) in (0, rank), f"{op_name}: expected 'output_shape' of length {rank} "
+                                   f"(the input rank) or 0, found {len(out)}")
+
+
+# ---- conv, deconv -----------------------------------------------------------------------
+def _check_bias(op_name: str, bias: Shape, rank: int, channels: int) -> None:
+    """Bias is singular in every dimension but the channel one (1 or the output channels);
+    NNEF aligns it left, so a [1, C] bias lines up with the (batch, channel) dims."""
+    ok = len(bias) <= rank and all(e == 1 or (i == 1 and e == channels)
+                                   for i, e in enumerate(bias))
+    require(ok, f"{op_name}: 'bias' must be singular except in the channel dimension (1 "
+                f"or {channels}), found shape {fmt(bias)}")
+
+
+def _conv_groups(op_name: str, x: Shape, w: Shape, a: Attrs, transposed: bool) -> int:
+    require(len(x) >= 3, f"{op_name}: input must have rank >= 3 (batch, channel, spatial), "
+                         f"found shape {fmt(x)}")
+    require(len(w) == len(x), f"{op_name}: expected filter of rank {len(x)} (the input "
+                              f"rank), found shape {fmt(w)}")
+    groups = a.groups
+    if groups == 0:  # depth-wise: one group per channel of the up-scaled side
+        groups = a.output_shape[1] if transposed and a.output_shape else x[1]
+    if transposed:
+        require(w[0] == x[1], f"{op_name}: filter batch ({w[0]}) does not match input "
+                              f"channels ({x[1]})")
+    else:
+        require(w[1] * groups == x[1], f"{op_name}: filter channels ({w[1]}) times groups "
+                                       f"({groups}) does not match input channels ({x[1]})")
+    require(w[0] % groups == 0, f"{op_name}: 'groups' ({groups}) does not divide filter "
+                                f"batch ({w[0]})")
+    return groups
+
+
+def _conv_like(op_name: str, shapes: list[Shape], a: Attrs, transposed: bool) -> Shape:
+    x, w = shapes[0], shapes[1]
+    groups = _conv_groups(op_name, x, w, a, transposed)
+    channels = w[1] * groups if transposed else w[0]
+    if len(shapes) == 3:
+        _check_bias(op_name, shapes[2], len(x), channels)
+    out_shape = a.get("output_shape", ())
+    if out_shape:
+        _check_output_shape(op_name, out_shape, len(x))
+        require(out_shape[:2] == (x[0], channels), f"{op_name}: 'output_shape' {fmt(out_shape)} "
+                f"must start with the input batch and output channels [{x[0]}, {channels}]")
+        reverse_window(op_name, x[2:], w[2:], a, "spatial", out_shape[2:])
+        out = out_shape
+    else:
+        out = (x[0], channels) + window(op_name, x[2:], w[2:], a, "spatial", transposed)
+    check_positive(op_name, out)
+    return out
+
+
+def _conv_shape(op_name, shapes, a):
+    return _conv_like(op_name, shapes, a, transposed=False)
+
+
+def _deconv_shape(op_name, shapes, a):
+    return _conv_like(op_name, shapes, a, transposed=True)
+
+
+def _window_attrs(borders: Sequence[str]) -> tuple[Attr, ...]:
+    return (Attr("border", "str", "constant", choices=tuple(borders)),
+            Attr("padding", "int_pairs", ()),
+            Attr("stride", "ints", (), lo=1),
+            Attr("dilation", "ints", (), lo=1))
+
+
+_OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
+_GROUPS = Attr("groups", "int", 1, lo=0)
+declare("conv", _conv_shape, ("input", "filter", "bias?"),
+        (*_window_attrs(CONV_BORDERS), _GROUPS))
+declare("deconv", _deconv_shape, ("input", "filter", "bias?"),
+        (*_window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
+
+
+# ---- box, debox, argmax_pool, sample, desample ------------------------------------------
+def _pool_like(op_name: str, x: Shape, a: Attrs, transposed: bool) -> Shape:
+    """Window over every dimension of x (batch and channel included), size per dim."""
+    require(len(a.size) == len(x), f"{op_name}: expected 'size' of length {len(x)} (the "
+                                   f"input rank), found {fmt(a.size)}")
+    out_shape = a.get("output_shape", ())
+    if out_shape:
+        _check_output_shape(op_name, out_shape, len(x))
+        out = reverse_window(op_name, x, a.size, a, "input", out_shape)
+    else:
+        out = window(op_name, x, a.size, a, "input", transposed)
+    check_positive(op_name, out)
+    return out
+
+
+def _box_shape(op_name, shapes, a):
+    return _pool_like(op_name, shapes[0], a, transposed=False)
+
+
+def _debox_shape(op_name, shapes, a):
+    return _pool_like(op_name, shapes[0], a, transposed=True)
+
+
+def _sample_shape(op_name, shapes, a):
+    x, index = shapes
+    out = _pool_like(op_name, x, a, transposed=False)
+    require(index == out, f"{op_name}: 'index' shape {fmt(index)} does not match the "
+                          f"output shape {fmt(out)}")
+    return out
+
+
+def _desample_shape(op_name, shapes, a):
+    x, index = shapes
+    require(index == x, f"{op_name}: 'index' shape {fmt(index)} does not match 'input' "
+                        f"shape {fmt(x)}")
+    return _pool_like(op_name, x, a, transposed=True)
+
+
+_SIZE = Attr("size", "ints", lo=1)
+_NORMALIZE = Attr("normalize", "bool", False)
+declare("box", _box_shape, ("input",), (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
+declare("debox", _debox_shape, ("input",),
+        (_SIZE, *_window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
+declare("argmax_pool", _box_shape, ("input",), (_SIZE, *_window_attrs(BORDERS)), ("index",))
+# sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
+# (alexnet uses 'ignore') to sample through max_pool_with_index.
+declare("sample", _sample_shape, ("input", "index"), (_SIZE, *_window_attrs(BORDERS)))
+declare("desample", _desample_shape, ("input", "index"),
+        (_SIZE, *_window_attrs(("constant",)), _OUTPUT_SHAPE))
+
+
+# ---- multilinear_upsample ----------------------------------------------------------------
+def _upsample_shape(op_name, shapes, a):
+    (x,) = shapes
+    require(len(a.factor) == len(x) - 2, f"{op_name}: expected 'factor' of length "
+                                         f"{len(x) - 2} (one per spatial dimension), found "
+                                         f"{fmt(a.factor)}")
+    return x[:2] + tuple(e * f for e, f in zip(x[2:], a.factor))
+
+
+declare("multilinear_upsample", _upsample_shape, ("input",),
+        (Attr("factor", "ints", lo=1),
+         Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned")),
+         Attr("border", "str", "replicate", choices=CONV_BORDERS)))
+
+
+# ---- RoI pooling / resampling ------------------------------------------------------------
+def _roi_shape(op_name, shapes, a):
+    x, rois, batch_index = shapes
+    spatial = len(x) - 2
+    require(spatial >= 1, f"{op_name}: input must have rank >= 3, found shape {fmt(x)}")
+    require(len(rois) == 2 and rois[1] == 2 * spatial,
+            f"{op_name}: 'rois' must have shape [N, {2 * spatial}], found {fmt(rois)}")
+    # spec 4.6 says (N, 1); the Khronos parser and its tests use (N): accept both
+    require(batch_index in ((rois[0],), (rois[0], 1)),
+            f"{op_name}: 'batch_index' must have shape [{rois[0]}] or [{rois[0]}, 1], found "
+            f"{fmt(batch_index)}")
+    require(len(a.output_size) == spatial, f"{op_name}: expected 'output_size' of length "
+                                           f"{spatial}, found {fmt(a.output_size)}")
+    return (rois[0], x[1]) + a.output_size
+
+
+_ROI_INPUTS = ("input", "rois", "batch_index")
+_OUTPUT_SIZE = Attr("output_size", "ints", lo=1)
+declare("avg_roi_pool", _roi_shape, _ROI_INPUTS, (_OUTPUT_SIZE,))
+declare("max_roi_pool", _roi_shape, _ROI_INPUTS, (_OUTPUT_SIZE,))
+declare("roi_resample", _roi_shape, _ROI_INPUTS,
+        (_OUTPUT_SIZE,
+         Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned"))))

@@ -1,0 +1,94 @@
+"""Fusion planning: partition a graph's nodes into kernels (one PrimFunc per group).
+
+This is a planning function called by codegen, not a Graph -> Graph pass: the graph
+stays unchanged and the groups decide which values become buffers between kernels.
+
+Rule (simple and safe): a node whose op is elementwise or broadcast (or injective,
+onto an injective-or-lighter group) joins the group that produced one of its inputs
+when that value has exactly this one consumer, is not a graph output, and that group
+is the most recent one, so every other input is already computed when the group runs.
+conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues;
+reductions and opaque ops stand alone (their consumers start a new group).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cvmc.ir import Graph, Node
+from cvmc.ops import lookup
+from cvmc.ops.registry import Fusion
+
+_LIGHT = (Fusion.ELEMWISE, Fusion.BROADCAST)
+# Which node kinds may join a group, by the group's anchor kind.
+_ABSORBS = {
+    Fusion.ELEMWISE: (*_LIGHT, Fusion.INJECTIVE),
+    Fusion.BROADCAST: (*_LIGHT, Fusion.INJECTIVE),
+    Fusion.INJECTIVE: (*_LIGHT, Fusion.INJECTIVE),
+    Fusion.OUT_ELEMWISE: _LIGHT,
+    Fusion.REDUCTION: (),
+    Fusion.OPAQUE: (),
+}
+
+
+@dataclass
+class Group:
+    """Nodes computed by one kernel, the values it reads and the values it writes."""
+
+    nodes: list[Node]
+    anchor: Fusion
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+    @property
+    def ops(self) -> list[str]:
+        """Op names of the member nodes, in order."""
+        return [n.op for n in self.nodes]
+
+
+def fuse_groups(graph: Graph, absorb_epilogues: bool = True) -> list[Group]:
+    """Partition `graph.nodes` into kernel groups, in execution order."""
+    consumers = graph.consumers()
+    outputs = set(graph.outputs)
+    owner: dict[str, int] = {}  # value -> index of the group that produced it
+    groups: list[Group] = []
+    for node in graph.nodes:
+        kind = lookup(node.op).fusion
+        target = _fusion_target(node, kind, groups, owner, consumers, outputs, absorb_epilogues)
+        if target is None:
+            groups.append(Group([node], kind))
+            target = len(groups) - 1
+        else:
+            groups[target].nodes.append(node)
+        for out in node.outputs:
+            owner[out] = target
+    for g in groups:
+        _set_interface(g, consumers, outputs)
+    return groups
+
+
+def _fusion_target(node, kind, groups, owner, consumers, outputs, absorb_epilogues):
+    """Index of the group `node` may join, or None."""
+    if not groups:
+        return None
+    last = len(groups) - 1
+    allowed = _ABSORBS[groups[last].anchor]
+    if groups[last].anchor is Fusion.OUT_ELEMWISE and not absorb_epilogues:
+        allowed = ()
+    if kind not in allowed:
+        return None
+    for value in node.inputs:
+        if owner.get(value) == last and value not in outputs \
+                and len(consumers.get(value, ())) == 1:
+            return last
+    return None
+
+
+def _set_interface(group: Group, consumers, outputs) -> None:
+    """Fill the group's external inputs and the values it must write out."""
+    members = {id(n) for n in group.nodes}
+    produced = [o for n in group.nodes for o in n.outputs]
+    inside = set(produced)
+    group.inputs = list(dict.fromkeys(i for n in group.nodes for i in n.inputs
+                                      if i not in inside))
+    group.outputs = [v for v in produced if v in outputs or any(
+        id(c) not in members for c in consumers.get(v, ()))]

@@ -1,0 +1,122 @@
+"""Load a .cvmx artifact and run it: NumPy + apache-tvm-ffi, no TVM compiler."""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from cvmc_runtime.artifact import LIBRARY, read_artifact
+from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
+
+ALIGNMENT = 64  # AVX-512 kernels assume 64-byte aligned buffers and nothing checks it
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """A C-contiguous array whose data pointer is 64-byte aligned."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    # At least one element: NumPy gives an empty slice the base pointer, not the offset one.
+    nbytes = max(count, 1) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes].view(dtype)[:count].reshape(shape)
+
+
+class _Buffers:
+    """Named tensors handed to kernels, on the CPU or on a CUDA device."""
+
+    def __init__(self, module, device: str):
+        import tvm_ffi
+
+        self._ffi = tvm_ffi
+        self.module = module
+        self.device = device
+        self.host: dict[str, np.ndarray] = {}
+        self.tensors: dict[str, object] = {}
+
+    def allocate(self, name: str, shape, dtype: str) -> None:
+        """A tensor for `name` (on CUDA, also a host staging array)."""
+        self.host[name] = aligned_empty(tuple(shape), dtype)
+        host = self._ffi.from_dlpack(self.host[name], require_alignment=ALIGNMENT)
+        if self.device == "cpu":
+            self.tensors[name] = host
+        else:
+            self.tensors[name] = self.module["cvmc_empty"](list(shape), dtype)
+
+    def upload(self, name: str, value: np.ndarray) -> None:
+        """Copy `value` into the tensor of `name`."""
+        self.host[name][...] = value
+        if self.device != "cpu":
+            self.module["cvmc_copy"](self._host_tensor(name), self.tensors[name])
+
+    def download(self, name: str) -> np.ndarray:
+        """A fresh NumPy copy of the tensor of `name`."""
+        if self.device != "cpu":
+            self.module["cvmc_copy"](self.tensors[name], self._host_tensor(name))
+            self.module["cvmc_sync"]()
+        return self.host[name].copy()
+
+    def _host_tensor(self, name: str):
+        return self._ffi.from_dlpack(self.host[name], require_alignment=ALIGNMENT)
+
+
+class Model:
+    """A loaded artifact: `inputs`, `outputs` (TensorSpecs) and `run`."""
+
+    def __init__(self, plan: dict, module, weights: Mapping[str, np.ndarray]):
+        self.plan = plan
+        self.inputs = [TensorSpec.from_json(s) for s in plan["inputs"]]
+        self.outputs = [TensorSpec.from_json(s) for s in plan["outputs"]]
+        self._kernels = [(module[k["symbol"]], k["args"]) for k in plan["kernels"]]
+        self._buf = _Buffers(module, plan["device"])
+        specs = [*plan["inputs"], *plan["weights"], *plan["buffers"], *plan["outputs"]]
+        for spec in {s["name"]: s for s in specs}.values():
+            self._buf.allocate(spec["name"], spec["shape"], spec["dtype"])
+        for name, value in weights.items():
+            self._buf.upload(name, value)
+
+    def run(self, feeds: Mapping[str, object], saturate: bool = False) -> dict[str, np.ndarray]:
+        """Check the inputs, call every kernel in order, return the outputs by name."""
+        for name, value in check_inputs(self.inputs, feeds, saturate).items():
+            self._buf.upload(name, value)
+        tensors = self._buf.tensors
+        for kernel, args in self._kernels:
+            kernel(*[tensors[a] for a in args])
+        return {s.name: self._buf.download(s.name) for s in self.outputs}
+
+
+def cuda_available() -> bool:
+    """True if the CUDA driver reports at least one GPU."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 \
+        and count.value > 0
+
+
+def load(path: str | os.PathLike) -> Model:
+    """Load a .cvmx artifact; every problem with the file is a ModelError."""
+    import tvm_ffi
+
+    plan, library, weights = read_artifact(path)
+    if plan.get("device") == "cuda" and not cuda_available():
+        raise ModelError(f"{path}: built for CUDA ({plan.get('target', {}).get('arch')}), "
+                         f"but no CUDA GPU is available on this machine")
+    with tempfile.TemporaryDirectory(prefix="cvmx-") as tmp:
+        lib = Path(tmp) / LIBRARY
+        lib.write_bytes(library)
+        try:
+            module = tvm_ffi.load_module(str(lib))
+        except Exception as e:  # noqa: BLE001 (tvm-ffi reports a bad library generically)
+            raise ModelError(f"{path}: cannot load its kernel library ({e})") from None
+    try:
+        return Model(plan, module, weights)
+    except (KeyError, AttributeError) as e:
+        raise ModelError(f"{path}: plan does not match its library ({e})") from None

@@ -1,0 +1,74 @@
+"""One small representative case per compute op, shared by the CUDA build and GPU tests.
+
+A case lists its inputs as (array, precision) pairs, the attributes and which inputs are
+weights; arrays are random inside the precision unless the op needs structured data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def rand(shape: tuple[int, ...], precision: int, seed: int = 0) -> tuple[np.ndarray, int]:
+    """Random integers with |v| <= 2^(p-1) - 1, paired with their precision."""
+    bound = (1 << (precision - 1)) - 1
+    return np.random.default_rng(seed).integers(-bound, bound + 1, shape), precision
+
+
+@dataclass
+class OpCase:
+    """A one-op graph: inputs [(array, precision)], attributes, indices of weights."""
+
+    op: str
+    inputs: list[tuple[np.ndarray, int]]
+    attrs: dict = field(default_factory=dict)
+    weights: tuple[int, ...] = ()
+
+
+_BOXES = np.array([[[0, 90, 0, 0, 10, 10], [0, 80, 1, 1, 11, 11], [1, 70, 0, 0, 10, 10],
+                    [0, 60, 20, 20, 30, 30], [-1, 50, 0, 0, 5, 5]]])
+
+CASES: list[OpCase] = [
+    *[OpCase(op, [rand((2, 3, 4), 8, 1), rand((3, 1), 8, 2)])
+      for op in ("broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div",
+                 "broadcast_max")],
+    *[OpCase(op, [rand((3, 17), 12)]) for op in ("abs", "cvm_precision", "negative", "relu")],
+    *[OpCase(op, [rand((3, 17), 12, 1), rand((3, 17), 9, 2)])
+      for op in ("elemwise_add", "elemwise_sub")],
+    OpCase("clip", [rand((4, 9), 10)], {"a_min": -100, "a_max": 50}),
+    OpCase("cvm_clip", [rand((4, 9), 12)], {"precision": 6}),
+    OpCase("cvm_right_shift", [rand((4, 9), 20)], {"precision": 8, "shift_bit": 5}),
+    OpCase("cvm_left_shift", [rand((4, 9), 8)], {"precision": 12, "shift_bit": 3}),
+    OpCase("conv2d", [rand((1, 3, 8, 8), 8, 1), rand((4, 3, 3, 3), 8, 2), rand((4,), 12, 3)],
+           {"padding": [1, 1], "stride": [1, 1]}, weights=(1, 2)),
+    OpCase("dense", [rand((2, 16), 8, 1), rand((5, 16), 8, 2), rand((5,), 12, 3)],
+           weights=(1, 2)),
+    OpCase("max_pool2d", [rand((1, 2, 6, 6), 8)], {"pool_size": [3, 3], "strides": [2, 2],
+                                                   "padding": [1, 1]}),
+    OpCase("upsampling", [rand((1, 2, 3, 3), 8)], {"scale": 2}),
+    OpCase("sum", [rand((2, 5, 3), 10)], {"axes": [1]}),
+    OpCase("max", [rand((2, 5, 3), 10)], {"axes": [0, 2], "keepdims": True}),
+    OpCase("flatten", [rand((2, 3, 4), 8)]),
+    OpCase("reshape", [rand((2, 3, 4), 8)], {"target_shape": [4, 6]}),
+    OpCase("expand_dims", [rand((2, 3), 8)], {"axis": 1, "num_newaxis": 2}),
+    OpCase("squeeze", [rand((2, 1, 3), 8)], {"axes": [1]}),
+    OpCase("repeat", [rand((2, 3), 8)], {"axis": 1, "repeats": 2}),
+    OpCase("tile", [rand((2, 3), 8)], {"reps": [2, 1]}),
+    OpCase("transpose", [rand((2, 3, 4), 8)], {"axes": [2, 0, 1]}),
+    OpCase("slice", [rand((5, 6), 8)], {"begin": [1, 0], "end": [4, 6], "strides": [2, 1]}),
+    OpCase("slice_like", [rand((5, 6), 8, 1), rand((3, 4), 8, 2)]),
+    OpCase("take", [rand((4, 5), 12, 1), (np.array([[0, 3], [9, -2]]), 6)], {"axis": 1}),
+    OpCase("cvm_lut", [(np.array([[0, 5, 255], [3, 300, -1]]), 10), rand((256,), 8, 2)],
+           {"in_dim": 255}, weights=(1,)),
+    OpCase("concatenate", [rand((2, 3), 8, 1), rand((2, 2), 12, 2)], {"axis": 1}),
+    OpCase("where", [(np.array([[1, 0, 2], [0, 0, 1]]), 3), rand((2, 3), 8, 1),
+                     rand((2, 3), 10, 2)]),
+    OpCase("get_valid_count", [(_BOXES, 8)], {"score_threshold": 55}),
+    OpCase("non_max_suppression", [(_BOXES, 8), (np.array([4]), 8)], {"iou_threshold": 50}),
+]
+
+
+def case_id(case: OpCase) -> str:
+    """Test id of a case: the op name."""
+    return case.op

@@ -1,0 +1,148 @@
+"""NNEF containers: .nnef files, folders, tar archives; label escapes; hostile archives."""
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cvmc.errors import CvmcError
+from cvmc.frontend.container import check_label, open_model
+from cvmc.frontend.tensorfile import tensor_bytes
+
+GRAPH = "version 1.0;\ngraph g( x ) -> ( y ) { y = relu(x); }\n"
+QUANT = '"y": cvm_precision_spec(precision = 8);\n'
+FILTER = np.arange(-4, 4, dtype=np.int8).reshape(2, 4)
+
+
+def _folder(root: Path, quant: bool = True) -> Path:
+    (root / "conv1").mkdir(parents=True)
+    (root / "graph.nnef").write_text(GRAPH)
+    (root / "conv1" / "filter.dat").write_bytes(tensor_bytes(FILTER))
+    if quant:
+        (root / "graph.quant").write_text(QUANT)
+    return root
+
+
+def _tar(path: Path, files: dict[str, bytes], mode: str = "w:gz",
+         extra: list[tarfile.TarInfo] = ()) -> Path:
+    with tarfile.open(path, mode) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info)
+    return path
+
+
+def _model_files(prefix: str = "") -> dict[str, bytes]:
+    return {f"{prefix}graph.nnef": GRAPH.encode(), f"{prefix}graph.quant": QUANT.encode(),
+            f"{prefix}conv1/filter.dat": tensor_bytes(FILTER)}
+
+
+def _check(src, graph_name: str, quant_name: str | None) -> None:
+    assert src.graph_text == GRAPH and src.graph_name == graph_name
+    assert src.quant_name == quant_name
+    assert src.quant_text == (QUANT if quant_name else None)
+    assert np.array_equal(src.read_tensor("conv1/filter"), FILTER)
+    assert src.read_tensor("conv1/bias") is None
+
+
+def test_folder_and_nnef_file(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "m")
+    _check(open_model(root), str(root / "graph.nnef"), str(root / "graph.quant"))
+    _check(open_model(root / "graph.nnef"), str(root / "graph.nnef"), str(root / "graph.quant"))
+
+
+def test_quant_argument_overrides_and_absent_quant(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "m", quant=False)
+    _check(open_model(root), str(root / "graph.nnef"), None)
+    other = tmp_path / "other.quant"
+    other.write_text(QUANT)
+    _check(open_model(root, other), str(root / "graph.nnef"), str(other))
+    with pytest.raises(CvmcError, match="cannot read quantization file"):
+        open_model(root, tmp_path / "missing.quant")
+
+
+@pytest.mark.parametrize("name,mode,prefix", [("m.tgz", "w:gz", ""), ("m.tar", "w", "./"),
+                                              ("m.tar.gz", "w:gz", "model/")])
+def test_tar_containers(tmp_path: Path, name: str, mode: str, prefix: str) -> None:
+    path = _tar(tmp_path / name, _model_files(prefix), mode)
+    member = prefix.removeprefix("./")
+    _check(open_model(path), f"{name}:{member}graph.nnef", f"{name}:{member}graph.quant")
+
+
+def test_tar_without_graph_or_with_two(tmp_path: Path) -> None:
+    with pytest.raises(CvmcError, match="found 0"):
+        open_model(_tar(tmp_path / "a.tgz", {"x/y/graph.nnef": b""}))
+    files = {**_model_files("a/"), **_model_files("b/")}
+    with pytest.raises(CvmcError, match="found 2"):
+        open_model(_tar(tmp_path / "b.tgz", files))
+
+
+@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.CHRTYPE,
+                                  tarfile.FIFOTYPE])
+def test_tar_links_and_devices_rejected(tmp_path: Path, kind: bytes) -> None:
+    link = tarfile.TarInfo("conv1/bias.dat")
+    link.type, link.linkname = kind, "/etc/passwd"
+    path = _tar(tmp_path / "m.tgz", _model_files(), extra=[link])
+    with pytest.raises(CvmcError, match="'conv1/bias.dat' is a link or special file"):
+        open_model(path)
+
+
+def test_tar_member_outside_archive_rejected(tmp_path: Path) -> None:
+    path = _tar(tmp_path / "m.tar", {**_model_files(), "../evil.dat": b"x"}, "w")
+    with pytest.raises(CvmcError, match="outside the archive"):
+        open_model(path)
+
+
+def test_tar_total_size_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cvmc.frontend import container
+    monkeypatch.setattr(container, "MAX_ARCHIVE_BYTES", 100)
+    with pytest.raises(CvmcError, match="at most 100 allowed"):
+        open_model(_tar(tmp_path / "m.tgz", _model_files()))
+
+
+def test_corrupt_tar_and_missing_paths(tmp_path: Path) -> None:
+    (tmp_path / "bad.tgz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(CvmcError, match="not a readable tar archive"):
+        open_model(tmp_path / "bad.tgz")
+    with pytest.raises(CvmcError, match="no such file"):
+        open_model(tmp_path / "nothing.nnef")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CvmcError, match="has no graph.nnef"):
+        open_model(tmp_path / "empty")
+
+
+def test_non_utf8_graph(tmp_path: Path) -> None:
+    (tmp_path / "g.nnef").write_bytes(b"version 1.0;\n\xff\xfe")
+    with pytest.raises(CvmcError, match=r"not UTF-8 text \(byte 0xff at offset 13\)"):
+        open_model(tmp_path / "g.nnef")
+
+
+@pytest.mark.parametrize("label", ["", "../secret", "a/../../b", "/etc/passwd", "a\\b",
+                                   "a//b", "a/", "./a", "a\0b"])
+def test_escaping_labels_rejected(label: str, tmp_path: Path) -> None:
+    with pytest.raises(CvmcError, match="variable label"):
+        check_label(label)
+    src = open_model(_folder(tmp_path / "m"))
+    with pytest.raises(CvmcError, match="variable label"):
+        src.read_tensor(label)
+
+
+def test_symlink_in_folder_leading_outside_rejected(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "m")
+    (tmp_path / "outside.dat").write_bytes(tensor_bytes(FILTER))
+    (root / "w.dat").symlink_to(tmp_path / "outside.dat")
+    with pytest.raises(CvmcError, match="outside the model folder"):
+        open_model(root).read_tensor("w")
+
+
+def test_corrupt_weight_names_the_member(tmp_path: Path) -> None:
+    files = {**_model_files("model/"), "model/conv1/filter.dat": b"junk"}
+    src = open_model(_tar(tmp_path / "m.tgz", files))
+    with pytest.raises(CvmcError, match=r"m\.tgz:model/conv1/filter\.dat"):
+        src.read_tensor("conv1/filter")

@@ -1,0 +1,348 @@
+"""CVM-Runtime graph JSON: hand-built models, every corrupt case, export round trip, CLI."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cvmc.cli import main
+from cvmc.errors import CvmcError
+from cvmc.frontend import load_graph
+from cvmc.frontend.cvm_json import export_cvm, format_attr_value, parse_attr_value
+from cvmc.ir import Graph, Node, TensorType
+from cvmc.ops import all_ops, lookup
+from cvmc.passes.precision import infer_precision
+from cvmc.reference import reference_run
+from tests.frontend.test_cvm_params import pack_array, pack_params
+
+
+def _null(name: str) -> dict:
+    return {"op": "null", "name": name, "inputs": []}
+
+
+def _op(name: str, func: str, inputs: list[list[int]]) -> dict:
+    return {"op": "cvm_op", "name": name, "inputs": inputs,
+            "attrs": {"func_name": func, "num_inputs": str(len(inputs)), "num_outputs": "1",
+                      "flatten_data": "0"}}
+
+
+def _doc(nodes: list, shapes: list, precisions: list, op_attrs: list, heads: list,
+         version: str = "cvm_1.1.0") -> dict:
+    n = len(shapes)
+    return {"version": version, "nodes": nodes,
+            "arg_nodes": [i for i, nd in enumerate(nodes) if nd["op"] == "null"],
+            "node_row_ptr": list(range(n + 1)), "heads": heads,
+            "attrs": {"dltype": ["list_str", ["int32"] * n],
+                      "storage_id": ["list_int", list(range(n))],
+                      "shape": ["list_shape", shapes], "precision": ["list_int", precisions],
+                      "op_attrs": ["list_str", op_attrs]}}
+
+
+# conv2d(data, w, b) -> cvm_right_shift(shift_bit 1) -> cvm_clip(precision 4).
+# conv2d sums: [[7, 9], [13, 15]]; + bias 3; right shift floor((X + 1) / 2); clip to +-7.
+CONV_EXPECTED = [[[[5, 6], [7, 7]]]]
+CONV_DATA = np.arange(1, 10, dtype=np.int32).reshape(1, 1, 3, 3)
+# precisions: data 8, w 3, b 3, conv 8 + 3 + bitlen(4) = 14, with bias 15, shift 8, clip 4.
+CONV_PRECISIONS = [8, 3, 3, 15, 8, 4]
+
+
+def _conv_doc() -> dict:
+    nodes = [_null("data"), _null("w"), _null("b"),
+             _op("conv", "conv2d", [[0, 0, 0], [1, 0, 0], [2, 0, 0]]),
+             _op("shift", "cvm_right_shift", [[3, 0, 0]]), _op("clip", "cvm_clip", [[4, 0]])]
+    conv_attrs = {"channels": "1", "kernel_size": "(2, 2)", "strides": "(1, 1)",
+                  "padding": "(0, 0)", "dilation": "(1, 1)", "groups": "1", "use_bias": "True",
+                  "layout": "NCHW", "kernel_layout": "OIHW", "out_dtype": "same",
+                  "out_layout": ""}
+    op_attrs = ["{}", "{}", "{}", json.dumps(conv_attrs),
+                '{"precision": "8", "shift_bit": "1"}', '{"precision": "4"}']
+    shapes = [[1, 1, 3, 3], [1, 1, 2, 2], [1], [1, 1, 2, 2], [1, 1, 2, 2], [1, 1, 2, 2]]
+    return _doc(nodes, shapes, list(CONV_PRECISIONS), op_attrs, [[5, 0, 0]], "cvm_1.0.0")
+
+
+def _conv_params() -> bytes:
+    return pack_params({"w": pack_array((1, 1, 2, 2), [1, 0, -1, 2], bits=8),
+                        "b": pack_array((1,), [3])})
+
+
+# dense: x = [1, -2, 3], W = [[1, 1, 1], [2, 0, -1]], b = [0, 5] -> [2, -1] + b = [2, 4].
+def _dense_doc() -> dict:
+    nodes = [_null("data"), _null("w"), _null("b"),
+             _op("fc", "dense", [[0, 0, 0], [1, 0, 0], [2, 0, 0]])]
+    op_attrs = ["{}", "{}", "{}", '{"units": "2", "use_bias": "True"}']
+    # precisions: w 3 (|2| <= 3), b 4 (|5| <= 7), dense max(8 + 3 + bitlen(3), 4) + 1 = 14.
+    return _doc(nodes, [[1, 3], [2, 3], [2], [1, 2]], [8, 3, -1, 14], op_attrs, [[3, 0, 0]])
+
+
+def _dense_params() -> bytes:
+    return pack_params({"w": pack_array((2, 3), [1, 1, 1, 2, 0, -1]),
+                        "b": pack_array((2,), [0, 5])})
+
+
+def _write(tmp_path: Path, doc: dict, params: bytes, stem: str = "m") -> Path:
+    (tmp_path / f"{stem}.json").write_text(json.dumps(doc))
+    (tmp_path / f"{stem}.params").write_bytes(params)
+    return tmp_path / f"{stem}.json"
+
+
+def test_hand_built_conv_model(tmp_path: Path) -> None:
+    g = load_graph(_write(tmp_path, _conv_doc(), _conv_params()))
+    assert [n.op for n in g.nodes] == ["conv2d", "cvm_right_shift", "cvm_clip"]
+    assert g.inputs == ["data"] and set(g.constants) == {"w", "b"}
+    assert g.nodes[0].attrs["stride"] == (1, 1) and g.nodes[0].attrs["use_bias"] is True
+    assert [g.types[v].precision for v in ["data", "w", "b", "conv", "shift", "clip"]] == \
+        CONV_PRECISIONS
+    out = reference_run(g, {"data": CONV_DATA})["clip"]
+    assert np.array_equal(out, CONV_EXPECTED)
+
+
+def test_hand_built_dense_model(tmp_path: Path) -> None:
+    g = load_graph(_write(tmp_path, _dense_doc(), _dense_params()))
+    assert g.types["b"].precision == 4 and g.types["fc"].precision == 14
+    out = reference_run(g, {"data": np.array([[1, -2, 3]], np.int32)})["fc"]
+    assert np.array_equal(out, [[2, 4]])
+
+
+def test_cli_check_run_and_export(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = _write(tmp_path, _conv_doc(), b"")
+    (tmp_path / "w.params").write_bytes(_conv_params())
+    (tmp_path / "m.params").unlink()
+    args = [str(path), "--params", str(tmp_path / "w.params")]
+    assert main(["check", *args]) == 0
+    assert "conv2d" in capsys.readouterr().out
+    np.save(tmp_path / "x.npy", CONV_DATA)
+    out_dir = tmp_path / "out"
+    assert main(["run", "--reference", *args, "--input", f"data={tmp_path / 'x.npy'}",
+                 "--output-dir", str(out_dir)]) == 0
+    assert np.array_equal(np.load(out_dir / "clip.npy"), CONV_EXPECTED)
+    assert main(["export", *args, "-o", str(tmp_path / "exp")]) == 0
+    again = load_graph(tmp_path / "exp" / "symbol.json")  # params found beside it
+    assert np.array_equal(reference_run(again, {"data": CONV_DATA})["clip"], CONV_EXPECTED)
+    assert main(["check", str(tmp_path / "exp" / "symbol.json"), "--params",
+                 str(tmp_path / "nope")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+
+
+def _mutate(doc: dict, path: str, value) -> dict:
+    """A copy of doc with the item at 'a/b/0' replaced (value None deletes it)."""
+    doc = copy.deepcopy(doc)
+    *parents, last = [int(k) if k.isdigit() else k for k in path.split("/")]
+    obj = doc
+    for k in parents:
+        obj = obj[k]
+    if value is None:
+        del obj[last]
+    else:
+        obj[last] = value
+    return doc
+
+
+@pytest.mark.parametrize("path,value,words", [
+    ("nodes", None, "missing key 'nodes'"),
+    ("attrs/shape", None, "attrs: missing key 'shape'"),
+    ("attrs/op_attrs", None, "missing key 'op_attrs'"),
+    ("heads", "x", "'heads' must be a JSON list"),
+    ("nodes/3/name", None, "node 3: missing key 'name'"),
+    ("version", "cvm_2.0.0", "unsupported version 'cvm_2.0.0'"),
+    ("nodes/4/inputs/0", [5, 0, 0], "does not come before it"),
+    ("nodes/4/inputs/0", [9, 0, 0], "node id 9 is out of range"),
+    ("nodes/4/inputs/0", [3, 1, 0], "output index 1 of node 3 is out of range"),
+    ("nodes/4/attrs/func_name", "cvm_rigth_shift", "unknown op 'cvm_rigth_shift'; did you mean"),
+    ("attrs/shape/1", [[1]] * 5, "attrs: 'shape' has 5 entries, expected 6"),
+    ("attrs/shape/1/4", [1, 1, 2, 3], "output 0 has shape [1, 1, 2, 2] but the JSON declares"),
+    ("attrs/precision/1/3", 16, "'conv': output 0 has precision 15 but the JSON declares 16"),
+    ("attrs/precision/1/0", -1, "input 'data' must declare a precision"),
+    ("attrs/precision/1/1", 2, "weight 'w' value 2 at index 3 is outside its declared precision 2"),
+    ("attrs/op_attrs/1/4", '{"precision": "8"}', "missing required attribute 'shift_bit"),
+    ("attrs/op_attrs/1/4", '{"precision": "8", "shift": "1"}', "unknown attribute 'shift'"),
+    ("attrs/op_attrs/1/4", "[1]", "op_attrs must encode a JSON object"),
+    ("nodes/4/attrs/num_inputs", "2", "num_inputs is 2 but it lists 1 inputs"),
+    ("arg_nodes", [0, 1], "arg_nodes [0, 1] must list the null nodes [0, 1, 2]"),
+    ("attrs/shape/1/1", [1, 1, 2, 3], "weight 'w' has shape [1, 1, 2, 2], the graph declares"),
+    ("attrs/shape/1/0", [], "shape #0 must be 1 to 6 positive integers"),
+    ("nodes/2/name", "w", "name 'w' is used twice"),
+])
+def test_corrupt_graph_json(tmp_path: Path, path: str, value, words: str) -> None:
+    model = _write(tmp_path, _mutate(_conv_doc(), path, value), _conv_params())
+    with pytest.raises(CvmcError) as e:
+        load_graph(model)
+    assert words in str(e.value) and ("m.json" in str(e.value) or "m.params" in str(e.value))
+
+
+def test_unused_params_array_and_bad_json(tmp_path: Path) -> None:
+    params = pack_params({"w": pack_array((1, 1, 2, 2), [1, 0, -1, 2]), "b": pack_array((1,), [3]),
+                          "extra": pack_array((1,), [0])})
+    with pytest.raises(CvmcError, match="array 'extra' matches no null node"):
+        load_graph(_write(tmp_path, _conv_doc(), params))
+    (tmp_path / "bad.json").write_text('{"nodes": [')
+    with pytest.raises(CvmcError, match="not valid JSON"):
+        load_graph(tmp_path / "bad.json")
+
+
+def test_missing_params_makes_weights_inputs_without_precision(tmp_path: Path) -> None:
+    doc = _mutate(_conv_doc(), "attrs/precision/1/1", -1)
+    path = _write(tmp_path, doc, _conv_params())
+    (tmp_path / "m.params").unlink()
+    with pytest.raises(CvmcError, match="input 'w' must declare a precision"):
+        load_graph(path)
+
+
+@pytest.mark.parametrize("text,kind,value", [
+    ("(1, 1)", "ints", [1, 1]), ("[1,2]", "ints", [1, 2]), ("(3,)", "ints", [3]),
+    ("()", "ints", []), ("True", "bool", True), ("false", "bool", False), ("0", "bool", False),
+    ("None", "int?", None), ("-7", "int", -7), ("NCHW", "str", "NCHW"), ("None", "str", "None"),
+])
+def test_attribute_strings(text: str, kind: str, value) -> None:
+    assert parse_attr_value(text, kind) == value
+
+
+def test_attribute_formatting() -> None:
+    assert [format_attr_value(v) for v in [(1, 2), (3,), (), True, None, -4, "NCHW"]] == \
+        ["(1, 2)", "(3,)", "()", "True", "None", "-4", "NCHW"]
+
+
+# ---- round trip over every CVM op ---------------------------------------------------------
+RNG = np.random.default_rng(7)
+X_SHAPE = (1, 2, 4, 4)
+
+
+def _w(shape: tuple[int, ...], lo: int = -9, hi: int = 10) -> np.ndarray:
+    return RNG.integers(lo, hi, shape).astype(np.int32)
+
+
+def _boxes() -> np.ndarray:
+    """(1, 4, 6) rows [class, score, x1, y1, x2, y2] for get_valid_count / nms."""
+    return np.array([[[0, 9, 0, 0, 4, 4], [0, 8, 1, 1, 5, 5], [1, -1, 0, 0, 2, 2],
+                      [1, 7, 6, 6, 9, 9]]], dtype=np.int32)
+
+
+# op -> (operands, attrs). An operand is "x" (the graph input, precision 8), the name of an
+# earlier node's output, or an array (a weight).
+OP_CASES: dict[str, tuple[list, dict]] = {
+    "broadcast_add": (["x", _w((1, 2, 1, 1))], {}),
+    "broadcast_sub": (["x", _w((2, 1, 1))], {}),
+    "broadcast_mul": (["x", _w((1, 1, 4))], {}),
+    "broadcast_div": (["x", _w((1, 2, 1, 1))], {}),
+    "broadcast_max": (["x", _w((1, 2, 4, 1))], {}),
+    "elemwise_add": (["x", _w(X_SHAPE)], {}),
+    "elemwise_sub": (["x", _w(X_SHAPE)], {}),
+    "abs": (["x"], {}), "negative": (["x"], {}), "relu": (["x"], {}),
+    "cvm_precision": (["x"], {}),
+    "clip": (["x"], {"a_min": -5, "a_max": 9}),
+    "cvm_clip": (["x"], {"precision": 4}),
+    "cvm_right_shift": (["x"], {"precision": 6, "shift_bit": 2}),
+    "cvm_left_shift": (["x"], {"precision": 12, "shift_bit": 3}),
+    "conv2d": (["x", _w((3, 2, 3, 3)), _w((3,))],
+               {"padding": (1, 1), "stride": (2, 2), "channels": 3, "kernel_size": (3, 3),
+                "use_bias": True}),
+    "dense": ([_w((2, 5)), _w((3, 5)), _w((3,))], {"units": 3, "use_bias": True}),
+    "max_pool2d": (["x"], {"pool_size": (2, 2), "strides": (2, 2)}),
+    "upsampling": (["x"], {"scale": 2}),
+    "sum": (["x"], {"axes": (1,)}),
+    "max": (["x"], {"axes": (2, 3), "keepdims": True}),
+    "get_valid_count": ([_boxes()], {"score_threshold": 0}),
+    "non_max_suppression": (["get_valid_count_out1", "get_valid_count"],
+                            {"iou_threshold": 5, "force_suppress": True}),
+    "repeat": (["x"], {"repeats": 2, "axis": 1}),
+    "tile": (["x"], {"reps": (1, 2)}),
+    "flatten": (["x"], {}),
+    "expand_dims": (["x"], {"axis": -1}),
+    "reshape": (["x"], {"shape": (2, 16)}),
+    "squeeze": (["x"], {"axis": (0,)}),
+    "transpose": (["x"], {"axes": (0, 2, 3, 1)}),
+    "slice": (["x"], {"begin": (0, 1), "end": (1, 2)}),
+    "slice_like": (["x", _w((1, 1, 2, 2))], {}),
+    "take": (["x", _w((3,), 0, 4)], {"axis": 2}),
+    "concatenate": (["x", "x"], {"axis": 1}),
+    "cvm_lut": (["x", _w((256,), -100, 100)], {}),
+    "where": ([_w(X_SHAPE, 0, 2), "x", _w(X_SHAPE)], {}),
+}
+
+
+def _all_ops_graph() -> tuple[Graph, list[str]]:
+    """One node per available CVM op (each a graph output); returns it and the ops left out."""
+    types = {"x": TensorType(X_SHAPE, "int32", 8)}
+    nodes, consts, skipped = [], {}, []
+    for name, (operands, attrs) in OP_CASES.items():
+        d = lookup(name)
+        if d is None:
+            skipped.append(name)
+            continue
+        ins = []
+        for k, operand in enumerate(operands):
+            if isinstance(operand, np.ndarray):
+                consts[f"{name}_w{k}"] = operand
+                types[f"{name}_w{k}"] = TensorType(operand.shape, "int32")
+                operand = f"{name}_w{k}"
+            ins.append(operand)
+        a = d.normalize_attrs(attrs)
+        outs = (name,) + tuple(f"{name}_out{k}" for k in range(1, len(d.outputs)))
+        for out, shape in zip(outs, d.infer_shapes([types[i] for i in ins], a)):
+            types[out] = TensorType(shape, "int32")
+        nodes.append(Node(d.name, tuple(ins), outs, dict(a)))
+    outputs = [o for n in nodes for o in n.outputs]
+    return Graph("all_ops", ["x"], outputs, nodes, types, consts), skipped
+
+
+def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
+    graph, _ = _all_ops_graph()
+    paths = export_cvm(graph, tmp_path / "out")
+    assert [p.name for p in paths] == ["symbol.json", "params"]
+    doc = json.loads(paths[0].read_text())
+    assert doc["version"] == "cvm_1.1.0" and doc["nodes"][0]["name"] == "data"
+    funcs = {n["name"]: n["attrs"]["func_name"] for n in doc["nodes"] if n["op"] != "null"}
+    assert funcs["slice"] == "strided_slice" and funcs["get_valid_count"] == "get_valid_counts"
+    op_attrs = doc["attrs"]["op_attrs"][1]
+    keys = {n["name"]: set(json.loads(a)) for n, a in zip(doc["nodes"], op_attrs)}
+    assert {"axis"} <= keys["sum"] and {"stride"} <= keys["slice"] and "strides" in keys["conv2d"]
+    assert "shape" in keys["reshape"] and "axis" in keys["squeeze"]
+    back = load_graph(paths[0], params=paths[1])
+    expected = infer_precision(graph)
+    assert back.inputs == ["data"] and back.outputs == expected.outputs
+    assert back.nodes == [Node(n.op, tuple("data" if i == "x" else i for i in n.inputs),
+                               n.outputs, n.attrs) for n in expected.nodes]
+    assert {k: v for k, v in back.types.items() if k != "data"} == \
+        {k: v for k, v in expected.types.items() if k != "x"}
+    assert back.constants.keys() == expected.constants.keys()
+    assert all(np.array_equal(back.constants[k], v) for k, v in expected.constants.items())
+    x = RNG.integers(-127, 128, X_SHAPE).astype(np.int8)
+    want, got = reference_run(expected, {"x": x}), reference_run(back, {"data": x})
+    assert all(np.array_equal(want[o], got[o]) for o in expected.outputs)
+
+
+def test_round_trip_covers_every_compute_op() -> None:
+    _, skipped = _all_ops_graph()
+    missing = [d.name for d in all_ops() if d.compute and d.name not in OP_CASES]
+    assert not missing, f"add these ops to OP_CASES: {missing}"
+    assert skipped == [n for n in OP_CASES if lookup(n) is None]
+
+
+def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
+    w = _w((3, 2, 3, 3))
+    a = lookup("conv2d").normalize_attrs({})
+    types = {"in": TensorType(X_SHAPE, "int32", 8), "w": TensorType(w.shape, "int32"),
+             "c": TensorType((1, 3, 2, 2), "int32")}
+    g = Graph("g", ["in"], ["c"], [Node("conv2d", ("in", "w"), ("c",), a)], types, {"w": w})
+    doc = json.loads(export_cvm(g, tmp_path)[0].read_text())
+    attrs = json.loads(doc["attrs"]["op_attrs"][1][2])
+    assert attrs["strides"] == "(1, 1)" and attrs["channels"] == "3"
+    assert attrs["kernel_size"] == "(3, 3)" and attrs["use_bias"] == "False"
+    assert doc["nodes"][0]["name"] == "data" and doc["attrs"]["precision"][1][0] == 8
+
+
+def test_export_rejects_what_cvm_runtime_cannot_run(tmp_path: Path) -> None:
+    t = TensorType((2,), "int32", 8)
+    two = Graph("g", ["a", "b"], ["c"], [Node("elemwise_add", ("a", "b"), ("c",), {})],
+                {"a": t, "b": t, "c": TensorType((2,), "int32")})
+    with pytest.raises(CvmcError, match="exactly one input"):
+        export_cvm(two, tmp_path)
+    float_ops = [d for d in all_ops() if not d.compute]
+    if float_ops:
+        d = float_ops[0]
+        g = Graph("g", ["a"], ["c"], [Node(d.name, ("a",), ("c",), {})],
+                  {"a": t, "c": t})
+        with pytest.raises(CvmcError, match=f"{d.name} 'c'.*cannot export"):
+            export_cvm(g, tmp_path)

@@ -1,0 +1,147 @@
+"""The NNEF corpus (Khronos NNEF-Tools and tract documents): valid documents parse and
+shape-check; invalid ones are rejected at the offending line. A differential test runs
+the Khronos parser (`nnef`, an independent implementation) on the same texts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cvmc.errors import CvmcError
+from cvmc.frontend.nnef import load_nnef, parse_nnef
+from cvmc.ops import registry
+from cvmc.ops.registry import Attr, op
+
+nnef = pytest.importorskip("nnef")
+
+CORPUS = Path("/work/shared/data/nnef-corpus")
+VALID = sorted((CORPUS / "valid").iterdir()) if CORPUS.exists() else []
+
+# Line of the first error (the Khronos parser's line, MANIFEST.txt), except where noted.
+INVALID = {
+    "khr_old_alexnet_comp_shape_of.nnef": (12, "'shape_of' is deprecated"),
+    "khr_old_alexnet_comp_variable_in_fragment.nnef":
+        (12, "operation 'variable' is not allowed inside fragments"),
+    "khr_parser_empty_body.nnef": (1, "unexpected '}'"),
+    "khr_parser_empty_document.nnef": (1, "unexpected end of file; expected 'version'"),
+    "khr_parser_empty_input_not_declared.nnef": (4, "undeclared identifier 'input'"),
+    # cvmc points at the output's name in the graph header (Khronos: the closing brace)
+    "khr_parser_empty_output_not_declared.nnef": (2, "graph output 'output' is not assigned"),
+    "khr_parser_external_not_input.nnef": (5, "'external' must be graph inputs"),
+    "khr_parser_input_not_external.nnef": (4, "can only be assigned by 'external'"),
+    "khr_parser_non_variable_update.nnef": (5, "first argument of 'update' must be a variable"),
+    "tract_cmp_operators.nnef": (6, "KHR_enable_operator_expressions"),
+    "tract_conv_bias.nnef": (6, "KHR_enable_operator_expressions"),
+    "tract_qmul": (3, "unknown extension 'tract_registry'"),
+    "tract_softmax_quant_bad_axes": (6, "softmax 'output': max_reduce: axes"),
+    "tract_variable_in_fragment.nnef": (3, "need 'extension KHR_enable_fragment_definitions;'"),
+}
+
+# Documents where cvmc deliberately differs from the Khronos parser's shape inference.
+KHRONOS_SKIP = {
+    # the Khronos parser needs the custom fragment lowered (`lowered=['op']`) to infer shapes
+    "khr_parser_custom_fragment.nnef",
+}
+
+
+@pytest.fixture
+def shuffle_op():
+    """`shuffle` (the Khronos sample's body-less custom fragment) as a registry op with an
+    identity shape rule, like the sample's own custom shape function; removed afterwards."""
+    d = op("shuffle", family="custom", inputs=("input",), attrs=(Attr("groups", "int"),),
+           compute=False, seeds=("test",))
+    d.shape(lambda ins, a: ins[0].shape)
+    yield d
+    del registry._REGISTRY["shuffle"]
+
+
+def _text_and_quant(path: Path) -> tuple[str, str | None]:
+    graph = path / "graph.nnef" if path.is_dir() else path
+    quant = path / "graph.quant" if path.is_dir() else None
+    return graph.read_text(), quant.read_text() if quant and quant.exists() else None
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
+def test_valid_document_checks(path, shuffle_op):
+    g = load_nnef(path, None)
+    assert g.outputs and all(o in g.types for o in g.outputs)
+    assert all(n.span is not None for n in g.nodes)
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_invalid_document_rejected_at_line(name):
+    line, words = INVALID[name]
+    with pytest.raises(CvmcError) as e:
+        load_nnef(CORPUS / "invalid" / name, None)
+    assert e.value.span is not None and e.value.span.line == line, str(e.value)
+    assert words in e.value.message
+
+
+def test_corpus_invalid_list_is_complete():
+    assert {p.name for p in (CORPUS / "invalid").iterdir()} == set(INVALID)
+
+
+def _khronos_shapes(text: str, quant: str | None) -> dict[str, tuple[int, ...]]:
+    g = nnef.parse_string(text, quant)
+    nnef.infer_shapes(g, custom_shapes={"shuffle": lambda shape, *a, **k: shape})
+    return {name: tuple(t.shape) for name, t in g.tensors.items()}
+
+
+@pytest.mark.parametrize("path", [p for p in VALID if p.name not in KHRONOS_SKIP],
+                         ids=lambda p: p.name)
+def test_shapes_agree_with_khronos(path, shuffle_op):
+    text, quant = _text_and_quant(path)
+    expected = _khronos_shapes(text, quant)
+    g = parse_nnef(text, path.name)
+    named = {n: s for n, s in expected.items() if n in g.types}
+    # every tensor the document names (its lvalues) must be among the compared ones
+    assert set(g.inputs) | set(g.outputs) <= set(named)
+    got = {n: g.types[n].shape for n in named}
+    assert got == named
+
+
+# Own cases: (document, accepted by both?)
+OWN = [
+    ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(x); }", True),
+    (("graph G(x) -> (y) { x = external(shape = [2, 3]); "
+     "y = transpose(x, axes = [1, 0]); }"), True),
+    ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(z); }", False),
+    ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(x); y = relu(x); }", False),
+    ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(x) }", False),
+    ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = softmax(x, axes = [5]); }", False),
+    (("graph G(x, w) -> (y) { x = external(shape = [2, 3]); w = external(shape = [3, 2]);"
+     " y = add(x, w); }"), False),
+    (("extension KHR_enable_operator_expressions;\ngraph G(x) -> (y) "
+     "{ x = external(shape = [2, 3]); y = x * 2.0 + x; }"), True),
+]
+
+
+@pytest.mark.parametrize("body,ok", OWN)
+def test_own_cases_agree_with_khronos(body, ok):
+    text = "version 1.0;\n" + body
+    try:
+        expected = _khronos_shapes(text, None)
+    except nnef.Error:
+        expected = None
+    assert (expected is not None) == ok
+    if not ok:
+        with pytest.raises(CvmcError):
+            parse_nnef(text)
+        return
+    g = parse_nnef(text)
+    assert {n: g.types[n].shape for n in g.outputs} == {n: expected[n] for n in g.outputs}
+
+
+def test_weights_load_from_dat_files(tmp_path):
+    from cvmc.frontend.tensorfile import write_tensor
+    (tmp_path / "graph.nnef").write_text(
+        "version 1.0;\ngraph G(x) -> (y) {\n  x = external<integer>(shape = [2], precision = 8);"
+        "\n  w = variable<integer>(shape = [2], label = 'w');\n  y = add(x, w);\n}\n")
+    write_tensor(tmp_path / "w.dat", np.array([3, -4], dtype=np.int32))
+    g = load_nnef(tmp_path, None)
+    assert np.array_equal(g.constants["w"], [3, -4]) and g.labels == {"w": "w"}
+    write_tensor(tmp_path / "w.dat", np.array([3, -4, 5], dtype=np.int32))
+    with pytest.raises(CvmcError, match=r":4:7: error: variable 'w': data file 'w.dat' has "
+                                        r"shape \[3\], but the variable declares \[2\]"):
+        load_nnef(tmp_path, None)

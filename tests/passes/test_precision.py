@@ -1,0 +1,69 @@
+"""Precision inference: graph-level behaviour (per-op rules are tested with each op)."""
+import numpy as np
+import pytest
+
+from cvmc.errors import CvmcError
+from cvmc.ir import Graph, Node, TensorType
+from cvmc.passes.precision import infer_precision
+from cvmc.ops.common import bitlen, data_precision, numprec
+
+
+@pytest.mark.parametrize("n, want", [(0, 0), (1, 1), (8, 4), (9, 4), (576, 10), (2**31, 32)])
+def test_bitlen_matches_design_note(n, want):
+    assert bitlen(n) == want
+
+
+@pytest.mark.parametrize("r, want", [(0, 2), (1, 3), (127, 9), (126, 8)])
+def test_numprec(r, want):
+    # numprec(r) = bitlen(r + 1) + 1 (cvm-semantics.md)
+    assert numprec(r) == want
+
+
+@pytest.mark.parametrize("values, want", [([0], 1), ([1, -1], 2), ([127], 8), ([-128], 9),
+                                          ([2**31 - 1], 32)])
+def test_weight_precision_is_smallest_that_holds(values, want):
+    # |v| <= 2^(p-1) - 1
+    assert data_precision(np.array(values)) == want
+
+
+def relu_graph(input_prec=8, weight=None):
+    types = {"x": TensorType((2, 3), "int32", input_prec), "y": TensorType((2, 3))}
+    consts = {}
+    src = "x"
+    if weight is not None:
+        types["w"] = TensorType((2, 3), "int32", None)
+        consts["w"] = weight
+        src = "w"
+    return Graph("g", ["x"], ["y"], [Node("relu", (src,), ("y",), {})], types, consts)
+
+
+def test_storage_dtype_follows_precision():
+    g = infer_precision(relu_graph(8))
+    assert g.types["y"] == TensorType((2, 3), "int8", 8)
+    g = infer_precision(relu_graph(9))
+    assert g.types["y"] == TensorType((2, 3), "int32", 9)
+
+
+def test_weight_precision_inferred_from_data():
+    g = infer_precision(relu_graph(8, weight=np.full((2, 3), 300)))
+    assert g.types["w"].precision == 10 and g.types["y"].precision == 10
+
+
+def test_input_without_precision_is_rejected():
+    with pytest.raises(CvmcError, match="graph input 'x' must be an integer tensor with a "
+                                        "declared precision"):
+        infer_precision(relu_graph(None))
+
+
+def test_weight_without_data_is_rejected():
+    g = relu_graph(8)
+    g = g.replace(labels={"w": "conv/w"}, types={**g.types, "w": TensorType((2, 3))})
+    with pytest.raises(CvmcError, match=r"weight 'w': its data file 'conv/w.dat' was not found"):
+        infer_precision(g)
+
+
+def test_float_graph_is_rejected_by_name():
+    g = relu_graph(8)
+    g.types["x"] = TensorType((2, 3), "float32")
+    with pytest.raises(CvmcError, match="graph input 'x' must be an integer tensor"):
+        infer_precision(g)

@@ -1,0 +1,144 @@
+"""`cvmc compile` + `cvmc run` end to end through cvmc.cli.main, and every bad-input error."""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cvmc.cli import main
+from cvmc.frontend import load_graph
+from cvmc.reference import reference_run
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "small_cnn" / "graph.nnef"
+SHAPE = (1, 3, 16, 16)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A folder with the example compiled for llvm (model.cvmx) and an input (data.npy)."""
+    d = tmp_path_factory.mktemp("cli")
+    rc = main(["compile", str(EXAMPLE), "-o", str(d / "model.cvmx"),
+               "--emit", "plan", "--emit", "tir", "--emit", "source"])
+    assert rc == 0
+    np.save(d / "data.npy", np.random.default_rng(7).integers(-127, 128, SHAPE, np.int8))
+    return d
+
+
+def run_error(capsys, *argv: str) -> str:
+    """Run `cvmc ARGV`, expect exit code 1 and one error line on stderr; return it."""
+    capsys.readouterr()
+    assert main(list(argv)) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_compile_writes_artifact_and_requested_extras(workdir):
+    assert zipfile.is_zipfile(workdir / "model.cvmx")
+    plan = json.loads((workdir / "model.plan.json").read_text())
+    assert [s["name"] for s in plan["inputs"]] == ["data"]
+    assert plan["device"] == "cpu" and plan["target"]["mcpu"] != "generic"
+    # conv2d + shift + clip + relu fuse into one kernel.
+    assert plan["kernels"][0]["ops"] == ["conv2d", "cvm_right_shift", "cvm_clip", "relu"]
+    assert "T.parallel" in (workdir / "model.tir").read_text()
+    assert "define" in (workdir / "model.ll").read_text()
+
+
+def test_compile_prints_summary(tmp_path, capsys):
+    assert main(["compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx")]) == 0
+    out = capsys.readouterr().out
+    for word in ("kernels: 4", "weights: 5408 bytes", "peak activation memory", "compile time"):
+        assert word in out, out
+
+
+def test_run_matches_reference(workdir, capsys):
+    out_dir = workdir / "out"
+    assert main(["run", str(workdir / "model.cvmx"), "--input", f"data={workdir / 'data.npy'}",
+                 "--output-dir", str(out_dir)]) == 0
+    assert "logits: shape [1, 10] int32" in capsys.readouterr().out
+    want = reference_run(load_graph(EXAMPLE), {"data": np.load(workdir / "data.npy")})
+    got = np.load(out_dir / "logits.npy")
+    assert got.dtype == want["logits"].dtype and np.array_equal(got, want["logits"])
+
+
+def test_stop_after_and_dump_ir(tmp_path, capsys):
+    assert main(["compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx"), "--stop-after",
+                 "infer-precision", "--dump-ir", str(tmp_path / "ir")]) == 0
+    assert "stopped after pass 'infer-precision'" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "ir").iterdir()] == ["00-infer-precision.nnef"]
+    assert not (tmp_path / "m.cvmx").exists()
+
+
+def _save(path: Path, array: np.ndarray) -> str:
+    np.save(path, array)
+    return str(path)
+
+
+@pytest.mark.parametrize("make_args, message", [
+    (lambda d: ["--input", f"image={d / 'data.npy'}"], "unknown input 'image'"),
+    (lambda d: [], "missing input 'data'"),
+    (lambda d: ["--input", "data=" + _save(d / "s.npy", np.zeros((1, 3, 8, 8), np.int8))],
+     "expected shape [1, 3, 16, 16], got [1, 3, 8, 8]"),
+    (lambda d: ["--input", "data=" + _save(d / "f.npy", np.zeros(SHAPE, np.float32))],
+     "expected an integer array, got dtype float32"),
+    (lambda d: ["--input", "data=" + _save(d / "p.npy", np.full(SHAPE, 200, np.int32))],
+     "value 200 at index [0, 0, 0, 0] is outside precision 8"),
+])
+def test_bad_run_input_is_one_clear_error(workdir, capsys, make_args, message):
+    err = run_error(capsys, "run", str(workdir / "model.cvmx"), *make_args(workdir))
+    assert message in err, err
+
+
+def test_saturate_clips_out_of_precision_input(workdir, capsys):
+    path = _save(workdir / "big.npy", np.full(SHAPE, 500, np.int32))
+    assert main(["run", str(workdir / "model.cvmx"), "--input", f"data={path}",
+                 "--saturate"]) == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "not-zip"])
+def test_damaged_artifact_is_one_clear_error(workdir, tmp_path, capsys, damage):
+    data = (workdir / "model.cvmx").read_bytes()
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "corrupt":
+        middle = len(data) // 2
+        data = data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 64]) + \
+            data[middle + 64:]
+    else:
+        data = b"hello"
+    bad = tmp_path / "bad.cvmx"
+    bad.write_bytes(data)
+    err = run_error(capsys, "run", str(bad), "--input", f"data={workdir / 'data.npy'}")
+    assert "bad.cvmx" in err and ("corrupt" in err or "not a valid .cvmx" in err), err
+
+
+def test_cuda_artifact_builds_and_without_gpu_is_one_clear_error(tmp_path, capsys):
+    from cvmc_runtime.model import cuda_available
+
+    from cvmc.codegen.build import find_nvcc
+
+    try:
+        find_nvcc()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(str(e))
+    out = tmp_path / "gpu.cvmx"
+    assert main(["compile", str(EXAMPLE), "--target", "cuda", "--arch", "sm_80",
+                 "-o", str(out), "--emit", "source"]) == 0
+    assert "__global__" in (tmp_path / "gpu.cu").read_text()
+    if cuda_available():
+        pytest.skip("a GPU is present: tests/gpu covers running CUDA artifacts")
+    data = _save(tmp_path / "d.npy", np.zeros(SHAPE, np.int8))
+    err = run_error(capsys, "run", str(out), "--input", f"data={data}")
+    assert "built for CUDA (sm_80), but no CUDA GPU is available" in err, err
+
+
+def test_bad_compile_arguments_are_one_clear_error(tmp_path, capsys):
+    err = run_error(capsys, "compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx"),
+                    "--mcpu", "not-a-cpu")
+    assert "--mcpu not-a-cpu" in err, err
+    err = run_error(capsys, "compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx"),
+                    "--target", "cuda", "--arch", "80")
+    assert "--arch 80: expected sm_<digits>" in err, err
