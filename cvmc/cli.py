@@ -27,8 +27,8 @@ def _fmt_shape(shape) -> str:
 def cmd_check(args: argparse.Namespace) -> int:
     """Parse, type and shape-check a model; print its signature and tensor table."""
     from cvmc.frontend import load_graph
-    from cvmc.passes.precision import infer_precision
     from cvmc.ops import lookup
+    from cvmc.passes.precision import infer_precision
 
     graph = load_graph(args.model, quant=args.quant, params=args.params)
     if all(lookup(n.op).compute for n in graph.nodes) and \

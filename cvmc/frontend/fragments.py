@@ -146,3 +146,18 @@ def _is_prim(value: Any, want: str | None) -> bool:
     if want == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, (int, float)) and not isinstance(value, bool)  # scalar
+
+
+def show_value(v: Any) -> str:
+    """A value as NNEF text, for messages."""
+    if isinstance(v, Tensor):
+        return f"tensor '{v.name}'"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(show_value(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(show_value(x) for x in v) + ")"
+    return str(v)

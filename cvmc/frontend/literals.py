@@ -5,13 +5,23 @@ declared or inferred shape before anything is allocated.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Any
 
 import numpy as np
 
 from cvmc.errors import CvmcError, SourceSpan
-from cvmc.frontend.fragments import DTYPE_OF, NO_DEFAULT, Tensor, check_value, stdlib
+from cvmc.frontend.fragments import (
+    DTYPE_OF,
+    NO_DEFAULT,
+    Fragment,
+    Param,
+    Tensor,
+    check_value,
+    show_value,
+    stdlib,
+)
 from cvmc.frontend.syntax import Source, span_of
 from cvmc.ir import TensorType
 
@@ -121,34 +131,42 @@ class TensorFactory:
 
     def introducer_args(self, op: str, generic: str | None, pos: list, named: dict,
                         where: Any) -> dict[str, Any]:
-        """Bind external/variable/constant arguments (stdlib signature + `precision`)."""
+        """Bind external/variable/constant arguments: the stdlib signature plus the cvmc
+        dialect's optional `precision`."""
         decl = stdlib()[op]
-        params = [p.name for p in decl.params] + ["precision"]
-        if len(pos) > len(params):
-            raise self.err(f"{op}: takes {len(params)} arguments, {len(pos)} given", where)
-        values = {p: a.value for p, a in zip(params, pos)}
+        with_precision = dataclasses.replace(
+            decl, params=[*decl.params, Param("precision", ("prim", "integer"), None)])
+        values = self.bind_fragment(with_precision, generic, pos, named, where)
+        values["__type"] = generic or decl.generic_default
+        return values
+
+    def bind_fragment(self, frag: Fragment, generic: str | None, pos: list[Any],
+                      named: dict[str, Any], where: Any) -> dict[str, Any]:
+        """Bind call arguments to a fragment's parameters and type-check them."""
+        if len(pos) > len(frag.params):
+            raise self.err(f"{frag.name}: takes {len(frag.params)} arguments, "
+                           f"{len(pos)} given", where)
+        values = {p.name: a.value for p, a in zip(frag.params, pos)}
         for key, a in named.items():
-            if key not in params:
-                close = difflib.get_close_matches(key, params, n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else \
-                    f" (arguments: {', '.join(params)})"
-                raise self.err(f"{op}: unknown argument '{key}'{hint}", where)
+            if frag.param(key) is None:
+                close = difflib.get_close_matches(key, [p.name for p in frag.params], n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else ""
+                raise self.err(f"{frag.name}: unknown argument '{key}'{hint}", where)
+            if key in values:
+                raise self.err(f"{frag.name}: argument '{key}' given twice", where)
             values[key] = a.value
-        elem = generic or decl.generic_default
-        for p in decl.params:
+        gen = generic or frag.generic_default
+        for p in frag.params:
             if p.name not in values:
+                if p.default is None:  # an optional parameter, absent
+                    continue
                 if p.default is NO_DEFAULT:
-                    raise self.err(f"{op}: missing required argument '{p.name}'", where)
+                    raise self.err(f"{frag.name}: missing required argument '{p.name}'", where)
                 values[p.name] = p.default
-            bad = check_value(values[p.name], p.type, elem)
+            bad = check_value(values[p.name], p.type, gen)
             if bad:
-                raise self.err(f"{op}: argument '{p.name}' must be {bad}, got "
-                               f"{values[p.name]!r}", where)
-        prec = values.get("precision")
-        if prec is not None and (not isinstance(prec, int) or isinstance(prec, bool)):
-            raise self.err(f"{op}: argument 'precision' must be an integer, got {prec!r}",
-                           where)
-        values["__type"] = elem
+                raise self.err(f"{frag.name}: argument '{p.name}' must be {bad}, got "
+                               f"{show_value(values[p.name])}", where)
         return values
 
     def checked_data(self, name: str, data: np.ndarray, shape: tuple[int, ...], dtype: str,

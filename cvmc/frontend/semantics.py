@@ -12,7 +12,6 @@ a named tensor gets that name; intermediate values get fresh names `<lhs>__<n>`.
 """
 from __future__ import annotations
 
-import difflib
 import operator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,14 @@ from typing import Any
 import lark
 
 from cvmc.errors import OpRuleError
-from cvmc.frontend.fragments import DTYPE_OF, NO_DEFAULT, Fragment, Tensor, check_value, stdlib
+from cvmc.frontend.fragments import (
+    DTYPE_OF,
+    NO_DEFAULT,
+    Fragment,
+    Tensor,
+    show_value,
+    stdlib,
+)
 from cvmc.frontend.literals import TensorFactory, literal_value
 from cvmc.frontend.syntax import Source
 from cvmc.ir import Node, TensorType
@@ -96,7 +102,7 @@ class GraphBuilder(TensorFactory):
             if scope.fragment is None:
                 if not isinstance(value, Tensor):
                     raise self.err(f"'{name}' must be assigned a tensor, got "
-                                   f"{_show(value)}", tok)
+                                   f"{show_value(value)}", tok)
                 value = self.named(value, name, scope, tok)
             elif name in scope.dests and isinstance(value, Tensor):
                 value = self.named(value, scope.dests[name], scope, tok)
@@ -105,7 +111,7 @@ class GraphBuilder(TensorFactory):
         kind, want = (list, "an array") if lvalue.data == "lv_array" else (tuple, "a tuple")
         if not isinstance(value, kind) or len(value) != len(lvalue.children):
             raise self.err(f"the left-hand side expects {want} of {len(lvalue.children)} "
-                           f"items, got {_show(value)}", scope.where(meta))
+                           f"items, got {show_value(value)}", scope.where(meta))
         for child, item in zip(lvalue.children, value):
             self.bind(child, item, scope, meta)
 
@@ -132,7 +138,7 @@ class GraphBuilder(TensorFactory):
             cond = self.eval(tree.children[1], scope)
             if not isinstance(cond, bool):
                 raise self.err(f"if-else condition must be a logical value, got "
-                               f"{_show(cond)}", scope.where(tree.children[1].meta))
+                               f"{show_value(cond)}", scope.where(tree.children[1].meta))
             return self.eval(tree.children[0 if cond else 2], scope, dest)
         if kind in ("array", "tuple"):
             pieces = dest if isinstance(dest, (list, tuple)) and \
@@ -162,7 +168,7 @@ class GraphBuilder(TensorFactory):
         try:
             return _compile_time(op, a, b)
         except (TypeError, ZeroDivisionError, ValueError):
-            raise self.err(f"operator '{op}' cannot apply to {_show(a)} and {_show(b)}",
+            raise self.err(f"operator '{op}' cannot apply to {show_value(a)} and {show_value(b)}",
                            scope.where(tree.meta)) from None
 
     def unary(self, tree: lark.Tree, scope: Scope, dest: Any) -> Any:
@@ -178,19 +184,19 @@ class GraphBuilder(TensorFactory):
             return not v
         if op in "+-" and isinstance(v, (int, float)) and not isinstance(v, bool):
             return -v if op == "-" else v
-        raise self.err(f"operator '{op}' cannot apply to {_show(v)}", scope.where(tree.meta))
+        raise self.err(f"operator '{op}' cannot apply to {show_value(v)}", scope.where(tree.meta))
 
     def subscript(self, tree: lark.Tree, scope: Scope) -> Any:
         """`a[i]` or `a[i:j]` on an array or string."""
         seq = self.eval(tree.children[0], scope)
         where = scope.where(tree.meta)
         if not isinstance(seq, (list, str)):
-            raise self.err(f"only arrays and strings can be subscripted, got {_show(seq)}",
+            raise self.err(f"only arrays and strings can be subscripted, got {show_value(seq)}",
                            where)
         if tree.data == "index":
             i = self.eval(tree.children[1], scope)
             if not _is_int(i) or not 0 <= i < len(seq):
-                raise self.err(f"index {_show(i)} is out of range for an array of length "
+                raise self.err(f"index {show_value(i)} is out of range for an array of length "
                                f"{len(seq)}", where)
             return seq[i]
         bounds, seen_colon = [None, None], False
@@ -200,7 +206,7 @@ class GraphBuilder(TensorFactory):
             else:
                 bounds[int(seen_colon)] = self.eval(c, scope)
         if not all(b is None or _is_int(b) for b in bounds):
-            raise self.err(f"range bounds must be integers, got {_show(bounds)}", where)
+            raise self.err(f"range bounds must be integers, got {show_value(bounds)}", where)
         return seq[bounds[0]:bounds[1]]
 
     def comprehension(self, tree: lark.Tree, scope: Scope) -> list[Any]:
@@ -212,7 +218,7 @@ class GraphBuilder(TensorFactory):
             seq = self.eval(it.children[1], scope)
             if not isinstance(seq, list):
                 raise self.err(f"'{it.children[0]}' must iterate over an array, got "
-                               f"{_show(seq)}", scope.where(it.meta))
+                               f"{show_value(seq)}", scope.where(it.meta))
             seqs.append(seq)
         if len({len(s) for s in seqs}) > 1:
             raise self.err("loop iterators must have equal lengths", scope.where(tree.meta))
@@ -269,14 +275,14 @@ class GraphBuilder(TensorFactory):
         v = pos[0].value
         if name in ("length_of", "range_of"):
             if not isinstance(v, (list, str)):
-                raise self.err(f"'{name}' expects an array, got {_show(v)}", where)
+                raise self.err(f"'{name}' expects an array, got {show_value(v)}", where)
             return len(v) if name == "length_of" else list(range(len(v)))
         if isinstance(v, (Tensor, list, tuple)):
-            raise self.err(f"'{name}' converts a single value, got {_show(v)}", where)
+            raise self.err(f"'{name}' converts a single value, got {show_value(v)}", where)
         try:
             return {"integer": int, "scalar": float, "logical": bool, "string": str}[name](v)
         except ValueError:
-            raise self.err(f"cannot convert {_show(v)} to {name}", where) from None
+            raise self.err(f"cannot convert {show_value(v)} to {name}", where) from None
 
     def call(self, name: str, generic: str | None, pos: list[Arg], named: dict[str, Arg],
              scope: Scope, dest: Any, meta: Any) -> Any:
@@ -354,7 +360,7 @@ class GraphBuilder(TensorFactory):
         for key, a in attrs.items():
             if _has_tensor(a.value):
                 raise OpRuleError(f"{opdef.name}: attribute '{key}' must be a compile-time "
-                                  f"value, got {_show(a.value)}")
+                                  f"value, got {show_value(a.value)}")
         inputs = self.fill_defaults(opdef, inputs, decl)
         opdef.check_arity(len(inputs))
         return inputs, attrs
@@ -410,7 +416,7 @@ class GraphBuilder(TensorFactory):
         if _tensorish(v):
             return self.literal_tensor(v, where).name
         slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
-        raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor, got {_show(v)}")
+        raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor, got {show_value(v)}")
 
     def output_names(self, opdef: OpDef, count: int, dest: Any, where: Any) -> list[str]:
         """Names for an op's outputs, from the destination or freshly generated."""
@@ -471,32 +477,6 @@ class GraphBuilder(TensorFactory):
             out.append(inner.names[rname])
         return out[0] if len(out) == 1 else tuple(out)
 
-    def bind_fragment(self, frag: Fragment, generic: str | None, pos: list[Arg],
-                      named: dict[str, Arg], where: Any) -> dict[str, Any]:
-        """Bind call arguments to a fragment's parameters and type-check them."""
-        if len(pos) > len(frag.params):
-            raise self.err(f"{frag.name}: takes {len(frag.params)} arguments, "
-                           f"{len(pos)} given", where)
-        values = {p.name: a.value for p, a in zip(frag.params, pos)}
-        for key, a in named.items():
-            if frag.param(key) is None:
-                close = difflib.get_close_matches(key, [p.name for p in frag.params], n=1)
-                hint = f"; did you mean '{close[0]}'?" if close else ""
-                raise self.err(f"{frag.name}: unknown argument '{key}'{hint}", where)
-            if key in values:
-                raise self.err(f"{frag.name}: argument '{key}' given twice", where)
-            values[key] = a.value
-        gen = generic or frag.generic_default
-        for p in frag.params:
-            if p.name not in values:
-                if p.default is NO_DEFAULT:
-                    raise self.err(f"{frag.name}: missing required argument '{p.name}'", where)
-                values[p.name] = p.default
-            bad = check_value(values[p.name], p.type, gen)
-            if bad:
-                raise self.err(f"{frag.name}: argument '{p.name}' must be {bad}, got "
-                               f"{_show(values[p.name])}", where)
-        return values
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -569,19 +549,3 @@ def _first_name(dest: Any) -> str | None:
 
 def _count(dest: Any) -> int:
     return len(dest) if isinstance(dest, (list, tuple)) else 1
-
-
-def _show(v: Any) -> str:
-    """A value as NNEF text, for messages."""
-    if isinstance(v, Tensor):
-        return f"tensor '{v.name}'"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return repr(v)
-    if isinstance(v, list):
-        return "[" + ", ".join(_show(x) for x in v) + "]"
-    if isinstance(v, tuple):
-        return "(" + ", ".join(_show(x) for x in v) + ")"
-    return str(v)
-

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,7 +212,7 @@ class OpDef:
         return f"OpDef({self.name!r})"
 
     # -- rule decorators ---------------------------------------------------------------
-    def _rule(kind: str):  # type: ignore[misc]  # noqa: N805 (decorator factory)
+    def _rule(kind: str):  # type: ignore[misc]
         def decorator(self: OpDef, fn: Callable[..., Any]) -> Callable[..., Any]:
             assert kind not in self.rules, f"{self.name}: {kind} rule defined twice"
             self.rules[kind] = fn
@@ -365,7 +366,7 @@ def check_registry() -> None:
         if d.compute and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
         optional = [i.endswith("?") for i in d.inputs]
-        if any(o and not later for o, later in zip(optional, optional[1:])):
+        if any(o and not later for o, later in itertools.pairwise(optional)):
             problems.append(f"{d.name}: optional inputs must come last")
         bad = set(d.rules) - set(_RULES)
         if bad:

@@ -3,8 +3,8 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.passes.pipeline import run_pipeline
-from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.precision import infer_precision
+from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
 
 def graph():
