@@ -16,7 +16,7 @@ from rich.table import Table
 
 from cvmc.errors import CvmcError
 
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 
 def _fmt_shape(shape) -> str:
@@ -55,17 +55,19 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 # ---- ops ------------------------------------------------------------------------------
 def cmd_ops(args: argparse.Namespace) -> int:
-    """Print the operator table."""
+    """Print the operator table: one block per op (readable at any terminal width)."""
     from cvmc.ops import all_ops
 
-    table = Table("op", "family", "inputs", "attributes (defaults)", "precision", box=None)
     for d in all_ops():
-        if d.compute or args.all:
-            names = d.name + (f" ({', '.join(d.aliases)})" if d.aliases else "")
-            table.add_row(names, d.family, ", ".join(d.inputs),
-                          "; ".join(a.describe() for a in d.attrs),
-                          d.precision_rule if d.compute else "(check only)")
-    console.print(table)
+        if not (d.compute or args.all):
+            continue
+        aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
+        console.print(f"[bold]{d.name}[/bold]{aliases}  family {d.family}, "
+                      f"fusion {d.fusion.value}")
+        console.print(f"    inputs:     {', '.join(d.inputs)}")
+        if d.attrs:
+            console.print(f"    attributes: {'; '.join(a.describe() for a in d.attrs)}")
+        console.print(f"    precision:  {d.precision_rule if d.compute else '(check only)'}")
     return 0
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import tvm
 from tvm import te, tirx, topi
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as tir_builder
 
-__all__ = ["as_int32", "as_int64", "cast", "const", "elementwise", "shape_of", "te", "tirx",
-           "topi", "tvm"]
+__all__ = ["IRBuilder", "as_int32", "as_int64", "cast", "const", "elementwise", "shape_of", "te",
+           "tir_builder", "tirx", "topi", "tvm"]
 
 
 def const(value: int, dtype: str = "int32") -> tirx.PrimExpr:

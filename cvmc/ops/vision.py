@@ -213,18 +213,11 @@ def _nms_sort_order(x, vc):
         tirx.all(i < _valid_rows(vc, b, n_), rank[b, i] == r), i, 0), axis=i), name="nms_order")
 
 
-def _tir_builder():
-    """TVM's IR builder and its TIR namespace (imported lazily, like the facade)."""
-    from tvm.script.ir_builder import IRBuilder
-    from tvm.script.ir_builder import tirx as T
-    return IRBuilder, T
-
-
 def _nms_greedy_ir(x_buf, vc_buf, order_buf, y_buf, a):
     """TIR: per batch, keep sorted boxes not suppressed by an earlier kept one; fill -1."""
+    from cvmc.lowering.te_facade import IRBuilder as ir_builder
     from cvmc.lowering.te_facade import const, tirx
-
-    ir_builder, T = _tir_builder()
+    from cvmc.lowering.te_facade import tir_builder as T
     b_, n_ = (int(d) for d in x_buf.shape[:2])
     with ir_builder() as ib:
         x, vc, order, y = (T.buffer_proxy(buf) for buf in (x_buf, vc_buf, order_buf, y_buf))

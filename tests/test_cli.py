@@ -1,0 +1,102 @@
+"""`cvmc ops`, `cvmc check` and `cvmc run --reference` through the CLI entry point."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cvmc.cli import main
+from cvmc.ops import all_ops
+
+EXAMPLE = str(Path(__file__).parents[1] / "examples" / "small_cnn")
+
+
+def write(tmp_path, text, name="g.nnef"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_ops_lists_every_compute_op_with_its_precision_rule(capsys):
+    assert main(["ops"]) == 0
+    out = capsys.readouterr().out
+    for d in all_ops():
+        if d.compute:
+            aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
+            assert f"\n{d.name}{aliases}  family {d.family}" in "\n" + out
+            assert d.precision_rule in out
+    assert "(check only)" not in out
+    main(["ops", "--all"])
+    assert "nnef.reshape  family nnef" in capsys.readouterr().out
+
+
+def test_check_prints_signature_and_precisions(capsys):
+    assert main(["check", EXAMPLE]) == 0
+    out = capsys.readouterr().out
+    assert "inputs:  data: [1, 3, 16, 16]" in out
+    # conv2d: 8 + 8 + bitlen(3*3*3 = 27) = 21; with bias (12 bits): max(21, 12) + 1 = 22
+    assert any(line.split()[:5] == ["c1", "conv2d", "[1,", "8,", "16,"]
+               and line.split()[-2:] == ["int32", "22"] for line in out.splitlines())
+
+
+def test_check_rejects_precision_over_32_with_the_chain(tmp_path, capsys):
+    doc = write(tmp_path, """version 1.0;
+graph g( x ) -> ( z )
+{
+    x = external<integer>(shape = [4], precision = 20);
+    y = broadcast_mul(x, x);
+    z = elemwise_add(y, y);
+}
+""")
+    assert main(["check", doc]) == 1
+    err = capsys.readouterr().err
+    # broadcast_mul: 20 + 20 = 40 > 32
+    assert "g.nnef:5:9: error: broadcast_mul 'y': precision of 'y' would be 40 bits" in err
+    assert "grown by broadcast_mul 'y' (40) <- 'x' (20)" in err
+
+
+RELU = """version 1.0;
+graph g( x ) -> ( y )
+{
+    x = external<integer>(shape = [2, 2], precision = 4);
+    y = relu(x);
+}
+"""
+
+
+@pytest.mark.parametrize("value, args, message", [
+    (np.array([[1, 2], [3, 4]], np.float32), [], "input 'x': expected an integer array, got "
+                                                 "dtype float32"),
+    (np.zeros((2, 3), np.int32), [], r"input 'x': expected shape [2, 2], got [2, 3]"),
+    (np.array([[1, 2], [-8, 4]], np.int32), [],
+     "input 'x': value -8 at index [1, 0] is outside precision 4 (|v| <= 7)"),
+])
+def test_reference_run_rejects_bad_inputs(tmp_path, capsys, value, args, message):
+    np.save(tmp_path / "x.npy", value)
+    doc = write(tmp_path, RELU)
+    assert main(["run", "--reference", doc, "--input", f"x={tmp_path / 'x.npy'}", *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_reference_run_names_and_saturate(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.array([[1, -20], [30, 4]], np.int64))
+    doc = write(tmp_path, RELU)
+    assert main(["run", "--reference", doc, "--input", f"q={tmp_path / 'x.npy'}"]) == 1
+    assert "unknown input 'q'; the model's inputs are: x" in capsys.readouterr().err
+    assert main(["run", "--reference", doc]) == 1
+    assert "missing input 'x'" in capsys.readouterr().err
+    out_dir = tmp_path / "out"
+    assert main(["run", "--reference", doc, "--input", f"x={tmp_path / 'x.npy'}",
+                 "--saturate", "--output-dir", str(out_dir)]) == 0
+    # saturate clips to +-7 (precision 4), then relu
+    assert np.array_equal(np.load(out_dir / "y.npy"), [[1, 0], [7, 4]])
+    assert "y: shape [2, 2] int8 min 0 max 7" in capsys.readouterr().out
+
+
+def test_unreadable_input_file_is_one_clear_error(tmp_path, capsys):
+    doc = write(tmp_path, RELU)
+    (tmp_path / "x.npy").write_bytes(b"not numpy")
+    assert main(["run", "--reference", doc, "--input", f"x={tmp_path / 'x.npy'}"]) == 1
+    assert "--input x: cannot read" in capsys.readouterr().err
+    assert main(["run", "--reference", doc, "--input", "x"]) == 1
+    assert "--input expects NAME=FILE.npy, got 'x'" in capsys.readouterr().err
