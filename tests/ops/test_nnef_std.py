@@ -369,7 +369,7 @@ def test_conv_output_size_property(extent, f, s, d, pad):
 
 
 # ---- every stdlib primitive has an entry with its declared signature ---------------------
-STDLIB = Path("/work/shared/data/nnef-corpus/stdlib/stdlib.nnef")
+STDLIB = Path(__file__).resolve().parents[2] / "cvmc" / "frontend" / "stdlib.nnef"
 _DECL = re.compile(r"(\w+)\s*(?:<[^>]*>)?\s*\((.*)\)\s*->\s*\((.*)\)\s*;", re.DOTALL)
 _NOT_OPS = ("external", "variable", "constant")  # graph inputs and weights, not nodes
 
