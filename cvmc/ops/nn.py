@@ -201,6 +201,7 @@ def _conv2d_reference(xs, a):
 
 @conv2d.lower
 def _conv2d_lower(xs, a):
+    from cvmc.lowering.schedule import MATERIALIZE
     from cvmc.lowering.te_facade import shape_of, te
     x, w = xs[0], xs[1]
     n = shape_of(x)[0]
@@ -209,6 +210,12 @@ def _conv2d_lower(xs, a):
     opg = oc // a.groups
     oh, ow = _conv_out_hw(shape_of(x), shape_of(w), a)
     read = _padded_reader(x, a.padding[0], a.padding[1], 0)
+    if a.padding[0] or a.padding[1]:
+        # Its own stage, marked for the CPU schedule to keep as a buffer: the conv's inner
+        # loop then reads without a bounds test and vectorises (other schedules inline it).
+        _, c, h, wd = shape_of(x)
+        padded = (n, c, h + 2 * a.padding[0], wd + 2 * a.padding[1])
+        read = te.compute(padded, read, name="conv2d_pad", attrs={MATERIALIZE: 1})
     rc = te.reduce_axis((0, ic), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
