@@ -346,3 +346,35 @@ def test_export_rejects_what_cvm_runtime_cannot_run(tmp_path: Path) -> None:
                   {"a": t, "c": t})
         with pytest.raises(CvmcError, match=f"{d.name} 'c'.*cannot export"):
             export_cvm(g, tmp_path)
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "small_cnn"
+
+
+def test_example_model_round_trips_and_compiles_from_cvm_files(tmp_path, capsys):
+    """Export the bundled example, import it back, then compile and run the imported model:
+    same ops, attributes, weights, precisions, and the same bits as the original."""
+    original = infer_precision(load_graph(EXAMPLE))
+    out = tmp_path / "cvm"
+    assert main(["export", str(EXAMPLE), "--format", "cvm", "-o", str(out)]) == 0
+    imported = load_graph(out / "symbol.json", params=out / "params")
+    assert [n.op for n in imported.nodes] == [n.op for n in original.nodes]
+    for a, b in zip(imported.nodes, original.nodes):
+        # export fills in CVM-Runtime's derived conv2d/dense attributes (channels, units ...)
+        assert {k: v for k, v in b.attrs.items() if v is not None}.items() <= a.attrs.items()
+    assert imported.constants.keys() == original.constants.keys()
+    for name, value in original.constants.items():
+        assert np.array_equal(imported.constants[name], value), name
+    assert {k: t.precision for k, t in imported.types.items()} == \
+        {k: t.precision for k, t in original.types.items()}
+    x = np.load(EXAMPLE / "data.npy")
+    want = reference_run(original, {"data": x})["logits"]
+    (got,) = reference_run(imported, {"data": x}).values()
+    assert np.array_equal(got, want)
+    artifact = tmp_path / "m.cvmx"
+    assert main(["compile", str(out / "symbol.json"), "--params", str(out / "params"),
+                 "-o", str(artifact)]) == 0
+    assert main(["run", str(artifact), "--input", f"data={EXAMPLE / 'data.npy'}",
+                 "--output-dir", str(tmp_path / "res")]) == 0
+    (result,) = (tmp_path / "res").glob("*.npy")
+    assert np.array_equal(np.load(result), want)
