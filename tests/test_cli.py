@@ -64,8 +64,8 @@ graph g( x ) -> ( y )
 
 
 @pytest.mark.parametrize("value, args, message", [
-    (np.array([[1, 2], [3, 4]], np.float32), [], "input 'x': expected an integer array, got "
-                                                 "dtype float32"),
+    (np.array([[1, 2], [3, 4]], np.float32), [],
+     "input 'x': expected an integer array, got dtype float32"),
     (np.zeros((2, 3), np.int32), [], r"input 'x': expected shape [2, 2], got [2, 3]"),
     (np.array([[1, 2], [-8, 4]], np.int32), [],
      "input 'x': value -8 at index [1, 0] is outside precision 4 (|v| <= 7)"),

@@ -7,8 +7,10 @@ label never reaches outside the model folder.
 """
 from __future__ import annotations
 
+import lzma
 import posixpath
 import tarfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,7 +108,8 @@ def _tar_members(path: Path) -> dict[str, bytes]:
             _check_members(path, infos)
             return {_member_name(path, i): tar.extractfile(i).read()  # type: ignore[union-attr]
                     for i in infos if i.isfile()}
-    except (tarfile.TarError, EOFError, OSError) as e:
+    # zlib / lzma errors: a damaged compressed stream (bz2 reports an OSError)
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
         raise CvmcError(f"{path}: not a readable tar archive ({e})") from None
 
 

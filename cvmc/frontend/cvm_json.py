@@ -117,7 +117,7 @@ def _load_json(path: Path) -> Any:
         return json.loads(path.read_bytes())
     except OSError as e:
         raise CvmcError(f"{path}: cannot read: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # deep nesting
         raise CvmcError(f"{path}: not valid JSON ({e})") from None
 
 
@@ -213,6 +213,9 @@ class _Importer:
             raise CvmcError(f"params file '{self.params_name}': weight '{name}' has shape "
                             f"{list(data.shape)}, the graph declares {list(t.shape)}")
         if prec != -1:
+            if not (isinstance(prec, int) and 1 <= prec <= 32):
+                raise self.d.fail(f"weight '{name}' must declare a precision in 1..32 or -1, "
+                                  f"got {prec}")
             bad = np.flatnonzero(np.abs(data.astype(np.int64)) > prec_max(prec))
             if bad.size:
                 raise CvmcError(f"params file '{self.params_name}': weight '{name}' value "
@@ -261,7 +264,7 @@ class _Importer:
         text = self.op_attrs[i]
         try:
             given = json.loads(text) if isinstance(text, str) and text.strip() else {}
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, RecursionError) as e:
             raise self.d.fail(f"{where}: op_attrs is not a JSON object string ({e})") from None
         if not isinstance(given, dict):
             raise self.d.fail(f"{where}: op_attrs must encode a JSON object, got {text!r}")

@@ -90,12 +90,22 @@ def declare(tree: lark.Tree, source: Source, literal: Any) -> Fragment:
     params_tree, results_tree, *body = rest
     params = []
     for p in params_tree.children:
-        default = literal(p.children[2]) if len(p.children) > 2 else NO_DEFAULT
+        default = _default(p, source, literal) if len(p.children) > 2 else NO_DEFAULT
         params.append(Param(str(p.children[0]), type_of(p.children[1]), default))
     results = [(str(r.children[0]), type_of(r.children[1])) for r in results_tree.children]
     has_body = body and isinstance(body[0], lark.Tree)
     return Fragment(str(name_tok), generic, generic_default, params, results,
                     body[0] if has_body else None, tree.meta, source)
+
+
+def _default(param: lark.Tree, source: Source, literal: Any) -> Any:
+    """A parameter's default value, which NNEF requires to be a literal."""
+    try:
+        return literal(param.children[2])
+    except ValueError:
+        raise source.error(f"the default value of parameter '{param.children[0]}' must be a "
+                           f"literal (number, string, logical, array or tuple of those)",
+                           param.children[2].meta) from None
 
 
 @functools.cache
@@ -148,8 +158,13 @@ def _is_prim(value: Any, want: str | None) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)  # scalar
 
 
-def show_value(v: Any) -> str:
-    """A value as NNEF text, for messages."""
+def show_value(v: Any, limit: int = 80) -> str:
+    """A value as NNEF text for messages, cut to about `limit` characters."""
+    text = _show(v)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _show(v: Any) -> str:
     if isinstance(v, Tensor):
         return f"tensor '{v.name}'"
     if isinstance(v, bool):
@@ -157,7 +172,7 @@ def show_value(v: Any) -> str:
     if isinstance(v, str):
         return repr(v)
     if isinstance(v, list):
-        return "[" + ", ".join(show_value(x) for x in v) + "]"
+        return "[" + ", ".join(show_value(x) for x in v[:20]) + (", ...]" if v[20:] else "]")
     if isinstance(v, tuple):
         return "(" + ", ".join(show_value(x) for x in v) + ")"
     return str(v)

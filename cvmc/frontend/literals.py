@@ -25,6 +25,8 @@ from cvmc.frontend.fragments import (
 from cvmc.frontend.syntax import Source, span_of
 from cvmc.ir import TensorType
 
+MAX_CONSTANT_VOLUME = 2**24  # elements of one literal `constant` tensor
+
 MAX_DIM = 1 << 24
 MAX_VOLUME = 1 << 30
 NP_DTYPE = {"int32": np.int32, "float32": np.float32, "bool": np.bool_}
@@ -191,6 +193,12 @@ class TensorFactory:
                       where: Any) -> np.ndarray:
         """A constant's values: one value broadcast, or one per element."""
         volume = int(np.prod(shape, dtype=np.int64))
+        if volume > MAX_CONSTANT_VOLUME:
+            # A literal constant is written out in the graph text; anything this large
+            # belongs in a variable's .dat file, and must not cost gigabytes to check.
+            raise self.err(f"constant '{name}': {volume} elements is more than a literal "
+                           f"constant may hold ({MAX_CONSTANT_VOLUME}); use a variable with "
+                           f"a .dat file", where)
         if len(value) not in (1, volume):
             raise self.err(f"constant '{name}': value has {len(value)} items; expected 1 or "
                            f"{volume} (the volume of shape {list(shape)})", where)

@@ -22,6 +22,8 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 
 Token = tuple[str, str, int]  # kind, text, offset
+MAX_NESTING = 64  # arrays/tuples in a value: bounds the recursion of `value`
+MAX_DIGITS = 19  # integers below 10^19 (int() refuses beyond 4300 digits anyway)
 
 
 class _Parser:
@@ -94,30 +96,36 @@ class _Parser:
         self.take("punct", ")")
         return fragment, attrs
 
-    def value(self) -> Any:
+    def value(self, depth: int = 0) -> Any:
         kind, text, offset = self.peek()
         if self.at("[") or self.at("("):
-            return self.sequence()
+            if depth >= MAX_NESTING:
+                self.fail(offset, f"value nested more than {MAX_NESTING} levels deep")
+            return self.sequence(depth + 1)
         self.pos += 1
         if kind == "string":
             return text[1:-1]
         if kind == "ident" and text in ("true", "false"):
             return text == "true"
         if kind == "number":
-            return float(text) if any(c in text for c in ".eE") else int(text)
+            if any(c in text for c in ".eE"):
+                return float(text)
+            if len(text) > MAX_DIGITS:
+                self.fail(offset, f"integer {text[:20]}... has more than {MAX_DIGITS} digits")
+            return int(text)
         if text == "-" and self.peek()[0] == "number":
             return -self.value()
         self.fail(offset, f"expected a literal value (number, string, true/false, array or "
                           f"tuple), found '{text}'")
 
-    def sequence(self) -> list[Any] | tuple[Any, ...]:
+    def sequence(self, depth: int) -> list[Any] | tuple[Any, ...]:
         opener = self.take("punct")[1]
         closer = "]" if opener == "[" else ")"
         items: list[Any] = []
         while not self.at(closer):
             if items:
                 self.take("punct", ",")
-            items.append(self.value())
+            items.append(self.value(depth))
         self.take("punct", closer)
         return items if opener == "[" else tuple(items)
 

@@ -42,6 +42,12 @@ BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow", "<": "
 UNARY_OPS = {"-": "neg", "!": "not"}
 BUILTINS = ("length_of", "range_of", "shape_of", "integer", "scalar", "logical", "string")
 INTRODUCERS = ("external", "variable", "constant")
+# Work bounds, so that no document (recursive fragments, nested comprehensions, repeated
+# doubling of arrays or integers) can hang or exhaust memory: far above real models.
+MAX_STEPS = 1_000_000  # expression evaluations per document (Khronos resnet: 2,302)
+MAX_EXPANSION_DEPTH = 100  # nested fragment expansions (add_n recurses once per tensor)
+MAX_ITEMS = 1 << 20  # length of a compile-time array or string
+MAX_INT = 1 << 63  # magnitude bound of compile-time integers
 
 
 @dataclass
@@ -74,6 +80,8 @@ class GraphBuilder(TensorFactory):
         super().__init__(source, read_tensor)
         self.fragments = fragments
         self.nodes: list[Node] = []
+        self.steps = 0
+        self.depth = 0
 
     # ---- statements ---------------------------------------------------------------------
     def assign(self, tree: lark.Tree, scope: Scope) -> None:
@@ -124,6 +132,11 @@ class GraphBuilder(TensorFactory):
     # ---- expressions --------------------------------------------------------------------
     def eval(self, tree: Any, scope: Scope, dest: Any = None) -> Any:
         """Evaluate an expression; `dest` names the tensor(s) it produces."""
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise self.err(f"evaluating the document takes more than {MAX_STEPS} steps "
+                           f"(a runaway comprehension or recursive fragment?)",
+                           scope.where(tree.meta))
         kind = tree.data
         if kind in ("number", "string", "true", "false"):
             return literal_value(tree)
@@ -156,9 +169,12 @@ class GraphBuilder(TensorFactory):
 
     def binary(self, tree: lark.Tree, scope: Scope, dest: Any) -> Any:
         """A binary operator: an NNEF op on tensors, else compile-time arithmetic."""
-        left, op_tok, right = tree.children
+        if len(tree.children) == 2:  # `a in b`: the grammar keeps no token for `in`
+            (left, right), op = tree.children, "in"
+        else:
+            left, op_tok, right = tree.children
+            op = str(op_tok)
         a, b = self.eval(left, scope), self.eval(right, scope)
-        op = str(op_tok) if not isinstance(op_tok, lark.Tree) else "in"
         if isinstance(a, Tensor) or isinstance(b, Tensor):
             if op not in BINARY_OPS:
                 raise self.err(f"operator '{op}' does not apply to tensors",
@@ -166,9 +182,12 @@ class GraphBuilder(TensorFactory):
             args = [Arg(a, left.meta), Arg(b, right.meta)]
             return self.call(BINARY_OPS[op], None, args, {}, scope, dest, tree.meta)
         try:
-            return _compile_time(op, a, b)
-        except (TypeError, ZeroDivisionError, ValueError):
+            return _bounded(_compile_time(op, a, b))
+        except (TypeError, ZeroDivisionError, ValueError, OverflowError):
             raise self.err(f"operator '{op}' cannot apply to {show_value(a)} and {show_value(b)}",
+                           scope.where(tree.meta)) from None
+        except _TooLarge as e:
+            raise self.err(f"operator '{op}' on {show_value(a)} and {show_value(b)}: {e}",
                            scope.where(tree.meta)) from None
 
     def unary(self, tree: lark.Tree, scope: Scope, dest: Any) -> Any:
@@ -280,8 +299,9 @@ class GraphBuilder(TensorFactory):
         if isinstance(v, (Tensor, list, tuple)):
             raise self.err(f"'{name}' converts a single value, got {show_value(v)}", where)
         try:
-            return {"integer": int, "scalar": float, "logical": bool, "string": str}[name](v)
-        except ValueError:
+            return _bounded({"integer": int, "scalar": float, "logical": bool,
+                             "string": str}[name](v))
+        except (ValueError, OverflowError, _TooLarge):
             raise self.err(f"cannot convert {show_value(v)} to {name}", where) from None
 
     def call(self, name: str, generic: str | None, pos: list[Arg], named: dict[str, Arg],
@@ -453,6 +473,10 @@ class GraphBuilder(TensorFactory):
                named: dict[str, Arg], scope: Scope, dest: Any, meta: Any) -> Any:
         """Evaluate a compound fragment's body with its parameters bound."""
         where = scope.where(meta)
+        if self.depth >= MAX_EXPANSION_DEPTH:
+            raise self.err(f"fragment '{frag.name}' is expanded more than "
+                           f"{MAX_EXPANSION_DEPTH} levels deep (a recursive fragment without "
+                           f"a reachable base case?)", where)
         values = self.bind_fragment(frag, generic, pos, named, where)
         if len(frag.results) == 1:
             dests = {frag.results[0][0]: dest}
@@ -467,8 +491,12 @@ class GraphBuilder(TensorFactory):
         label = scope.label or (f"{frag.name} '{_first_name(dest) or self.hint}'"
                                 if is_std else "")
         inner = Scope(values, frag, dests, where if is_std else scope.site, label)
-        for stmt in frag.body.children[:-1]:
-            self.assign(stmt, inner)
+        self.depth += 1
+        try:
+            for stmt in frag.body.children[:-1]:
+                self.assign(stmt, inner)
+        finally:
+            self.depth -= 1
         out = []
         for rname, _ in frag.results:
             if rname not in inner.names:
@@ -486,6 +514,19 @@ def _lvalue_names(lvalue: Any) -> list[lark.Token]:
     return [t for c in lvalue.children for t in _lvalue_names(c)]
 
 
+class _TooLarge(Exception):
+    """A compile-time value beyond MAX_ITEMS / MAX_INT."""
+
+
+def _bounded(v: Any) -> Any:
+    """`v`, or _TooLarge when it exceeds the compile-time value limits."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
+        raise _TooLarge("the result is outside -2^63..2^63")
+    if isinstance(v, (list, str)) and len(v) > MAX_ITEMS:
+        raise _TooLarge(f"the result has more than {MAX_ITEMS} items")
+    return v
+
+
 def _compile_time(op: str, a: Any, b: Any) -> Any:
     """Compile-time arithmetic/logic on NNEF values (arrays: + concatenates, * repeats)."""
     if op in ("&&", "||"):
@@ -499,6 +540,9 @@ def _compile_time(op: str, a: Any, b: Any) -> Any:
     if op == "/" and _is_int(a) and _is_int(b):
         return a // b
     if op == "^":
+        # Bound the result size before computing it: 2 ^ 10^9 would run for minutes.
+        if _is_int(a) and _is_int(b) and abs(a) > 1 and b * (abs(a).bit_length() - 1) > 64:
+            raise _TooLarge("the result is outside -2^63..2^63")
         r = a ** b
         return float(r) if isinstance(r, float) or (_is_int(b) and b < 0) else r
     if isinstance(a, bool) or isinstance(b, bool):
@@ -507,10 +551,18 @@ def _compile_time(op: str, a: Any, b: Any) -> Any:
         raise TypeError
     if isinstance(a, list) and op == "*" and not _is_int(b):
         raise TypeError
+    if op == "*" and _repeat_length(a, b) > MAX_ITEMS:
+        raise _TooLarge(f"the result has more than {MAX_ITEMS} items")
     fn = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
           "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
           "==": operator.eq, "!=": operator.ne}[op]
     return fn(a, b)
+
+
+def _repeat_length(a: Any, b: Any) -> int:
+    """The length of `a * b` when it repeats an array or string (else 0)."""
+    seq, n = (a, b) if isinstance(a, (list, str)) else (b, a)
+    return len(seq) * n if isinstance(seq, (list, str)) and _is_int(n) else 0
 
 
 def _tensor_elem(t: tuple) -> str | None:

@@ -6,12 +6,16 @@ and turns lark's exceptions into `file:line:col: error: ...` messages.
 from __future__ import annotations
 
 import functools
+import math
 from importlib import resources
 from typing import Any
 
 import lark
 
 from cvmc.errors import CvmcError, SourceSpan
+
+MAX_NESTING = 64  # the Khronos and tract corpus nests at most 10 levels
+MAX_LITERAL = (1 << 63) - 1
 
 # Token names as users should read them in "expected ..." messages.
 _TOKEN_WORDS = {
@@ -56,7 +60,7 @@ class Source:
 def parse_text(source: Source) -> lark.Tree:
     """Parse a whole NNEF document; raise a located CvmcError on a syntax error."""
     try:
-        return _parser().parse(source.text)
+        tree = _parser().parse(source.text)
     except lark.UnexpectedCharacters as e:
         char = source.text[e.pos_in_stream] if e.pos_in_stream < len(source.text) else ""
         msg = "unterminated string literal" if char in "'\"" else \
@@ -78,6 +82,32 @@ def parse_text(source: Source) -> lark.Tree:
                   tok.line, tok.column) from None
     except lark.UnexpectedInput as e:  # any other lark input error, still located
         raise _at(source, "syntax error", e.line, e.column) from None
+    _check_limits(source, tree)
+    return tree
+
+
+def _check_limits(source: Source, tree: lark.Tree) -> None:
+    """Reject nesting deeper than MAX_NESTING and numbers outside MAX_LITERAL, so that
+    evaluation (recursive over the tree) cannot exhaust the stack and literals convert."""
+    stack = [(tree, 1)]
+    while stack:  # iterative: the tree itself may be deeper than Python's recursion limit
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise source.error(f"expression nested more than {MAX_NESTING} levels deep",
+                               node.meta)
+        for c in node.children:
+            if isinstance(c, lark.Tree):
+                stack.append((c, depth + 1))
+            elif isinstance(c, lark.Token) and c.type == "NUMBER" and not _number_ok(c):
+                raise source.error(f"number {c[:20]}{'...' if len(c) > 20 else ''} is "
+                                   f"outside the range of 64-bit numbers", c)
+
+
+def _number_ok(text: str) -> bool:
+    """An integer literal below 2^63, or a float literal that is finite."""
+    if any(ch in text for ch in ".eE"):
+        return len(text) < 1000 and math.isfinite(float(text))
+    return len(text) <= 19 and int(text) <= MAX_LITERAL
 
 
 def _at(source: Source, message: str, line: int, col: int) -> CvmcError:

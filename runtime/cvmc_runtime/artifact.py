@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cvmc_runtime.plan import check_weights, validate_plan
 from cvmc_runtime.signature import ModelError
 
 FORMAT = "cvmx"
@@ -40,18 +41,25 @@ def read_artifact(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
             if bad is not None:
-                raise ModelError(f"{path}: corrupt artifact (member '{bad}' fails its checksum)")
+                raise ModelError(f"corrupt artifact (member '{bad}' fails its checksum)")
             header = json.loads(z.read("cvmx.json"))
-            if header.get("format") != FORMAT or header.get("version") != FORMAT_VERSION:
-                raise ModelError(f"{path}: artifact format {header} is not "
+            if not isinstance(header, dict) or header.get("format") != FORMAT or \
+                    header.get("version") != FORMAT_VERSION:
+                raise ModelError(f"artifact format {header!r:.80} is not "
                                  f"{FORMAT} version {FORMAT_VERSION}; recompile the model")
             plan = json.loads(z.read("plan.json"))
+            validate_plan(plan)
             library = z.read(LIBRARY)
             weights = {spec["name"]: np.load(io.BytesIO(z.read(f"weights/{i}.npy")),
                                              allow_pickle=False)
                        for i, spec in enumerate(plan["weights"])}
+            check_weights(plan, weights)
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, zlib.error, KeyError, ValueError, OSError, EOFError) as e:
+    except ModelError as e:
+        raise ModelError(f"{path}: {e}") from None
+    # RecursionError: deeply nested JSON; MemoryError: a .npy header claiming a huge shape.
+    except (zipfile.BadZipFile, zlib.error, KeyError, ValueError, OSError, EOFError,
+            RecursionError, MemoryError) as e:
         raise ModelError(f"{path}: not a valid .cvmx artifact ({e})") from None
     return plan, library, weights

@@ -83,8 +83,14 @@ class Model:
         for name, value in check_inputs(self.inputs, feeds, saturate).items():
             self._buf.upload(name, value)
         tensors = self._buf.tensors
-        for kernel, args in self._kernels:
-            kernel(*[tensors[a] for a in args])
+        for (kernel, args), spec in zip(self._kernels, self.plan["kernels"]):
+            try:
+                kernel(*[tensors[a] for a in args])
+            # The packed-function wrapper rejects arguments of the wrong rank, shape or
+            # dtype: a plan that does not match its library.
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ModelError(f"kernel '{spec['symbol']}' rejects its arguments: the plan "
+                                 f"does not match the library ({e})") from None
         return {s.name: self._buf.download(s.name) for s in self.outputs}
 
 
@@ -107,7 +113,9 @@ def load(path: str | os.PathLike) -> Model:
 
     plan, library, weights = read_artifact(path)
     if plan.get("device") == "cuda" and not cuda_available():
-        raise ModelError(f"{path}: built for CUDA ({plan.get('target', {}).get('arch')}), "
+        target = plan.get("target")
+        arch = target.get("arch") if isinstance(target, dict) else None
+        raise ModelError(f"{path}: built for CUDA ({arch}), "
                          f"but no CUDA GPU is available on this machine")
     with tempfile.TemporaryDirectory(prefix="cvmx-") as tmp:
         lib = Path(tmp) / LIBRARY
@@ -120,3 +128,6 @@ def load(path: str | os.PathLike) -> Model:
         return Model(plan, module, weights)
     except (KeyError, AttributeError) as e:
         raise ModelError(f"{path}: plan does not match its library ({e})") from None
+    except MemoryError:
+        raise ModelError(f"{path}: not enough memory for the buffers its plan declares") \
+            from None

@@ -40,32 +40,41 @@ class TensorSpec:
 
 def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.ndarray:
     """Validate one input array and return it converted to the spec's storage dtype."""
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError) as e:  # ragged nested lists, objects with a bad __array__
+        raise ModelError(f"input '{spec.name}': not an array ({e})") from None
     if arr.dtype.kind not in "iu":
         raise ModelError(f"input '{spec.name}': expected an integer array, got dtype {arr.dtype}")
     if tuple(arr.shape) != spec.shape:
         raise ModelError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                          f"got {list(arr.shape)}")
     bound = (1 << (spec.precision - 1)) - 1
-    wide = arr.astype(np.int64)
-    bad = np.abs(wide) > bound
-    if bad.any():
+    # Compare in the input's own dtype (NumPy compares with Python ints exactly): casting
+    # first would wrap uint64 values >= 2^63, and |int64 min| overflows to a negative.
+    high, low = arr > bound, arr < -bound
+    if high.any() or low.any():
         if not saturate:
-            idx = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ModelError(f"input '{spec.name}': value {int(wide[idx])} at index {list(idx)} "
+            idx = tuple(int(i) for i in np.argwhere(high | low)[0])
+            raise ModelError(f"input '{spec.name}': value {int(arr[idx])} at index {list(idx)} "
                              f"is outside precision {spec.precision} (|v| <= {bound}); "
                              f"pass saturate to clip")
-        wide = np.clip(wide, -bound, bound)
-    return wide.astype(spec.dtype)
+        wide = np.where(high | low, 0, arr).astype(np.int64)
+        wide[high], wide[low] = bound, -bound
+        return wide.astype(spec.dtype)
+    return arr.astype(spec.dtype)
 
 
 def check_inputs(specs: list[TensorSpec], feeds: Mapping[str, object],
                  saturate: bool = False) -> dict[str, np.ndarray]:
     """Check names (none missing, none unknown) and every input; returns converted arrays."""
+    if not isinstance(feeds, Mapping):
+        raise ModelError(f"inputs must be a mapping from input name to array, got "
+                         f"{type(feeds).__name__}")
     known = {s.name for s in specs}
-    unknown = sorted(set(feeds) - known)
+    unknown = sorted(set(feeds) - known, key=repr)  # keys of any type, even unorderable
     if unknown:
-        raise ModelError(f"unknown input '{unknown[0]}'; the model's inputs are: "
+        raise ModelError(f"unknown input {str(unknown[0])!r:.80}; the model's inputs are: "
                          f"{', '.join(s.name for s in specs)}")
     missing = [s.name for s in specs if s.name not in feeds]
     if missing:

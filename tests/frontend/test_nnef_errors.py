@@ -51,6 +51,10 @@ CASES = {
     "huge_volume": "version 1.0;\ngraph G(x) -> (x)\n{\n# expected-error: tensor 'x': shape "
                    "[65536, 65536] has 4294967296 elements, more than 1073741824\n"
                    "    x = external<integer>(shape = [65536, 65536], precision = 8);\n}\n",
+    "huge_constant": "version 1.0;\ngraph G(x) -> (c)\n{\n    x = external<integer>(shape = [1], "
+                     "precision = 8);\n# expected-error: constant 'c': 1073741824 elements is "
+                     "more than a literal constant may hold (16777216)\n"
+                     "    c = constant<integer>(shape = [16777216, 64], value = [0]);\n}\n",
     "zero_dim": "version 1.0;\ngraph G(x) -> (x)\n{\n# expected-error: tensor 'x': dimension 0 "
                 "in shape [0, 2] is outside 1..16777216\n"
                 "    x = external<integer>(shape = [0, 2], precision = 8);\n}\n",

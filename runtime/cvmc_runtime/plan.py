@@ -1,0 +1,92 @@
+"""Validation of an artifact's plan before any buffer is allocated or any kernel runs.
+
+A damaged or hand-edited plan must fail with a ModelError, never reach native code with
+buffers it does not expect. Every tensor the plan names is declared once with one shape
+and dtype, every kernel argument names a declared tensor, and every weight array matches
+its declaration. The kernels themselves (TVM's packed-function wrappers) check the rank,
+shape, dtype and contiguity of each argument on every call.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from cvmc_runtime.signature import ModelError
+
+DTYPES = ("int8", "int32")
+DEVICES = ("cpu", "cuda")
+MAX_DIM = 1 << 24  # the compiler's limits (CVM-Runtime's): dims 1..2^24, 2^30 elements
+MAX_VOLUME = 1 << 30
+TENSOR_LISTS = ("inputs", "weights", "buffers", "outputs")
+
+
+def _fail(message: str) -> ModelError:
+    return ModelError(f"invalid plan: {message}")
+
+
+def _check_spec(where: str, spec: object) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of one tensor declaration."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+        raise _fail(f"{where}: expected an object with a string 'name', got {spec!r:.80}")
+    shape, dtype, precision = spec.get("shape"), spec.get("dtype"), spec.get("precision")
+    if not isinstance(shape, list) or not all(
+            type(d) is int and 1 <= d <= MAX_DIM for d in shape):
+        raise _fail(f"{where} '{spec['name']}': shape must be a list of integers in "
+                    f"1..{MAX_DIM}, got {shape!r:.80}")
+    if int(np.prod(shape, dtype=object)) > MAX_VOLUME:
+        raise _fail(f"{where} '{spec['name']}': shape {shape} has more than {MAX_VOLUME} "
+                    f"elements")
+    if dtype not in DTYPES or type(precision) is not int or not 1 <= precision <= 32:
+        raise _fail(f"{where} '{spec['name']}': dtype must be one of {', '.join(DTYPES)} and "
+                    f"precision in 1..32, got {dtype!r:.20} and {precision!r:.20}")
+    return tuple(shape), dtype
+
+
+def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every declared tensor by name; a name declared twice must agree."""
+    out: dict[str, tuple[tuple[int, ...], str]] = {}
+    for key in TENSOR_LISTS:
+        specs = plan.get(key)
+        if not isinstance(specs, list):
+            raise _fail(f"'{key}' must be a list")
+        for k, spec in enumerate(specs):
+            decl = _check_spec(f"{key}[{k}]", spec)
+            if out.setdefault(spec["name"], decl) != decl:
+                raise _fail(f"tensor '{spec['name']}' is declared twice with different "
+                            f"shapes or dtypes")
+    return out
+
+
+def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
+    kernels = plan.get("kernels")
+    if not isinstance(kernels, list):
+        raise _fail("'kernels' must be a list")
+    for k, kernel in enumerate(kernels):
+        if not isinstance(kernel, Mapping) or not isinstance(kernel.get("symbol"), str) or \
+                not isinstance(kernel.get("args"), list):
+            raise _fail(f"kernels[{k}]: expected an object with 'symbol' and 'args'")
+        unknown = [a for a in kernel["args"] if not isinstance(a, str) or a not in tensors]
+        if unknown:
+            raise _fail(f"kernel '{kernel['symbol']}': argument {unknown[0]!r:.80} is not a "
+                        f"declared tensor")
+
+
+def validate_plan(plan: object) -> None:
+    """Raise ModelError unless `plan` is well formed (before its weights are read)."""
+    if not isinstance(plan, Mapping):
+        raise _fail(f"expected a JSON object, got {type(plan).__name__}")
+    if plan.get("device") not in DEVICES:
+        raise _fail(f"device must be one of {', '.join(DEVICES)}, got {plan.get('device')!r:.40}")
+    _check_kernels(plan, _tensors(plan))
+
+
+def check_weights(plan: Mapping, weights: Mapping[str, np.ndarray]) -> None:
+    """Raise ModelError unless every stored weight has its declared shape and dtype."""
+    for spec in plan["weights"]:
+        value = weights.get(spec["name"])
+        want = (tuple(spec["shape"]), spec["dtype"])
+        if value is None or (tuple(value.shape), str(value.dtype)) != want:
+            got = "nothing" if value is None else f"{value.dtype} {list(value.shape)}"
+            raise _fail(f"weight '{spec['name']}': stored array is {got}, the plan declares "
+                        f"{spec['dtype']} {spec['shape']}")
