@@ -61,23 +61,29 @@ def _add_precision(ins, a):
     return max(ins[0].precision, ins[1].precision) + 1
 
 
-# ---- abs -------------------------------------------------------------------------------
-abs_op = op("abs", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
-            precision_rule="p_x")
-abs_op.shape(_input_shape)
-abs_op.precision(_input_precision)
+# ---- abs, negative: one input, same precision ------------------------------------------
+def _sign_op(name: str, reference, te_fn):
+    """Declare an elementwise op whose output keeps its input's precision (|-x| = |x|)."""
+    d = op(name, family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
+           precision_rule="p_x")
+    d.shape(_input_shape)
+    d.precision(_input_precision)
+    d.reference(lambda xs, a: reference(xs[0]))
+
+    @d.lower
+    def _lower(xs, a):
+        from cvmc.lowering.te_facade import elementwise
+        return elementwise(xs[0], te_fn, name)
+    return d
 
 
-@abs_op.reference
-def _abs_reference(xs, a):
-    x = xs[0]
-    return np.where(x >= 0, x, -x)
+def _te_abs(v):
+    from cvmc.lowering.te_facade import tirx
+    return tirx.abs(v)
 
 
-@abs_op.lower
-def _abs_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise, tirx
-    return elementwise(xs[0], tirx.abs, "abs")
+abs_op = _sign_op("abs", lambda x: np.where(x >= 0, x, -x), _te_abs)
+negative = _sign_op("negative", lambda x: -x, lambda v: -v)
 
 
 # ---- cvm_precision ---------------------------------------------------------------------
@@ -142,24 +148,6 @@ def _elemwise_sub_reference(xs, a):
 @elemwise_sub.lower
 def _elemwise_sub_lower(xs, a):
     return _te_binary(xs, lambda u, v: u - v, "elemwise_sub")
-
-
-# ---- negative --------------------------------------------------------------------------
-negative = op("negative", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
-              precision_rule="p_x")
-negative.shape(_input_shape)
-negative.precision(_input_precision)
-
-
-@negative.reference
-def _negative_reference(xs, a):
-    return -xs[0]
-
-
-@negative.lower
-def _negative_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise
-    return elementwise(xs[0], lambda v: -v, "negative")
 
 
 # ---- clip ------------------------------------------------------------------------------
