@@ -4,8 +4,8 @@ Assignments are evaluated in order. Compile-time values are Python ints, floats,
 strings, lists (arrays) and tuples; tensors are `Tensor` handles naming IR values.
 Calls resolve as follows (see `GraphBuilder.call`): a user fragment with a body is
 expanded; otherwise for `f(...)` the registry entries `f` then `nnef.f` are tried and the
-first whose signature accepts the call (tensor arity, attribute names) becomes one atomic
-node; otherwise a standard-library compound fragment is expanded into the ops it calls;
+first whose signature accepts the call (tensor arity, attribute names) and whose shape rule
+accepts the operands becomes one atomic node; otherwise a standard-library compound fragment is expanded into the ops it calls;
 otherwise the error of the first registry candidate (or "unknown operation") is reported.
 The name an assignment gives (its "destination") is passed down, so the op that computes
 a named tensor gets that name; intermediate values get fresh names `<lhs>__<n>`.
@@ -18,7 +18,7 @@ from typing import Any
 
 import lark
 
-from cvmc.errors import OpRuleError
+from cvmc.errors import CvmcError, OpRuleError
 from cvmc.frontend.fragments import (
     DTYPE_OF,
     NO_DEFAULT,
@@ -310,7 +310,7 @@ class GraphBuilder(TensorFactory):
         user = self.fragments.get(name)
         if user is not None and user.body is not None:
             return self.expand(user, generic, pos, named, scope, dest, meta)
-        first_error, seen = None, []
+        first_error, seen, accepted = None, [], []
         for opdef in (lookup(name), lookup("nnef." + name)):
             if opdef is None or opdef in seen:
                 continue
@@ -321,8 +321,18 @@ class GraphBuilder(TensorFactory):
             except OpRuleError as e:
                 first_error = first_error or e
                 continue
-            return self.apply(opdef, bound[0], attrs, generic, user or stdlib().get(name),
-                              scope, dest, meta)
+            accepted.append((opdef, bound[0], attrs))
+        shape_error = None
+        for opdef, inputs, attrs in accepted:
+            # A call both readings accept (NNEF `transpose(x, axes = [1, 0])` on a rank-4
+            # tensor) takes the second when the first's shape rule rejects the operands.
+            try:
+                return self.apply(opdef, inputs, attrs, generic, user or stdlib().get(name),
+                                  scope, dest, meta)
+            except CvmcError as e:
+                shape_error = shape_error or e
+        if shape_error is not None:
+            raise shape_error
         decl = user or stdlib().get(name)
         if decl is not None and decl.body is not None:
             return self.expand(decl, generic, pos, named, scope, dest, meta)
@@ -452,10 +462,13 @@ class GraphBuilder(TensorFactory):
 
     def result_dtype(self, opdef: OpDef, decl: Fragment | None, generic: str | None,
                      inputs: list[str]) -> str:
-        """int32 for CVM ops; an NNEF op's declared result type otherwise."""
+        """int32 for CVM ops on integer tensors; an NNEF op's declared result type otherwise
+        (so NNEF `relu` on a scalar tensor stays scalar even though CVM's relu computes it)."""
         first = self.types[inputs[0]].dtype if inputs else "float32"
-        if opdef.compute or decl is None:
-            return "int32" if opdef.compute else first
+        if opdef.compute and all(self.types[n].is_integer for n in inputs):
+            return "int32"
+        if decl is None:
+            return first
         elem = _tensor_elem(decl.results[0][1])
         if elem != "?":
             return DTYPE_OF.get(elem or "", first)

@@ -107,6 +107,9 @@ OWN = [
     ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(x); }", True),
     (("graph G(x) -> (y) { x = external(shape = [2, 3]); "
      "y = transpose(x, axes = [1, 0]); }"), True),
+    # CVM's transpose rejects a partial permutation; NNEF's accepts it (the rest stays)
+    (("graph G(x) -> (y) { x = external(shape = [2, 3, 4, 5]); "
+      "y = transpose(x, axes = [1, 0]); }"), True),
     ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(z); }", False),
     ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(x); y = relu(x); }", False),
     ("graph G(x) -> (y) { x = external(shape = [2, 3]); y = relu(x) }", False),
@@ -146,3 +149,10 @@ def test_weights_load_from_dat_files(tmp_path):
     with pytest.raises(CvmcError, match=r":4:7: error: variable 'w': data file 'w.dat' has "
                                         r"shape \[3\], but the variable declares \[2\]"):
         load_nnef(tmp_path, None)
+
+
+def test_cvm_op_on_scalar_tensor_keeps_the_nnef_result_type():
+    g = parse_nnef("version 1.0;\ngraph G(x, i) -> (y, j) { x = external(shape = [2]); "
+                   "i = external<integer>(shape = [2], precision = 8); y = relu(x); j = relu(i); }")
+    assert (g.nodes[0].op, g.types["y"].dtype) == ("relu", "float32")
+    assert g.types["j"].dtype == "int32"
