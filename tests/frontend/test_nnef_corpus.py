@@ -156,3 +156,11 @@ def test_cvm_op_on_scalar_tensor_keeps_the_nnef_result_type():
                    "i = external<integer>(shape = [2], precision = 8); y = relu(x); j = relu(i); }")
     assert (g.nodes[0].op, g.types["y"].dtype) == ("relu", "float32")
     assert g.types["j"].dtype == "int32"
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
+def test_printed_corpus_document_parses_back_equal(path, shuffle_op):
+    from cvmc.ir.printer import print_graph
+    g = load_nnef(path, None)
+    again = parse_nnef(print_graph(g), "printed.nnef")
+    assert again == g and again.labels == g.labels
