@@ -6,6 +6,8 @@ the CVM-Runtime quirks avoided here from ../shared/design/cvm-semantics.md.
 """
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from cvmc.ops.common import numprec, prec_max, require
@@ -118,36 +120,20 @@ def _cvm_precision_lower(xs, a):
 
 
 # ---- elemwise_add, elemwise_sub --------------------------------------------------------
-elemwise_add = op("elemwise_add", family="elemwise", inputs=("lhs", "rhs"),
-                  fusion=Fusion.ELEMWISE, precision_rule="max(p_a, p_b) + 1")
-elemwise_add.shape(_same_shapes("elemwise_add"))
-elemwise_add.precision(_add_precision)
+def _additive_op(name: str, fn):
+    """Declare a same-shape two-input op `fn(lhs, rhs)` (NumPy and TE alike) whose result
+    needs one bit more than its wider input."""
+    d = op(name, family="elemwise", inputs=("lhs", "rhs"), fusion=Fusion.ELEMWISE,
+           precision_rule="max(p_a, p_b) + 1")
+    d.shape(_same_shapes(name))
+    d.precision(_add_precision)
+    d.reference(lambda xs, a: fn(xs[0], xs[1]))
+    d.lower(lambda xs, a: _te_binary(xs, fn, name))
+    return d
 
 
-@elemwise_add.reference
-def _elemwise_add_reference(xs, a):
-    return xs[0] + xs[1]
-
-
-@elemwise_add.lower
-def _elemwise_add_lower(xs, a):
-    return _te_binary(xs, lambda u, v: u + v, "elemwise_add")
-
-
-elemwise_sub = op("elemwise_sub", family="elemwise", inputs=("lhs", "rhs"),
-                  fusion=Fusion.ELEMWISE, precision_rule="max(p_a, p_b) + 1")
-elemwise_sub.shape(_same_shapes("elemwise_sub"))
-elemwise_sub.precision(_add_precision)
-
-
-@elemwise_sub.reference
-def _elemwise_sub_reference(xs, a):
-    return xs[0] - xs[1]
-
-
-@elemwise_sub.lower
-def _elemwise_sub_lower(xs, a):
-    return _te_binary(xs, lambda u, v: u - v, "elemwise_sub")
+elemwise_add = _additive_op("elemwise_add", operator.add)
+elemwise_sub = _additive_op("elemwise_sub", operator.sub)
 
 
 # ---- clip ------------------------------------------------------------------------------
