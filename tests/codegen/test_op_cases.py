@@ -52,3 +52,16 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     data = lib.read_bytes()
     missing = [s for s in symbols if f"__tvm_ffi_{s}".encode() not in data]
     assert not missing, f"kernels missing from the library: {missing}"
+
+
+@pytest.mark.parametrize("target", ["llvm", "cuda"])
+def test_no_kernel_uses_floating_point(target):
+    """Integer ops compute with integers only (cvm_precision via clz, not log2): no float
+    type appears anywhere in the lowered TIR of any op."""
+    from cvmc.lowering.lower import lower_graph
+
+    for index, case in enumerate(CASES):
+        g = one_op_graph(case.op, case.inputs, case.attrs, case.weights)
+        mod, _, _ = lower_graph(g, target, prefix=f"c{index}_")
+        script = mod.script()
+        assert "float" not in script and "bfloat" not in script, f"{case.op} uses floats"
