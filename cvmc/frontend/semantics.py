@@ -12,13 +12,13 @@ a named tensor gets that name; intermediate values get fresh names `<lhs>__<n>`.
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Any
 
 import lark
 
 from cvmc.errors import CvmcError, OpRuleError
+from cvmc.frontend.constexpr import TooLarge, bounded, compile_time, is_int
 from cvmc.frontend.fragments import (
     DTYPE_OF,
     NO_DEFAULT,
@@ -46,8 +46,6 @@ INTRODUCERS = ("external", "variable", "constant")
 # doubling of arrays or integers) can hang or exhaust memory: far above real models.
 MAX_STEPS = 1_000_000  # expression evaluations per document (Khronos resnet: 2,302)
 MAX_EXPANSION_DEPTH = 100  # nested fragment expansions (add_n recurses once per tensor)
-MAX_ITEMS = 1 << 20  # length of a compile-time array or string
-MAX_INT = 1 << 63  # magnitude bound of compile-time integers
 
 
 @dataclass
@@ -182,11 +180,11 @@ class GraphBuilder(TensorFactory):
             args = [Arg(a, left.meta), Arg(b, right.meta)]
             return self.call(BINARY_OPS[op], None, args, {}, scope, dest, tree.meta)
         try:
-            return _bounded(_compile_time(op, a, b))
+            return bounded(compile_time(op, a, b))
         except (TypeError, ZeroDivisionError, ValueError, OverflowError):
             raise self.err(f"operator '{op}' cannot apply to {show_value(a)} and {show_value(b)}",
                            scope.where(tree.meta)) from None
-        except _TooLarge as e:
+        except TooLarge as e:
             raise self.err(f"operator '{op}' on {show_value(a)} and {show_value(b)}: {e}",
                            scope.where(tree.meta)) from None
 
@@ -214,7 +212,7 @@ class GraphBuilder(TensorFactory):
                            where)
         if tree.data == "index":
             i = self.eval(tree.children[1], scope)
-            if not _is_int(i) or not 0 <= i < len(seq):
+            if not is_int(i) or not 0 <= i < len(seq):
                 raise self.err(f"index {show_value(i)} is out of range for an array of length "
                                f"{len(seq)}", where)
             return seq[i]
@@ -224,7 +222,7 @@ class GraphBuilder(TensorFactory):
                 seen_colon = True
             else:
                 bounds[int(seen_colon)] = self.eval(c, scope)
-        if not all(b is None or _is_int(b) for b in bounds):
+        if not all(b is None or is_int(b) for b in bounds):
             raise self.err(f"range bounds must be integers, got {show_value(bounds)}", where)
         return seq[bounds[0]:bounds[1]]
 
@@ -299,9 +297,9 @@ class GraphBuilder(TensorFactory):
         if isinstance(v, (Tensor, list, tuple)):
             raise self.err(f"'{name}' converts a single value, got {show_value(v)}", where)
         try:
-            return _bounded({"integer": int, "scalar": float, "logical": bool,
+            return bounded({"integer": int, "scalar": float, "logical": bool,
                              "string": str}[name](v))
-        except (ValueError, OverflowError, _TooLarge):
+        except (ValueError, OverflowError, TooLarge):
             raise self.err(f"cannot convert {show_value(v)} to {name}", where) from None
 
     def call(self, name: str, generic: str | None, pos: list[Arg], named: dict[str, Arg],
@@ -527,66 +525,11 @@ def _lvalue_names(lvalue: Any) -> list[lark.Token]:
     return [t for c in lvalue.children for t in _lvalue_names(c)]
 
 
-class _TooLarge(Exception):
-    """A compile-time value beyond MAX_ITEMS / MAX_INT."""
-
-
-def _bounded(v: Any) -> Any:
-    """`v`, or _TooLarge when it exceeds the compile-time value limits."""
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > MAX_INT:
-        raise _TooLarge("the result is outside -2^63..2^63")
-    if isinstance(v, (list, str)) and len(v) > MAX_ITEMS:
-        raise _TooLarge(f"the result has more than {MAX_ITEMS} items")
-    return v
-
-
-def _compile_time(op: str, a: Any, b: Any) -> Any:
-    """Compile-time arithmetic/logic on NNEF values (arrays: + concatenates, * repeats)."""
-    if op in ("&&", "||"):
-        if not (isinstance(a, bool) and isinstance(b, bool)):
-            raise TypeError
-        return (a and b) if op == "&&" else (a or b)
-    if op == "in":
-        if not isinstance(b, list):
-            raise TypeError
-        return a in b
-    if op == "/" and _is_int(a) and _is_int(b):
-        return a // b
-    if op == "^":
-        # Bound the result size before computing it: 2 ^ 10^9 would run for minutes.
-        if _is_int(a) and _is_int(b) and abs(a) > 1 and b * (abs(a).bit_length() - 1) > 64:
-            raise _TooLarge("the result is outside -2^63..2^63")
-        r = a ** b
-        return float(r) if isinstance(r, float) or (_is_int(b) and b < 0) else r
-    if isinstance(a, bool) or isinstance(b, bool):
-        if op in ("==", "!="):
-            return (a == b) == (op == "==")
-        raise TypeError
-    if isinstance(a, list) and op == "*" and not _is_int(b):
-        raise TypeError
-    if op == "*" and _repeat_length(a, b) > MAX_ITEMS:
-        raise _TooLarge(f"the result has more than {MAX_ITEMS} items")
-    fn = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
-          "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
-          "==": operator.eq, "!=": operator.ne}[op]
-    return fn(a, b)
-
-
-def _repeat_length(a: Any, b: Any) -> int:
-    """The length of `a * b` when it repeats an array or string (else 0)."""
-    seq, n = (a, b) if isinstance(a, (list, str)) else (b, a)
-    return len(seq) * n if isinstance(seq, (list, str)) and _is_int(n) else 0
-
-
 def _tensor_elem(t: tuple) -> str | None:
     """The element type name of a tensor or tensor-array type ("" for `tensor<>`)."""
     while t[0] == "array":
         t = t[1]
     return (t[1] or "") if t[0] == "tensor" else None
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _tensorish(v: Any) -> bool:
