@@ -12,6 +12,12 @@ from cvmc.passes.precision import infer_precision
 from cvmc.reference import reference_run
 
 
+def rand_in_precision(rng: np.random.Generator, shape, p: int) -> np.ndarray:
+    """Random int64 values inside precision p: |v| <= 2^(p-1) - 1."""
+    bound = (1 << (p - 1)) - 1
+    return rng.integers(-bound, bound + 1, size=shape, dtype=np.int64)
+
+
 def one_op_graph(op: str, inputs: list[tuple[np.ndarray, int]], attrs: dict | None = None,
                  weights: tuple[int, ...] = ()) -> Graph:
     """A graph applying `op` to `inputs` [(array, precision)]; indices in `weights` become

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tests.oputil import rand_in_precision
+
 
 def rand(shape: tuple[int, ...], precision: int, seed: int = 0) -> tuple[np.ndarray, int]:
     """Random integers with |v| <= 2^(p-1) - 1, paired with their precision."""
-    bound = (1 << (precision - 1)) - 1
-    return np.random.default_rng(seed).integers(-bound, bound + 1, shape), precision
+    return rand_in_precision(np.random.default_rng(seed), shape, precision), precision
 
 
 @dataclass

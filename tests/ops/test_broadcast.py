@@ -7,6 +7,7 @@ import pytest
 
 from cvmc.errors import CvmcError, OpRuleError
 from tests.oputil import check_op, one_op_graph
+from tests.oputil import rand_in_precision as rand
 
 MAX32 = 2**31 - 1
 OPS = ["broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_max"]
@@ -15,11 +16,6 @@ OPS = ["broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div", "broa
 CASES = [((2, 3), 8, (2, 3), 8), ((2, 3, 4), 16, (4,), 12), ((3, 1), 8, (2, 1, 5), 16),
          ((1,), 12, (2, 3), 8), ((4, 1, 3), 5, (1, 2, 1), 3), ((2, 1, 1, 3), 16, (5, 1), 16)]
 
-
-def rand(rng, shape, p):
-    """Random integers inside precision p: |v| <= 2^(p-1) - 1."""
-    bound = 2 ** (p - 1) - 1
-    return rng.integers(-bound, bound + 1, size=shape, dtype=np.int64)
 
 
 def div_py(a: int, b: int) -> int:

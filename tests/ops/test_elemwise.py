@@ -8,14 +8,10 @@ import pytest
 from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ops import lookup
 from tests.oputil import check_op, one_op_graph, run_reference
+from tests.oputil import rand_in_precision as rand
 
 MAX32 = 2**31 - 1
 
-
-def rand(rng, shape, p):
-    """Random integers inside precision p: |v| <= 2^(p-1) - 1."""
-    bound = 2 ** (p - 1) - 1
-    return rng.integers(-bound, bound + 1, size=shape, dtype=np.int64)
 
 
 def reference_only(op, inputs, attrs):

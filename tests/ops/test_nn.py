@@ -15,11 +15,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import TensorType
 from cvmc.ops import lookup
 from tests.oputil import check_op, one_op_graph
-
-
-def _rand(rng, shape, precision):
-    bound = 2 ** (precision - 1) - 1
-    return rng.integers(-bound, bound + 1, size=shape, dtype=np.int64)
+from tests.oputil import rand_in_precision as _rand
 
 
 def _precision_of(op, inputs, attrs=None, weights=()):
@@ -154,11 +150,15 @@ CONV_ERRORS = [
 ]
 
 
+def _zero_operands(xs, ws, bs):
+    """8-bit zero data and weight (and bias, when a shape is given) for error tests."""
+    shapes = [xs, ws] + ([bs] if bs is not None else [])
+    return [(np.zeros(s, np.int64), 8) for s in shapes]
+
+
 @pytest.mark.parametrize("xs,ws,attrs,bs,message", CONV_ERRORS)
 def test_conv2d_shape_and_attribute_errors(xs, ws, attrs, bs, message):
-    inputs = [(np.zeros(xs, np.int64), 8), (np.zeros(ws, np.int64), 8)]
-    if bs is not None:
-        inputs.append((np.zeros(bs, np.int64), 8))
+    inputs = _zero_operands(xs, ws, bs)
     with pytest.raises(CvmcError, match=message):
         one_op_graph("conv2d", inputs, attrs, weights=(1, 2))
 
@@ -252,9 +252,7 @@ DENSE_ERRORS = [
 
 @pytest.mark.parametrize("xs,ws,bs,attrs,message", DENSE_ERRORS)
 def test_dense_shape_and_attribute_errors(xs, ws, bs, attrs, message):
-    inputs = [(np.zeros(xs, np.int64), 8), (np.zeros(ws, np.int64), 8)]
-    if bs is not None:
-        inputs.append((np.zeros(bs, np.int64), 8))
+    inputs = _zero_operands(xs, ws, bs)
     with pytest.raises(CvmcError, match=message):
         one_op_graph("dense", inputs, attrs)
 

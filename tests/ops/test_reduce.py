@@ -5,16 +5,12 @@ import pytest
 from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ops import Attrs, lookup
 from tests.oputil import check_op, one_op_graph
+from tests.oputil import rand_in_precision as rand
 
 SPEC_DATA = np.array([[[1, 2], [2, 3], [1, 3]],
                       [[1, 4], [4, 3], [5, 2]],
                       [[7, 1], [7, 2], [7, 3]]])
 
-
-def rand(rng, shape, p):
-    """Random integers inside precision p: |v| <= 2^(p-1) - 1."""
-    bound = 2 ** (p - 1) - 1
-    return rng.integers(-bound, bound + 1, size=shape, dtype=np.int64)
 
 
 def test_spec_example_sum_axis_1():
