@@ -637,9 +637,10 @@ def test_plan_validated_on_load(artifact, tmp_path, edit, message):
 def test_plan_kernel_argument_mismatch_is_model_error(artifact, tmp_path):
     """A declared buffer of the wrong size for a kernel: the kernel's own argument check
     rejects it before any native code touches memory (was a bare ValueError)."""
-    path = _with_plan(artifact, tmp_path, lambda p: _set(p["kernels"][1], "args", ["p1", "r1"]))
+    path = _with_plan(artifact, tmp_path,
+                      lambda p: _set(p["kernels"][3], "args", ["p1", "w2", "b2", "logits"]))
     model = cvmc_runtime.load(path)
-    with pytest.raises(ModelError, match="kernel 'k1_max_pool2d' rejects its arguments"):
+    with pytest.raises(ModelError, match="kernel 'k3_dense' rejects its arguments"):
         model.run({"data": np.zeros(SHAPE, np.int8)})
 
 

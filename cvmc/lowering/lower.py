@@ -144,7 +144,10 @@ def _spec(graph: Graph, name: str) -> dict:
 
 def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dict:
     """The JSON-ready plan: signature, weights, intermediate buffers, kernel calls, memory."""
-    weights = [w for w in graph.weights() if any(w in g.inputs for g in groups)]
+    # A weight is stored when a kernel reads it or when it is itself a graph output (a
+    # weight passed straight out, or an output that constant folding computed).
+    weights = [w for w in graph.weights()
+               if w in graph.outputs or any(w in g.inputs for g in groups)]
     io = set(graph.inputs) | set(graph.outputs) | set(weights)
     buffers = [v for g in groups for v in g.outputs if v not in io]
     kernels = [{"symbol": s, "ops": g.ops, "args": [*g.inputs, *g.outputs],

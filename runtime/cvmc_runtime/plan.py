@@ -59,17 +59,42 @@ def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
 
 
 def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
+    """Every argument is declared, and the kernels' dataflow is complete.
+
+    Walking the kernels in order from the tensors that hold data before the first call
+    (inputs and weights): a kernel reads only tensors already written, never writes an
+    input or a weight, and once all have run every graph output has been written. So a
+    plan cannot hand back memory that nothing wrote, nor overwrite what it reads.
+    """
     kernels = plan.get("kernels")
     if not isinstance(kernels, list):
         raise _fail("'kernels' must be a list")
+    readonly = {s["name"] for key in ("inputs", "weights") for s in plan[key]}
+    written = set(readonly)
     for k, kernel in enumerate(kernels):
         if not isinstance(kernel, Mapping) or not isinstance(kernel.get("symbol"), str) or \
                 not isinstance(kernel.get("args"), list):
             raise _fail(f"kernels[{k}]: expected an object with 'symbol' and 'args'")
-        unknown = [a for a in kernel["args"] if not isinstance(a, str) or a not in tensors]
+        symbol, args, count = kernel["symbol"], kernel["args"], kernel.get("num_inputs")
+        unknown = [a for a in args if not isinstance(a, str) or a not in tensors]
         if unknown:
-            raise _fail(f"kernel '{kernel['symbol']}': argument {unknown[0]!r:.80} is not a "
+            raise _fail(f"kernel '{symbol}': argument {unknown[0]!r:.80} is not a "
                         f"declared tensor")
+        if type(count) is not int or not 0 <= count <= len(args):
+            raise _fail(f"kernel '{symbol}': num_inputs must be an integer in "
+                        f"0..{len(args)}, got {count!r:.20}")
+        unwritten = [a for a in args[:count] if a not in written]
+        if unwritten:
+            raise _fail(f"kernel '{symbol}' reads '{unwritten[0]}' before anything writes it")
+        clobbered = [a for a in args[count:] if a in readonly]
+        if clobbered:
+            raise _fail(f"kernel '{symbol}' would overwrite the input or weight "
+                        f"'{clobbered[0]}'")
+        written.update(args[count:])
+    missing = [s["name"] for s in plan["outputs"] if s["name"] not in written]
+    if missing:
+        raise _fail(f"output '{missing[0]}' is never written by any kernel and is neither an "
+                    f"input nor a weight")
 
 
 def validate_plan(plan: object) -> None:
@@ -90,3 +115,12 @@ def check_weights(plan: Mapping, weights: Mapping[str, np.ndarray]) -> None:
             got = "nothing" if value is None else f"{value.dtype} {list(value.shape)}"
             raise _fail(f"weight '{spec['name']}': stored array is {got}, the plan declares "
                         f"{spec['dtype']} {spec['shape']}")
+        # The compiler proved int32 never overflows from the declared precisions: a weight
+        # outside its precision would void that proof.
+        bound = (1 << (spec["precision"] - 1)) - 1
+        outside = np.flatnonzero((value > bound) | (value < -bound))
+        if outside.size:
+            index = [int(i) for i in np.unravel_index(outside[0], value.shape)]
+            raise _fail(f"weight '{spec['name']}': value {int(value.flat[outside[0]])} at index "
+                        f"{index} is outside its precision {spec['precision']} "
+                        f"(|v| <= {bound})")

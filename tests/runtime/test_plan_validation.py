@@ -1,0 +1,67 @@
+"""The runtime refuses a plan whose dataflow is incomplete or whose weights leave their
+declared precision, before any kernel runs (issue 9, items 1 and 6)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from cvmc_runtime import ModelError
+from cvmc_runtime.plan import check_weights, validate_plan
+
+
+def _spec(name, shape=(4,), dtype="int8", precision=8):
+    return {"name": name, "shape": list(shape), "dtype": dtype, "precision": precision}
+
+
+# x -> k0 -> t -> k1 -> y, with weight w read by k1.
+PLAN = {
+    "device": "cpu",
+    "inputs": [_spec("x")], "weights": [_spec("w")], "buffers": [_spec("t")],
+    "outputs": [_spec("y")],
+    "kernels": [{"symbol": "k0", "args": ["x", "t"], "num_inputs": 1},
+                {"symbol": "k1", "args": ["t", "w", "y"], "num_inputs": 2}],
+}
+
+
+def _edited(edit) -> dict:
+    plan = copy.deepcopy(PLAN)
+    edit(plan)
+    return plan
+
+
+def test_the_valid_plan_passes():
+    validate_plan(PLAN)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda p: p.update(kernels=[]), "output 'y' is never written"),
+    (lambda p: p["kernels"].pop(), "output 'y' is never written"),
+    (lambda p: p["kernels"].reverse(), "reads 't' before anything writes it"),
+    (lambda p: p["kernels"][0].update(args=["x", "w"]), "overwrite the input or weight 'w'"),
+    (lambda p: p["kernels"][0].update(args=["t", "x"]), "reads 't' before"),
+    (lambda p: p["kernels"][1].update(num_inputs=7), "num_inputs must be an integer"),
+    (lambda p: p["kernels"][1].pop("num_inputs"), "num_inputs must be an integer"),
+    (lambda p: p["kernels"][1].update(num_inputs=3), "reads 'y' before"),
+])
+def test_incomplete_dataflow_is_refused(edit, message):
+    with pytest.raises(ModelError, match=message):
+        validate_plan(_edited(edit))
+
+
+def test_outputs_that_are_inputs_or_weights_need_no_kernel():
+    plan = _edited(lambda p: p.update(outputs=[_spec("x"), _spec("w")], kernels=[],
+                                      buffers=[]))
+    validate_plan(plan)
+
+
+@pytest.mark.parametrize("value, index", [(127, None), (-127, None), (128, 2), (-128, 1)])
+def test_weights_outside_their_precision_are_refused(value, index):
+    w = np.array([0, 0, 0, 0], np.int32)
+    w[index if index is not None else 3] = value
+    plan = _edited(lambda p: p["weights"][0].update(dtype="int32"))
+    if index is None:
+        check_weights(plan, {"w": w})
+        return
+    with pytest.raises(ModelError, match=f"value {value} at index \\[{index}\\] is outside"):
+        check_weights(plan, {"w": w})
