@@ -84,16 +84,23 @@ def _lower_bias(y, xs, axis: int, name: str):
     return te.compute(y.shape, lambda *i: y(*i) + b[i[axis]], name=name)
 
 
-def _padded_reader(x, ph: int, pw: int, value: int):
-    """(n, c, h, w) -> x[n, c, h - ph, w - pw] inside the input, `value` outside (spec pad())."""
+def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int):
+    """(n, c, i, j) -> x[n, c, i - ph, j - pw] inside the input, `value` outside (spec pad()).
+
+    `rows` x `cols` is the extent of padded coordinates the consumer reads. A bound is
+    tested only where a read can cross it: the low side when there is padding, the high
+    side when the reads reach past the input (padding, or ceil_mode's overhanging last
+    window even with zero padding).
+    """
     from cvmc.lowering.te_facade import const, tirx
     h, w = int(x.shape[2]), int(x.shape[3])
-    if ph == 0 and pw == 0:
-        return lambda n, c, i, j: x[n, c, i, j]
+    low_h, low_w, high_h, high_w = ph > 0, pw > 0, rows > h + ph, cols > w + pw
 
     def read(n, c, i, j):
-        inside = tirx.all(i >= ph, i < h + ph, j >= pw, j < w + pw)
-        return tirx.if_then_else(inside, x[n, c, i - ph, j - pw], const(value))
+        tests = [t for need, t in ((low_h, i >= ph), (high_h, i < h + ph), (low_w, j >= pw),
+                                   (high_w, j < w + pw)) if need]
+        pixel = x[n, c, i - ph, j - pw]
+        return tirx.if_then_else(tirx.all(*tests), pixel, const(value)) if tests else pixel
     return read
 
 
@@ -209,12 +216,12 @@ def _conv2d_lower(xs, a):
     (sh, sw), (dh, dw) = a.stride, a.dilation
     opg = oc // a.groups
     oh, ow = _conv_out_hw(shape_of(x), shape_of(w), a)
-    read = _padded_reader(x, a.padding[0], a.padding[1], 0)
+    _, c, h, wd = shape_of(x)
+    padded = (n, c, h + 2 * a.padding[0], wd + 2 * a.padding[1])
+    read = _padded_reader(x, a.padding[0], a.padding[1], 0, padded[2], padded[3])
     if a.padding[0] or a.padding[1]:
         # Its own stage, marked for the CPU schedule to keep as a buffer: the conv's inner
         # loop then reads without a bounds test and vectorises (other schedules inline it).
-        _, c, h, wd = shape_of(x)
-        padded = (n, c, h + 2 * a.padding[0], wd + 2 * a.padding[1])
         read = te.compute(padded, read, name="conv2d_pad", attrs={MATERIALIZE: 1})
     rc = te.reduce_axis((0, ic), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
@@ -390,7 +397,7 @@ def _max_pool2d_lower(xs, a):
     x = xs[0]
     ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
     (kh, kw), (sh, sw) = a.pool_size, a.strides
-    read = _padded_reader(x, ph, pw, INT32_MIN)
+    read = _padded_reader(x, ph, pw, INT32_MIN, (oh - 1) * sh + kh, (ow - 1) * sw + kw)
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 

@@ -67,6 +67,19 @@ CASES: list[OpCase] = [
                      rand((2, 3), 10, 2)]),
     OpCase("get_valid_count", [(_BOXES, 8)], {"score_threshold": 55}),
     OpCase("non_max_suppression", [(_BOXES, 8), (np.array([4]), 8)], {"iou_threshold": 50}),
+    # Geometries whose reads reach the edges of their inputs (buffer-bounds class tests):
+    # ceil_mode's last window overhangs the input even with zero padding.
+    OpCase("max_pool2d", [(np.array([[[[-5, -6, -7], [-8, -9, -10], [-11, -12, -13]]]]), 8)],
+           {"pool_size": [2, 2], "strides": [2, 2], "padding": [0, 0], "ceil_mode": True}),
+    OpCase("max_pool2d", [rand((1, 2, 7, 7), 8, 4)], {"pool_size": [3, 2], "strides": [2, 3],
+                                                      "padding": [1, 0], "ceil_mode": True}),
+    OpCase("conv2d", [rand((1, 2, 9, 7), 8, 5), rand((3, 2, 3, 2), 8, 6)],
+           {"stride": [2, 3], "dilation": [2, 1]}, weights=(1,)),
+    OpCase("conv2d", [rand((1, 4, 5, 5), 8, 7), rand((4, 2, 3, 3), 8, 8)],
+           {"padding": [2, 1], "groups": 2}, weights=(1,)),
+    OpCase("slice", [rand((5, 6), 8, 9)], {"begin": [-1, 5], "end": [-6, 0],
+                                           "strides": [-2, -3]}),
+    OpCase("take", [rand((4, 5), 12, 10), (np.array([0, 4, -1, 7, -9]), 6)]),
 ]
 
 
