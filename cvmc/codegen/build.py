@@ -130,7 +130,11 @@ def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | Non
 
     target = tvm.target.Target(cuda_target(arch), host={"kind": "cuda_host"})
     scheduled = schedule_module(mod, cuda_target(arch))
-    ex = tvm.compile(scheduled, target=target)
+    try:
+        ex = tvm.compile(scheduled, target=target)
+    except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
+        scheduled = _reschedule_rejected_cuda(mod, scheduled, target, arch)
+        ex = tvm.compile(scheduled, target=target)
     # A function left without thread bindings compiles to host-only code: catch it here.
     if len(ex.mod.imports) == 0:
         raise CvmcError("cuda build produced no device code")
@@ -138,6 +142,25 @@ def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | Non
         if on_kernel:
             on_kernel(gv.name_hint)
     return scheduled, tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
+
+
+def _reschedule_rejected_cuda(mod, scheduled, target, arch: str):
+    """`scheduled` with every kernel that TVM fails to lower rescheduled without dlight's
+    cross-thread reduction rules (each kernel is tried alone to find them)."""
+    import tvm
+
+    from cvmc.lowering.schedule import schedule_cuda
+
+    funcs = {}
+    for gv, func in scheduled.functions.items():
+        try:
+            tvm.compile(tvm.IRModule({gv: func}), target=target)
+            funcs[gv] = func
+        except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
+            alone = tvm.IRModule({gv: mod[gv.name_hint]})
+            funcs[gv] = schedule_cuda(alone, tvm.target.Target(cuda_target(arch)),
+                                      reductions=False)[gv.name_hint]
+    return tvm.IRModule(funcs)
 
 
 def nvcc_shared(source: str, arch: str, output: Path) -> None:

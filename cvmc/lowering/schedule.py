@@ -179,14 +179,24 @@ def cuda_target(arch: str) -> dict:
             "max_threads_per_block": 1024, "thread_warp_size": 32}
 
 
-def schedule_cuda(mod, target):
-    """Bind every loop to blocks/threads: dlight default rules, then a one-thread fallback."""
+def schedule_cuda(mod, target, reductions: bool = True):
+    """Bind every loop to blocks/threads: dlight default rules, then a one-thread fallback.
+
+    With `reductions=False` the cross-thread reduction rules are left out: dlight's
+    GeneralReduction rule can emit a schedule that TVM 0.27's lowering then rejects
+    (small strided/dilated convs); the build retries such kernels without them.
+    """
     from tvm import s_tir
     from tvm.s_tir import dlight as dl
 
+    rules = [dl.gpu.Matmul(), dl.gpu.GEMV()]
+    if reductions:
+        rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
+    # dlight updates the module it is given in place: schedule a copy, so the caller's
+    # unscheduled module stays as it was (the build may reschedule from it).
+    mod = type(mod)(dict(mod.functions))
     with target:
-        mod = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                      dl.gpu.GeneralReduction(), dl.gpu.Fallback())(mod)
+        mod = dl.ApplyDefaultSchedule(*rules, dl.gpu.Fallback())(mod)
     for gv, func in list(mod.functions.items()):
         if has_thread_binding(func):
             continue
