@@ -27,7 +27,7 @@ from cvmc.errors import CvmcError, OpRuleError
 from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import OpDef, lookup
-from cvmc.ops.common import prec_max
+from cvmc.ops.common import integer_data_error
 from cvmc.ops.registry import Attrs, suggest
 from cvmc.passes.precision import infer_precision
 
@@ -212,15 +212,12 @@ class _Importer:
         if data.shape != t.shape:
             raise CvmcError(f"params file '{self.params_name}': weight '{name}' has shape "
                             f"{list(data.shape)}, the graph declares {list(t.shape)}")
-        if prec != -1:
-            if not (isinstance(prec, int) and 1 <= prec <= 32):
-                raise self.d.fail(f"weight '{name}' must declare a precision in 1..32 or -1, "
-                                  f"got {prec}")
-            bad = np.flatnonzero(np.abs(data.astype(np.int64)) > prec_max(prec))
-            if bad.size:
-                raise CvmcError(f"params file '{self.params_name}': weight '{name}' value "
-                                f"{data.flat[bad[0]]} at index {bad[0]} is outside its "
-                                f"declared precision {prec}")
+        if prec != -1 and not (isinstance(prec, int) and 1 <= prec <= 32):
+            raise self.d.fail(f"weight '{name}' must declare a precision in 1..32 or -1, "
+                              f"got {prec}")
+        problem = integer_data_error(data, None if prec == -1 else prec)
+        if problem:
+            raise CvmcError(f"params file '{self.params_name}': weight '{name}': {problem}")
         constants[name] = data
         self.types[name] = TensorType(t.shape, "int32", None if prec == -1 else prec)
 

@@ -24,6 +24,7 @@ from cvmc.frontend.fragments import (
 )
 from cvmc.frontend.syntax import Source, span_of
 from cvmc.ir import TensorType
+from cvmc.ops.common import integer_data_error
 
 MAX_CONSTANT_VOLUME = 2**24  # elements of one literal `constant` tensor
 
@@ -128,6 +129,9 @@ class TensorFactory:
                                                          where)
         elif op == "constant":
             self.constants[name] = self.constant_data(name, args["value"], shape, dtype, where)
+            problem = dtype == "int32" and integer_data_error(self.constants[name], precision)
+            if problem:
+                raise self.err(f"constant '{name}': {problem}", where)
         self.types[name] = TensorType(shape, dtype, precision)
         return Tensor(name, dtype)
 
@@ -178,15 +182,13 @@ class TensorFactory:
             raise self.err(f"variable '{name}': data file '{self.labels[name]}.dat' has shape "
                            f"{list(data.shape)}, but the variable declares {list(shape)}",
                            where)
-        if dtype == "int32" and data.dtype.kind not in "iub":
-            raise self.err(f"variable '{name}': data file '{self.labels[name]}.dat' holds "
-                           f"{data.dtype} values, but the variable is declared integer", where)
-        if precision is not None and data.size:
-            bound = (1 << (precision - 1)) - 1
-            worst = int(np.abs(data.astype(np.int64)).max())
-            if worst > bound:
-                raise self.err(f"variable '{name}': value {worst} (in magnitude) does not fit "
-                               f"precision {precision} (|v| <= {bound})", where)
+        if dtype == "int32":
+            problem = integer_data_error(data, precision)
+            if problem:
+                raise self.err(f"variable '{name}': data file '{self.labels[name]}.dat': "
+                               f"{problem}", where)
+            # Checked: every value fits int32, so the narrowing below changes none.
+            return data.astype(np.int32)
         return data
 
     def constant_data(self, name: str, value: list, shape: tuple[int, ...], dtype: str,

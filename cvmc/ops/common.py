@@ -36,7 +36,36 @@ def normalize_axis(op: str, what: str, axis: int, ndim: int) -> int:
 
 
 def data_precision(values) -> int:
-    """Smallest precision p holding every value (|v| <= 2^(p-1) - 1); 1 for all-zero data."""
+    """Smallest precision p holding every value (|v| <= 2^(p-1) - 1); 1 for all-zero data.
+
+    Exact for every integer dtype: the extremes are taken in the array's own dtype and
+    compared as Python ints (a cast to int64 first would wrap uint64, and abs() of the
+    int64 minimum overflows)."""
     import numpy as np
-    arr = np.asarray(values, dtype=np.int64)
-    return bitlen(int(np.abs(arr).max(initial=0))) + 1
+    arr = np.asarray(values)
+    if arr.size == 0:
+        return 1
+    return bitlen(max(-int(arr.min()), int(arr.max()), 0)) + 1
+
+
+def integer_data_error(values, precision: int | None) -> str | None:
+    """Why integer `values` cannot enter cvmc with `precision` (None: inferred), or None.
+
+    Every value must fit the precision (|v| <= 2^(p-1) - 1), and so int32 when the
+    precision is inferred: CVM computes in int32, so a wider value would be narrowed
+    silently (uint64 2^64-1 read as -1, 2^40+5 as 5)."""
+    import numpy as np
+    arr = np.asarray(values)
+    if arr.dtype.kind == "b" or arr.size == 0:
+        return None
+    if arr.dtype.kind not in "iu":
+        return f"holds {arr.dtype} values, not integers"
+    limit = prec_max(precision or 32)
+    # Comparisons with Python ints are exact in every integer dtype (no cast, no wrap).
+    outside = np.flatnonzero((arr > limit) | (arr < -limit))
+    if not outside.size:
+        return None
+    index = [int(i) for i in np.unravel_index(outside[0], arr.shape)]
+    what = f"precision {precision}" if precision else "int32 (precision 32)"
+    return (f"value {int(arr.flat[outside[0]])} at index {index} does not fit {what}: "
+            f"|v| <= {limit}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ir import Graph, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.common import data_precision
+from cvmc.ops.common import data_precision, integer_data_error
 from cvmc.ops.registry import Attrs
 
 
@@ -29,6 +29,11 @@ def infer_precision(graph: Graph) -> Graph:
         data, t = graph.constants[name], types[name]
         if not t.is_integer:
             raise CvmcError(f"weight '{name}' has type {t.dtype}; cvmc computes on integers only")
+        # The frontends check values as they read them (with file positions); graphs built
+        # in Python reach this check only.
+        problem = integer_data_error(data, t.precision)
+        if problem:
+            raise CvmcError(f"weight '{name}': {problem}")
         types[name] = t.with_precision(t.precision or data_precision(data))
     producers = graph.producers()
     for node in graph.nodes:

@@ -155,7 +155,7 @@ def _mutate(doc: dict, path: str, value) -> dict:
     ("attrs/shape/1/4", [1, 1, 2, 3], "output 0 has shape [1, 1, 2, 2] but the JSON declares"),
     ("attrs/precision/1/3", 16, "'conv': output 0 has precision 15 but the JSON declares 16"),
     ("attrs/precision/1/0", -1, "input 'data' must declare a precision"),
-    ("attrs/precision/1/1", 2, "weight 'w' value 2 at index 3 is outside its declared precision 2"),
+    ("attrs/precision/1/1", 2, "weight 'w': value 2 at index [0, 0, 1, 1] does not fit precision 2"),
     ("attrs/op_attrs/1/4", '{"precision": "8"}', "missing required attribute 'shift_bit"),
     ("attrs/op_attrs/1/4", '{"precision": "8", "shift": "1"}', "unknown attribute 'shift'"),
     ("attrs/op_attrs/1/4", "[1]", "op_attrs must encode a JSON object"),
