@@ -24,7 +24,7 @@ from cvmc.frontend.fragments import (
 )
 from cvmc.frontend.syntax import Source, span_of
 from cvmc.ir import TensorType
-from cvmc.ops.common import integer_data_error
+from cvmc.ops.common import integer_data_error, prec_max
 
 MAX_CONSTANT_VOLUME = 2**24  # elements of one literal `constant` tensor
 
@@ -102,6 +102,9 @@ class TensorFactory:
         dtype = "bool" if isinstance(value, bool) else \
             "int32" if isinstance(value, int) else "float32"
         name = self.fresh()
+        if dtype == "int32" and abs(value) > prec_max(32):  # a Python int: exact
+            raise self.err(f"integer literal {value} does not fit int32 (precision 32): "
+                           f"|v| <= {prec_max(32)}", where)
         self.constants[name] = np.array(value, dtype=NP_DTYPE[dtype])
         self.types[name] = TensorType((), dtype)
         return Tensor(name, dtype)
@@ -204,10 +207,10 @@ class TensorFactory:
         if len(value) not in (1, volume):
             raise self.err(f"constant '{name}': value has {len(value)} items; expected 1 or "
                            f"{volume} (the volume of shape {list(shape)})", where)
-        if dtype == "int32" and not all(isinstance(v, int) and -2**31 <= v < 2**31
-                                        for v in value):
-            raise self.err(f"constant '{name}': values of constant<integer> must be int32 "
-                           f"integers, got {value}", where)
+        # Checked as Python ints before the int32 array exists (which would overflow).
+        problem = dtype == "int32" and integer_data_error(np.array(value, dtype=object), None)
+        if problem:
+            raise self.err(f"constant '{name}': {problem}", where)
         arr = np.array(value, dtype=NP_DTYPE[dtype])
         return np.full(shape, arr[0]) if len(value) == 1 else arr.reshape(shape)
 

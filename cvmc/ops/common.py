@@ -56,9 +56,14 @@ def integer_data_error(values, precision: int | None) -> str | None:
     silently (uint64 2^64-1 read as -1, 2^40+5 as 5)."""
     import numpy as np
     arr = np.asarray(values)
-    if arr.dtype.kind == "b" or arr.size == 0:
+    if arr.dtype.kind == "b":
+        arr = arr.astype(np.int8)  # True is 1, which precision 1 cannot hold
+    if arr.size == 0:
         return None
-    if arr.dtype.kind not in "iu":
+    if arr.dtype.kind == "O":  # literal Python ints too wide for int64; compared exactly
+        if not all(isinstance(v, int) for v in arr.flat):
+            return "holds values that are not integers"
+    elif arr.dtype.kind not in "iu":
         return f"holds {arr.dtype} values, not integers"
     limit = prec_max(precision or 32)
     # Comparisons with Python ints are exact in every integer dtype (no cast, no wrap).

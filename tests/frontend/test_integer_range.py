@@ -47,11 +47,21 @@ def test_dat_values_outside_int32_or_precision_are_refused(tmp_path, data, preci
     assert words in e.value.render() and "graph.nnef:5:" in e.value.render()
 
 
-def test_cvmc_check_reports_one_line(tmp_path, capsys):
-    path = _model(tmp_path, WIDE[0][0], 8)
+@pytest.mark.parametrize("data, precision, words", WIDE[:3])  # the issue's three repros
+def test_cvmc_check_reports_one_error(tmp_path, capsys, data, precision, words):
+    path = _model(tmp_path, data, precision)
     assert main(["check", str(path)]) == 1
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and "does not fit precision 8" in err
+    out = capsys.readouterr()
+    errors = [line for line in (out.out + out.err).splitlines() if "error:" in line]
+    assert "Traceback" not in out.err and len(errors) == 1
+    assert "graph.nnef:5:" in errors[0] and "w.dat" in errors[0] and words in errors[0]
+
+
+def test_bool_data_is_checked_against_its_precision(tmp_path):
+    """True is 1, which precision 1 (|v| <= 0) cannot hold."""
+    path = _model(tmp_path, np.array([False, True]), 1)
+    with pytest.raises(CvmcError, match=r"value 1 at index \[1\] does not fit precision 1"):
+        cvmc.load_graph(path)
 
 
 def test_values_inside_int32_load_as_int32(tmp_path):
@@ -63,7 +73,9 @@ def test_values_inside_int32_load_as_int32(tmp_path):
 
 @pytest.mark.parametrize("literal, words", [
     ("[300, 1]", "value 300 at index [0] does not fit precision 8"),
-    ("[2147483648]", "must be int32 integers"),
+    ("[2147483648, 0]", "value 2147483648 at index [0] does not fit int32"),
+    ("[0, -2147483648]", "value -2147483648 at index [1] does not fit int32"),
+    (f"[{2**63 - 1}, 0]", f"value {2**63 - 1} at index [0] does not fit int32"),
 ])
 def test_literal_constants_are_checked(tmp_path, literal, words):
     (tmp_path / "graph.nnef").write_text(f"""version 1.0;
@@ -92,3 +104,18 @@ def test_runtime_inputs_outside_int32_are_refused(value):
     spec = TensorSpec("x", (2,), "int32", 32)
     with pytest.raises(ModelError, match="outside precision 32"):
         check_input(spec, np.array([0, value], dtype=np.asarray(value).dtype))
+
+
+@pytest.mark.parametrize("literal", [2**31, -(2**31), 2**40 + 5, 2**63 - 1])
+def test_integer_literals_outside_int32_are_refused(tmp_path, literal):
+    (tmp_path / "graph.nnef").write_text(f"""version 1.0;
+graph G( x ) -> ( y )
+{{
+    x = external<integer>(shape = [2], precision = 8);
+    y = broadcast_add(x, {literal});
+}}
+""")
+    with pytest.raises(CvmcError) as e:
+        cvmc.load_graph(tmp_path / "graph.nnef")
+    assert f"integer literal {literal} does not fit int32" in str(e.value)
+    assert "graph.nnef:5:" in str(e.value)
