@@ -5,6 +5,8 @@ reads. Every compiled result equals the reference interpreter's (issue 9, item 1
 constant output used to come back as uninitialised heap memory)."""
 from __future__ import annotations
 
+import dataclasses
+
 import cvmc_runtime
 import numpy as np
 import pytest
@@ -61,3 +63,18 @@ def test_issue_repro_values(tmp_path):
     got = cvmc_runtime.load(tmp_path / "m.cvmx").run({"x": X})
     assert got["y"].tolist() == [0, 3, 0, 7]
     assert got["z"].tolist() == [1, 0, 3, 0]
+
+
+def test_value_listed_twice_as_output(tmp_path):
+    """NNEF refuses a repeated output name, but a graph built in Python (or imported) may
+    list one value twice: a kernel output, an input and a folded constant, each twice."""
+    (tmp_path / "graph.nnef").write_text(_document("y, z, x", "y = relu(w); z = relu(x);"))
+    write_tensor(tmp_path / "w.dat", W)
+    graph = run_pipeline(cvmc.load_graph(tmp_path / "graph.nnef"))
+    graph = dataclasses.replace(graph, outputs=["z", "y", "z", "x", "y", "x"])
+    want = cvmc.reference_run(graph, {"x": X})
+    compile_model(graph, tmp_path / "m.cvmx")
+    got = cvmc_runtime.load(tmp_path / "m.cvmx").run({"x": X})
+    assert got.keys() == want.keys() == {"x", "y", "z"}
+    for key in want:
+        assert np.array_equal(got[key], want[key]), key

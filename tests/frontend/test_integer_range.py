@@ -119,3 +119,14 @@ graph G( x ) -> ( y )
         cvmc.load_graph(tmp_path / "graph.nnef")
     assert f"integer literal {literal} does not fit int32" in str(e.value)
     assert "graph.nnef:5:" in str(e.value)
+
+
+def test_cvm_params_int32_minimum_is_refused(tmp_path):
+    """-2^31 fits the int32 storage of a CVM-Runtime params file but no CVM precision."""
+    from tests.frontend.test_cvm_json import _dense_doc, _write, pack_array, pack_params
+
+    params = pack_params({"w": pack_array((2, 3), [1, 1, 1, 2, 0, -1]),
+                          "b": pack_array((2,), [0, -2**31])})
+    with pytest.raises(CvmcError, match=r"m.params'?: weight 'b': value -2147483648 at index "
+                                        r"\[1\] does not fit int32"):
+        cvmc.load_graph(_write(tmp_path, _dense_doc(), params))
