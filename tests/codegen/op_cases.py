@@ -80,6 +80,19 @@ CASES: list[OpCase] = [
     OpCase("slice", [rand((5, 6), 8, 9)], {"begin": [-1, 5], "end": [-6, 0],
                                            "strides": [-2, -3]}),
     OpCase("take", [rand((4, 5), 12, 10), (np.array([0, 4, -1, 7, -9]), 6)]),
+    OpCase("max_pool2d", [rand((1, 1, 7, 5), 8, 11)], {"pool_size": [2, 3], "strides": [3, 2],
+                                                       "padding": [0, 0], "ceil_mode": True}),
+    OpCase("slice", [rand((5, 6), 8, 12)], {"begin": [-10, 2], "end": [100, 100],
+                                            "strides": [1, 2]}),
+    OpCase("slice", [rand((5, 6), 8, 13)], {"begin": [10, 0], "end": [-100, 6],
+                                            "strides": [-1, 5]}),
+    OpCase("take", [rand((5, 3), 12, 14), (np.array([[4, 0], [-7, 100]]), 8)], {"axis": 0}),
+    OpCase("upsampling", [rand((1, 2, 2, 3), 8, 15)], {"scale": 3}),
+    OpCase("concatenate", [rand((1, 3), 8, 16), rand((2, 3), 8, 17), rand((1, 3), 8, 18)],
+           {"axis": 0}),
+    *[OpCase("get_valid_count", [(_BOXES, 8)], {"score_threshold": t}) for t in (-100, 100)],
+    *[OpCase("non_max_suppression", [(_BOXES, 8), (np.array([v]), 8)],
+             {"iou_threshold": 50, "top_k": 3, "max_output_size": 2}) for v in (9, -3)],
 ]
 
 
