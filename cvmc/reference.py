@@ -16,7 +16,7 @@ from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import prec_max
 from cvmc.ops.registry import Attrs
-from cvmc.passes.precision import infer_precision
+from cvmc.passes.precision import check_weight_data, infer_precision
 
 
 def input_specs(graph: Graph) -> list[TensorSpec]:
@@ -39,6 +39,10 @@ def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
     env: dict[str, np.ndarray] = {k: v.astype(np.int64)
                                   for k, v in check_inputs(input_specs(graph), inputs,
                                                            saturate).items()}
+    for name, value in graph.constants.items():
+        # A graph whose precisions are all set skips inference: check before the int64 cast
+        # (uint64 2^64-1 would become -1).
+        check_weight_data(name, value, graph.types[name].precision)
     env.update({k: np.asarray(v, dtype=np.int64) for k, v in graph.constants.items()})
     for node in graph.nodes:
         opdef = lookup(node.op)

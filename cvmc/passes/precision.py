@@ -13,6 +13,13 @@ from cvmc.ops.common import data_precision, integer_data_error
 from cvmc.ops.registry import Attrs
 
 
+def check_weight_data(name: str, data, precision: int | None) -> None:
+    """Raise a CvmcError unless every value of weight `name` fits int32 and `precision`."""
+    problem = integer_data_error(data, precision)
+    if problem:
+        raise CvmcError(f"weight '{name}': {problem}")
+
+
 def infer_precision(graph: Graph) -> Graph:
     """Return the graph with every tensor's precision (and storage dtype) inferred."""
     types = dict(graph.types)
@@ -31,9 +38,7 @@ def infer_precision(graph: Graph) -> Graph:
             raise CvmcError(f"weight '{name}' has type {t.dtype}; cvmc computes on integers only")
         # The frontends check values as they read them (with file positions); graphs built
         # in Python reach this check only.
-        problem = integer_data_error(data, t.precision)
-        if problem:
-            raise CvmcError(f"weight '{name}': {problem}")
+        check_weight_data(name, data, t.precision)
         types[name] = t.with_precision(t.precision or data_precision(data))
     producers = graph.producers()
     for node in graph.nodes:

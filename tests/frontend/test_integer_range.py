@@ -130,3 +130,14 @@ def test_cvm_params_int32_minimum_is_refused(tmp_path):
     with pytest.raises(CvmcError, match=r"m.params'?: weight 'b': value -2147483648 at index "
                                         r"\[1\] does not fit int32"):
         cvmc.load_graph(_write(tmp_path, _dense_doc(), params))
+
+
+@pytest.mark.parametrize("data, precision, words", WIDE)
+def test_reference_checks_weights_of_a_fully_typed_graph(data, precision, words):
+    """Every precision declared: the reference skips inference, and must still refuse."""
+    types = {"w": TensorType((2,), "int32", precision or 32),
+             "y": TensorType((2,), "int32", precision or 32)}
+    g = Graph("g", [], ["y"], [Node("relu", ("w",), ("y",), {})], types, {"w": data})
+    with pytest.raises(CvmcError, match="weight 'w': " + words.replace("[", r"\[")
+                       .replace("]", r"\]")):
+        cvmc.reference_run(g, {})
