@@ -41,8 +41,9 @@ def test_compile_writes_artifact_and_requested_extras(workdir):
     plan = json.loads((workdir / "model.plan.json").read_text())
     assert [s["name"] for s in plan["inputs"]] == ["data"]
     assert plan["device"] == "cpu" and plan["target"]["mcpu"] != "generic"
-    # conv2d + shift + clip + relu fuse into one kernel.
-    assert plan["kernels"][0]["ops"] == ["conv2d", "cvm_right_shift", "cvm_clip", "relu"]
+    # conv2d (packed for the CPU by the layout pass) + shift + clip + relu: one kernel.
+    assert plan["kernels"][0]["ops"] == ["conv2d_packed", "cvm_right_shift", "cvm_clip", "relu"]
+    assert plan["kernels"][0]["schedule"] in ("x86-avx512-vnni", "cpu-packed-vector")
     assert "T.parallel" in (workdir / "model.tir").read_text()
     assert "define" in (workdir / "model.ll").read_text()
 
@@ -50,7 +51,10 @@ def test_compile_writes_artifact_and_requested_extras(workdir):
 def test_compile_prints_summary(tmp_path, capsys):
     assert main(["compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx")]) == 0
     out = capsys.readouterr().out
-    for word in ("kernels: 4", "weights: 5408 bytes", "peak activation memory", "compile time"):
+    # Weights, by hand: conv1 packed OIHW16o4i 16*4*3*3 int8 = 576, its compensation 8
+    # int32 = 32, conv1_bias 8 int32 = 32, fc_weight 10*512 int8 = 5120, fc_bias 10 int32
+    # = 40: 5800 bytes.
+    for word in ("kernels: 4", "weights: 5800 bytes", "peak activation memory", "compile time"):
         assert word in out, out
 
 

@@ -624,7 +624,8 @@ def _set(obj: dict, key: str, value: object) -> None:
 @pytest.mark.parametrize("edit, message", [
     (lambda p: _set(p["kernels"][1], "args", ["r1", "zz"]), "argument 'zz' is not a declared"),
     (lambda p: _set(p["buffers"][0], "shape", [-1]), "shape must be a list of integers"),
-    (lambda p: _set(p["weights"][0], "dtype", "int32"), "weight 'w1': stored array is int8"),
+    (lambda p: _set(next(w for w in p["weights"] if w["dtype"] == "int8"), "dtype", "int32"),
+     "stored array is int8"),
     (lambda p: _set(p, "weights", [7]), "weights[0]: expected an object"),  # was TypeError
     (lambda p: _set(p["outputs"][0], "shape", [1 << 24] * 4), "more than 1073741824"),
     (lambda p: _set(p, "device", "tpu"), "device must be one of cpu, cuda"),

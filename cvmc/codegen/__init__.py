@@ -38,22 +38,29 @@ class _Quiet:
 
 def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
                   mcpu: str | None = None, arch: str = "sm_80", progress=None) -> CompileResult:
-    """Lower, schedule and build `graph` (after the pass pipeline) into a .cvmx file."""
+    """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
+    .cvmx file. (The pipeline is idempotent: a graph that has been through it already,
+    as `cvmc compile` does to dump it, is unchanged.)"""
     from cvmc_runtime.artifact import write_artifact
 
     from cvmc.codegen.build import build_cuda, build_llvm
     from cvmc.lowering.lower import lower_graph
+    from cvmc.passes.pipeline import run_pipeline
 
     if target not in TARGETS:
         raise CvmcError(f"unknown target '{target}'; expected one of {', '.join(TARGETS)}")
     progress = progress or _Quiet()
     start = time.perf_counter()
+    with progress.stage("passes"):
+        graph = run_pipeline(graph, target=target)
     with progress.stage("lower", len(graph.nodes)):
         mod, groups, plan = lower_graph(graph, target)
     with progress.stage(f"schedule + build ({target})", len(groups)) as stage:
         built = build_llvm(mod, mcpu, stage.advance) if target == "llvm" \
             else build_cuda(mod, arch, stage.advance)
     plan.update(target=built.target, device="cpu" if target == "llvm" else "cuda")
+    for kernel in plan["kernels"]:
+        kernel["schedule"] = built.schedules[kernel["symbol"]]
     with progress.stage("write artifact"):
         weights = {w["name"]: graph.constants[w["name"]].astype(w["dtype"])
                    for w in plan["weights"]}
@@ -72,8 +79,10 @@ def compile_cli(args, console) -> int:
     progress = RichProgress(console) if console.is_terminal else _Quiet()
     with progress.stage("load"):
         graph = load_graph(args.model, quant=args.quant, params=args.params)
-    with progress.stage("passes"):
-        graph = run_pipeline(graph, stop_after=args.stop_after, dump_dir=args.dump_ir)
+    if args.stop_after or args.dump_ir:
+        with progress.stage("passes"):
+            graph = run_pipeline(graph, stop_after=args.stop_after, dump_dir=args.dump_ir,
+                                 target=args.target)
     if args.stop_after:
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0

@@ -25,13 +25,15 @@ NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 
 @dataclass
 class Built:
-    """A built kernel library: its bytes, the target dict, scheduled TIR and source."""
+    """A built kernel library: its bytes, the target dict, scheduled TIR and source, and the
+    schedule rule each kernel got."""
 
     library: bytes
     target: dict
     tir: str
     source: str
     source_suffix: str
+    schedules: dict[str, str]
 
 
 @functools.cache
@@ -60,20 +62,19 @@ def _shim_object() -> Path:
     return obj
 
 
-def schedule_module(mod, target: dict, vectorize: bool = True,
+def schedule_module(mod, target: dict, scalar: bool = False,
                     on_kernel: Callable[[str], None] | None = None):
-    """Apply the default schedule of `target` to every PrimFunc of `mod`."""
+    """(scheduled module, {kernel: schedule rule}) for `target` (llvm: the schedule
+    table, `cvmc.lowering.rules`; cuda: dlight for the whole module)."""
     import tvm
 
-    from cvmc.lowering.schedule import schedule_cpu, schedule_cuda
+    from cvmc.lowering.rules import schedule_llvm
+    from cvmc.lowering.schedule import schedule_cuda
 
     if target["kind"] == "cuda":
-        return schedule_cuda(mod, tvm.target.Target(target))
-    for gv in list(mod.functions):
-        mod = schedule_cpu(mod, gv.name_hint, vectorize)
-        if on_kernel:
-            on_kernel(gv.name_hint)
-    return mod
+        scheduled = schedule_cuda(mod, tvm.target.Target(target))
+        return scheduled, {gv.name_hint: "cuda-dlight" for gv in scheduled.functions}
+    return schedule_llvm(mod, target["mcpu"], scalar, on_kernel)
 
 
 def _check_cpu(mcpu: str) -> None:
@@ -97,18 +98,18 @@ def build_llvm(mod, mcpu: str | None = None,
     target = llvm_target(mcpu)
     _check_cpu(target["mcpu"])
     try:
-        scheduled = schedule_module(mod, target, True, on_kernel)
+        scheduled, rules = schedule_module(mod, target, False, on_kernel)
         ex = tvm.compile(scheduled, target=target)
     except Exception:  # noqa: BLE001 (TVM surfaces codegen failures as assorted types)
         # A kernel the vectoriser rejects still compiles with the scalar inner loop; if
         # this fails too, its error propagates.
-        scheduled = schedule_module(mod, target, False)
+        scheduled, rules = schedule_module(mod, target, True)
         ex = tvm.compile(scheduled, target=target)
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         ex.export_library(str(lib), addons=[str(_shim_object())], options=["-fopenmp"])
         return Built(lib.read_bytes(), target, scheduled.script(),
-                     ex.mod.inspect_source("ll"), "ll")
+                     ex.mod.inspect_source("ll"), "ll", rules)
 
 
 def find_nvcc() -> str:
@@ -129,7 +130,7 @@ def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | Non
     from cvmc.codegen.shim import CUDA_HELPERS_CU
 
     target = tvm.target.Target(cuda_target(arch), host={"kind": "cuda_host"})
-    scheduled = schedule_module(mod, cuda_target(arch))
+    scheduled, _ = schedule_module(mod, cuda_target(arch))
     try:
         ex = tvm.compile(scheduled, target=target)
     except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
@@ -192,4 +193,4 @@ def build_cuda(mod, arch: str = "sm_80",
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)
         return Built(lib.read_bytes(), {"kind": "cuda", "arch": arch}, scheduled.script(),
-                     source, "cu")
+                     source, "cu", {gv.name_hint: "cuda-dlight" for gv in scheduled.functions})

@@ -328,11 +328,17 @@ def _cvm_attrs(node: Node, opdef: OpDef, types: dict[str, TensorType]) -> dict[s
     return out
 
 
+# Op sets CVM-Runtime implements (its own additions to the spec's set included).
+CVM_RUNTIME_SEEDS = {"cvm", "cvm-runtime"}
+
+
 def _check_exportable(graph: Graph) -> None:
     for node in graph.nodes:
-        if not lookup(node.op).compute:
-            raise CvmcError(f"{node.op} '{node.name}': NNEF standard op with no CVM-Runtime "
-                            f"counterpart; cannot export to CVM-Runtime", node.span)
+        seeds = lookup(node.op).seeds
+        if not CVM_RUNTIME_SEEDS & set(seeds):
+            raise CvmcError(f"{node.op} '{node.name}': an op of the {', '.join(seeds)} op set "
+                            f"with no CVM-Runtime counterpart; cannot export to CVM-Runtime",
+                            node.span)
     for v in graph.values():
         if not 1 <= len(graph.types[v].shape) <= MAX_RANK:
             raise CvmcError(f"tensor '{v}' has rank {len(graph.types[v].shape)}; CVM-Runtime "

@@ -16,6 +16,8 @@ from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
 from cvmc.passes.fusion import Group, fuse_groups
 
+ANCHOR_ATTR = "cvmc.anchor"
+
 
 def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[str, object]):
     """TE outputs of `node`, reading its inputs from `inputs` (name -> te.Tensor)."""
@@ -57,7 +59,9 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
         outs.append(t)
     extra = _materialized_stages(outs) if scratch else []
     args = [env[n] for n in inputs] + outs + extra
-    func = te.create_prim_func(args).with_attr("global_symbol", symbol)
+    # The anchor op (a group's first node) selects the kernel's rule in the schedule table.
+    func = te.create_prim_func(args).with_attr("global_symbol", symbol) \
+        .with_attr(ANCHOR_ATTR, nodes[0].op)
     return func, [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in extra]
 
 

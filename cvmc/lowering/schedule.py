@@ -27,7 +27,7 @@ def _root_blocks(sch, func_name: str):
     return sch.get_child_blocks(sch.get_sblock("root", func_name=func_name))
 
 
-def _inline_all(sch, func_name: str) -> None:
+def inline_all(sch, func_name: str) -> None:
     """Inline every non-output block into its consumer (or its producer) until none can."""
     changed = True
     while changed:
@@ -115,7 +115,7 @@ def _conv_axes(sch, block_rv) -> tuple[int, int] | None:
     return None if channel is None else (channel, spatial - 1)
 
 
-def _largest_divisor(n: int, limit: int) -> int:
+def largest_divisor(n: int, limit: int) -> int:
     """The largest divisor of `n` not above `limit` (tiles that divide need no guard)."""
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
@@ -124,8 +124,8 @@ def _tile_conv(sch, block, channel: int, vec: int) -> None:
     """Register-tile a conv-style block and compute its epilogue under the tile."""
     loops = sch.get_loops(block)
     extent = [int(sch.get(loop).extent) for loop in loops]
-    co, ci = sch.split(loops[channel], [None, _largest_divisor(extent[channel], _TILE_CHANNELS)])
-    wo, wi = sch.split(loops[vec], [None, _largest_divisor(extent[vec], _TILE_LANES)])
+    co, ci = sch.split(loops[channel], [None, largest_divisor(extent[channel], _TILE_CHANNELS)])
+    wo, wi = sch.split(loops[vec], [None, largest_divisor(extent[vec], _TILE_LANES)])
     outer = [{channel: co, vec: wo}.get(i, loop) for i, loop in enumerate(loops[:vec + 1])]
     reduction = loops[vec + 1:]
     sch.reorder(*outer, *reduction, ci, wi)
@@ -143,14 +143,10 @@ def _tile_conv(sch, block, channel: int, vec: int) -> None:
     sch.decompose_reduction(block, reduction[0])
 
 
-def schedule_cpu(mod, func_name: str, vectorize: bool = True):
+def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:
     """Inline elementwise stages; register-tile conv blocks; parallel outer loop and
-    vectorised inner loop for every other block."""
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(mod)
-    sch.work_on(func_name)
-    _inline_all(sch, func_name)
+    vectorised inner loop for every other block (the table's default rule)."""
+    inline_all(sch, func_name)
     tiled = set()
     for b in _root_blocks(sch, func_name) if vectorize else []:
         axes = _conv_axes(sch, b)
@@ -158,13 +154,12 @@ def schedule_cpu(mod, func_name: str, vectorize: bool = True):
             tiled.add(sch.get(b).name_hint)
     for b in _root_blocks(sch, func_name):
         if MATERIALIZE in sch.get(b).annotations:
-            _try(sch, lambda s, blk=b: _parallelize_rows(s, blk))
+            _try(sch, lambda s, blk=b: parallelize_rows(s, blk))
         elif sch.get(b).name_hint not in tiled:
             _try(sch, lambda s, blk=b: _parallelize(s, blk, vectorize))
-    return sch.mod
 
 
-def _parallelize_rows(sch, block) -> None:
+def parallelize_rows(sch, block) -> None:
     """Parallel over all loops but the innermost, which stays whole for LLVM: TVM's
     vectoriser scalarises a bounds test (padding) into per-lane index arithmetic."""
     loops = sch.get_loops(block)

@@ -2,6 +2,7 @@
 from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     broadcast,
     elemwise,
+    layout,
     nn,
     nnef_std,
     nnef_std_nn,

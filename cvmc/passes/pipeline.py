@@ -6,32 +6,41 @@ from pathlib import Path
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
+from cvmc.passes.layout import pack_conv_weights
 from cvmc.passes.precision import infer_precision
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
-PASSES: list[tuple[str, Callable[[Graph], Graph]]] = [
+# (name, pass, targets): a pass with targets runs only when compiling for one of them
+# (`cvmc check` and the reference interpreter see the graph as written).
+PASSES: list[tuple[str, Callable[[Graph], Graph], tuple[str, ...]]] = [
     # Shapes are inferred as the frontend builds the graph; precisions need the whole
     # graph (weights' data), and prove int32 never overflows.
-    ("infer-precision", infer_precision),
+    ("infer-precision", infer_precision, ()),
+    # CPU kernels want packed weights (OIHW16o4i) and a precomputed VNNI compensation:
+    # conv2d -> conv2d_packed on layout_transform-ed weights (folded just below).
+    ("pack-conv-weights", pack_conv_weights, ("llvm",)),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
-    ("fold-constants", fold_constants),
+    ("fold-constants", fold_constants, ()),
     # Nodes (and weights) that no output depends on are dropped.
-    ("eliminate-dead-code", eliminate_dead_code),
+    ("eliminate-dead-code", eliminate_dead_code, ()),
 ]
 
 
 def pass_names() -> list[str]:
     """Names accepted by --stop-after."""
-    return [name for name, _ in PASSES]
+    return [name for name, _, _ in PASSES]
 
 
 def run_pipeline(graph: Graph, stop_after: str | None = None,
-                 dump_dir: str | Path | None = None) -> Graph:
-    """Run the passes in order; optionally dump the graph after each and stop early."""
+                 dump_dir: str | Path | None = None, target: str | None = None) -> Graph:
+    """Run the passes in order (those for `target` too); optionally dump the graph after
+    each and stop early. Running it on its own output changes nothing."""
     if stop_after is not None and stop_after not in pass_names():
         raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
                         f"passes: {', '.join(pass_names())}")
-    for index, (name, fn) in enumerate(PASSES):
+    for index, (name, fn, targets) in enumerate(PASSES):
+        if targets and target not in targets:
+            continue
         graph = fn(graph)
         graph.verify()
         if dump_dir is not None:

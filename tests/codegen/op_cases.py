@@ -30,6 +30,17 @@ class OpCase:
 _BOXES = np.array([[[0, 90, 0, 0, 10, 10], [0, 80, 1, 1, 11, 11], [1, 70, 0, 0, 10, 10],
                     [0, 60, 20, 20, 30, 30], [-1, 50, 0, 0, 5, 5]]])
 
+def packed_conv_inputs(oc: int, c: int, kh: int, kw: int, seed: int):
+    """(weight OIHW, weight packed OIHW16o4i, 128 * sum(weight) per output channel), the
+    packing written here with NumPy: zero-pad O to 16 and I to 4, split, transpose."""
+    w = rand((oc, c, kh, kw), 8, seed)[0]
+    padded = np.pad(w, ((0, -oc % 16), (0, -c % 4), (0, 0), (0, 0)))
+    blocks = padded.reshape(padded.shape[0] // 16, 16, padded.shape[1] // 4, 4, kh, kw)
+    return w, blocks.transpose(0, 2, 4, 5, 1, 3), 128 * w.sum(axis=(1, 2, 3))
+
+
+_W, _WP, _COMP = packed_conv_inputs(20, 6, 3, 2, 11)
+
 CASES: list[OpCase] = [
     *[OpCase(op, [rand((2, 3, 4), 8, 1), rand((3, 1), 8, 2)])
       for op in ("broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div",
@@ -67,6 +78,12 @@ CASES: list[OpCase] = [
                      rand((2, 3), 10, 2)]),
     OpCase("get_valid_count", [(_BOXES, 8)], {"score_threshold": 55}),
     OpCase("non_max_suppression", [(_BOXES, 8), (np.array([4]), 8)], {"iou_threshold": 50}),
+    OpCase("layout_transform", [rand((20, 6, 3, 2), 8, 12)],
+           {"src_layout": "OIHW", "dst_layout": "OIHW16o4i"}),
+    OpCase("conv2d_packed", [rand((1, 6, 7, 5), 8, 13), (_WP, 8), (_COMP, 20),
+                             rand((20,), 12, 14)],
+           {"padding": [1, 2], "stride": [2, 1], "dilation": [1, 2], "channels": 20},
+           weights=(1, 2, 3)),
     # Geometries whose reads reach the edges of their inputs (buffer-bounds class tests):
     # ceil_mode's last window overhangs the input even with zero padding.
     OpCase("max_pool2d", [(np.array([[[[-5, -6, -7], [-8, -9, -10], [-11, -12, -13]]]]), 8)],

@@ -96,12 +96,16 @@ def test_dense_with_fused_epilogue_matches_reference(m):
 
 def _scheduled_kernel(g) -> str:
     import tvm
+    from tvm import s_tir
 
     from cvmc.lowering.schedule import schedule_cpu
 
     mod, _, _ = lower_graph(g)
     (gv, func), = mod.functions.items()
-    return schedule_cpu(tvm.IRModule({gv: func}), gv.name_hint).script()
+    sch = s_tir.Schedule(tvm.IRModule({gv: func}))
+    sch.work_on(gv.name_hint)
+    schedule_cpu(sch, gv.name_hint)
+    return sch.mod.script()
 
 
 def _block(script: str, name: str) -> tuple[str, str]:

@@ -100,11 +100,15 @@ def test_fused_graph_matches_reference(tmp_path, make):
 
 def _scheduled_cpu_script(g: Graph) -> str:
     import tvm
+    from tvm import s_tir
 
     from cvmc.lowering.schedule import schedule_cpu
 
     mod = tvm.IRModule({"k": lower_node(g.nodes[0], g.types, "k")})
-    return schedule_cpu(mod, "k").script()
+    sch = s_tir.Schedule(mod)
+    sch.work_on("k")
+    schedule_cpu(sch, "k")
+    return sch.mod.script()
 
 
 def test_cpu_schedule_parallel_and_vectorised():

@@ -1,0 +1,78 @@
+"""The schedule table: which schedule each CPU kernel gets, by anchor op and CPU features.
+
+A kernel's anchor is the first op of its fused group (`cvmc.anchor` on its PrimFunc). The
+first rule whose anchor and required CPU features match is tried; if TVM rejects it, the
+next matching rule is. Adding a schedule for an op is one row here. CUDA kernels are
+scheduled module-wide by TVM's dlight rules (`schedule.schedule_cuda`).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cvmc.lowering.lower import ANCHOR_ATTR
+from cvmc.lowering.schedule import schedule_cpu
+from cvmc.lowering.x86 import schedule_conv_packed
+
+
+@dataclass(frozen=True)
+class ScheduleRule:
+    """One row: `apply(schedule, function name)` for kernels anchored on `anchor` (None:
+    any) on a CPU with every feature in `features` (LLVM feature names)."""
+
+    name: str
+    anchor: str | None
+    features: tuple[str, ...]
+    apply: Callable[..., None]
+
+
+SCHEDULE_TABLE: list[ScheduleRule] = [
+    ScheduleRule("x86-avx512-vnni", "conv2d_packed", ("avx512vnni",),
+                 functools.partial(schedule_conv_packed, vnni=True)),
+    # Any CPU (AVX2, AVX-512 without VNNI, or none): 16 output channels per int32 vector.
+    ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
+                 functools.partial(schedule_conv_packed, vnni=False)),
+    ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
+]
+# When LLVM rejects a vectorised kernel, the whole module is rebuilt with this one.
+SCALAR_RULE = ScheduleRule("cpu-scalar", None, (),
+                           functools.partial(schedule_cpu, vectorize=False))
+
+
+@functools.cache
+def cpu_features(mcpu: str) -> frozenset[str]:
+    """The table's features that LLVM's CPU `mcpu` has."""
+    import tvm
+    from tvm.target import codegen
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    wanted = {f for rule in SCHEDULE_TABLE for f in rule.features}
+    return frozenset(f for f in wanted if codegen.llvm_cpu_has_features([f], target))
+
+
+def schedule_llvm(mod, mcpu: str, scalar: bool = False,
+                  on_kernel: Callable[[str], None] | None = None):
+    """(scheduled module, {kernel symbol: rule name}) for CPU `mcpu`."""
+    from tvm import s_tir
+    from tvm.s_tir.schedule import ScheduleError
+
+    features = cpu_features(mcpu)
+    chosen = {}
+    for gv, func in list(mod.functions.items()):
+        anchor = str(func.attrs[ANCHOR_ATTR]) if ANCHOR_ATTR in func.attrs else None
+        rows = [SCALAR_RULE] if scalar else [
+            r for r in SCHEDULE_TABLE
+            if r.anchor in (None, anchor) and set(r.features) <= features]
+        for rule in rows:
+            sch = s_tir.Schedule(mod)
+            sch.work_on(gv.name_hint)
+            try:
+                rule.apply(sch, gv.name_hint)
+            except (ScheduleError, ValueError):
+                continue
+            mod, chosen[gv.name_hint] = sch.mod, rule.name
+            break
+        if on_kernel:
+            on_kernel(gv.name_hint)
+    return mod, chosen

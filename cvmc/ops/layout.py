@@ -1,0 +1,227 @@
+"""Layout operators: the packed forms that fast kernels want, visible in the IR.
+
+The packing pass (`cvmc/passes/layout.py`) rewrites a `conv2d` whose weight is a constant
+into `conv2d_packed` on a `layout_transform`-ed weight; constant folding then packs the
+weight and computes the VNNI compensation at compile time, so no kernel repacks per call.
+Neither op comes from a seed spec: they are cvmc's own (seed "cvmc"), and each has a
+literal NumPy reference like every other op, so the reference interpreter runs the
+packed graph too.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from cvmc.ops.common import bitlen, require
+from cvmc.ops.nn import (
+    _add_bias,
+    _bias_precision,
+    _conv_out_hw,
+    _exact_matmul,
+    _gather_windows,
+    _lower_bias,
+    _pair_attr,
+    _require_low_precision,
+    _require_rank,
+)
+from cvmc.ops.registry import Attr, Fusion, op
+
+# ---- layout_transform -----------------------------------------------------------------
+# A layout names each axis by an upper-case letter ("OIHW"); a blocked layout lists the
+# outer axes in their new order, then inner blocks "<factor><letter>" ("OIHW16o4i": O split
+# into O/16 outer and 16 inner, I into I/4 and 4). An axis is padded with zeros up to a
+# multiple of its factor.
+_BLOCK = re.compile(r"(\d+)([a-z])")
+
+layout_transform = op(
+    "layout_transform", family="layout", inputs=("data",), fusion=Fusion.INJECTIVE,
+    attrs=(Attr("src_layout", "str"), Attr("dst_layout", "str")),
+    precision_rule="p_x", seeds=("cvmc",))
+
+
+def _parse_layouts(a, ndim: int) -> tuple[str, str, list[tuple[int, str]]]:
+    """(src axes, dst outer axes, [(factor, axis letter), ...]) after checking them."""
+    src = a.src_layout
+    outer = a.dst_layout.rstrip("0123456789abcdefghijklmnopqrstuvwxyz")
+    tail = a.dst_layout[len(outer):]
+    blocks = [(int(f), letter.upper()) for f, letter in _BLOCK.findall(tail)]
+    ok = (src.isalpha() and src.isupper() and len(set(src)) == len(src) == ndim
+          and sorted(outer) == sorted(src) and "".join(f"{f}{x.lower()}" for f, x in blocks)
+          == tail and all(f >= 1 and x in src for f, x in blocks)
+          and len({x for _, x in blocks}) == len(blocks))
+    require(ok, f"layout_transform: cannot transform a rank-{ndim} tensor from "
+                f"'{a.src_layout}' to '{a.dst_layout}' (expected e.g. 'OIHW' -> 'OIHW16o4i')")
+    return src, outer, blocks
+
+
+def _blocked_shape(shape: tuple[int, ...], a) -> tuple[int, ...]:
+    """The destination shape: each outer axis divided (rounding up) by its block factor."""
+    src, outer, blocks = _parse_layouts(a, len(shape))
+    factor = {x: f for f, x in blocks}
+    return (*(-(-shape[src.index(x)] // factor.get(x, 1)) for x in outer),
+            *(f for f, _ in blocks))
+
+
+@layout_transform.shape
+def _layout_transform_shape(ins, a):
+    return _blocked_shape(ins[0].shape, a)
+
+
+@layout_transform.precision
+def _layout_transform_precision(ins, a):
+    return ins[0].precision
+
+
+@layout_transform.reference
+def _layout_transform_reference(xs, a):
+    x = xs[0]
+    src, outer, blocks = _parse_layouts(a, x.ndim)
+    factor = {ax: f for f, ax in blocks}
+    # Pad each blocked axis to a multiple of its factor, split it into (outer, inner),
+    # then order the axes as the destination names them.
+    x = np.pad(x, [(0, -d % factor.get(ax, 1)) for d, ax in zip(x.shape, src)])
+    split = x.reshape([n for d, ax in zip(x.shape, src)
+                       for n in ((d // factor[ax], factor[ax]) if ax in factor else (d,))])
+    position, k = {}, 0
+    for ax in src:
+        position[ax] = k
+        k += 2 if ax in factor else 1
+    order = [position[ax] for ax in outer] + [position[ax] + 1 for _, ax in blocks]
+    return split.transpose(order)
+
+
+@layout_transform.lower
+def _layout_transform_lower(xs, a):
+    from cvmc.lowering.te_facade import const, shape_of, te, tirx
+    x = xs[0]
+    shape = shape_of(x)
+    src, outer, blocks = _parse_layouts(a, len(shape))
+    factor = {ax: f for f, ax in blocks}
+
+    def read(*i):
+        index = {ax: i[k] for k, ax in enumerate(outer)}
+        for k, (f, ax) in enumerate(blocks):
+            index[ax] = index[ax] * f + i[len(outer) + k]
+        coords = [index[ax] for ax in src]
+        inside = [c < d for c, d, ax in zip(coords, shape, src) if ax in factor]
+        value = x[tuple(coords)]
+        return tirx.if_then_else(tirx.all(*inside), value, const(0)) if inside else value
+    return te.compute(_blocked_shape(shape, a), read, name="layout_transform")
+
+
+# ---- conv2d_packed --------------------------------------------------------------------
+# y = sum_{c, ky, kx} u[n, c, p*SH + ky*DH, q*SW + kx*DW] * W[o, c, ky, kx] - comp[o] (+ B[o])
+# with u = pad(x + 128, 128) (every value in 1..255: an unsigned byte) and W the weight in
+# layout OIHW16o4i. With comp = 128 * sum(W[o]) this is exactly conv2d(x, W) (+ B): the
+# form VNNI's u8 x s8 dot product computes (x86 `vpdpbusd`). Sums stay inside int32 while
+# 255 * 127 * C*KH*KW < 2^31, i.e. C*KH*KW <= MAX_PACKED_REDUCTION (the pass checks it).
+OC_BLOCK, IC_BLOCK = 16, 4
+MAX_PACKED_REDUCTION = (2**31 - 1) // (255 * 127)  # 66,311
+WEIGHT_LAYOUT = f"OIHW{OC_BLOCK}o{IC_BLOCK}i"
+
+conv2d_packed = op(
+    "conv2d_packed", family="layout", inputs=("data", "weight", "compensation", "bias?"),
+    fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",),
+    attrs=(
+        _pair_attr("padding", 0, (0, 0)),
+        _pair_attr("stride", 1, (1, 1)),
+        _pair_attr("dilation", 1, (1, 1)),
+        Attr("channels", "int", lo=1),  # OC before padding to a multiple of 16
+    ),
+    precision_rule="as conv2d: p_x + p_w + bitlen(C*KH*KW); with bias max(that, p_b) + 1")
+
+
+def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
+    """(C, OC, KH, KW) after checking the packed weight against data and attributes."""
+    _require_rank("conv2d_packed", "data", ins[0], 4, "(N, C, H, W)")
+    _require_rank("conv2d_packed", "weight", ins[1], 6, f"(OC/{OC_BLOCK}, C/{IC_BLOCK}, KH, KW, "
+                                                        f"{OC_BLOCK}, {IC_BLOCK})")
+    c, (ocb, icb, kh, kw, ob, ib) = ins[0].shape[1], ins[1].shape
+    oc = a.channels
+    require((ob, ib) == (OC_BLOCK, IC_BLOCK) and icb == -(-c // IC_BLOCK)
+            and ocb == -(-oc // OC_BLOCK),
+            f"conv2d_packed: weight shape {list(ins[1].shape)} does not pack {oc} output and "
+            f"{c} input channels as {WEIGHT_LAYOUT}")
+    require(ins[2].shape == (oc,), f"conv2d_packed: compensation must have shape ({oc},)")
+    if len(ins) == 4:
+        require(ins[3].shape == (oc,), f"conv2d_packed: bias must have shape ({oc},)")
+    require(c * kh * kw <= MAX_PACKED_REDUCTION,
+            f"conv2d_packed: reduction length C*KH*KW = {c * kh * kw} exceeds "
+            f"{MAX_PACKED_REDUCTION} (255*127*K would overflow int32)")
+    return c, oc, kh, kw
+
+
+@conv2d_packed.shape
+def _conv2d_packed_shape(ins, a):
+    c, oc, kh, kw = _packed_geometry(ins, a)
+    return (ins[0].shape[0], oc, *_conv_out_hw(ins[0].shape, (oc, c, kh, kw), a))
+
+
+@conv2d_packed.precision
+def _conv2d_packed_precision(ins, a):
+    c, _, kh, kw = _packed_geometry(ins, a)
+    _require_low_precision("conv2d_packed", ins)
+    bias = ins[:2] + ins[3:]  # the bias rule reads the bias at index 2
+    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(c * kh * kw), bias)
+
+
+def _unpacked_weight(wp: np.ndarray, oc: int, c: int) -> np.ndarray:
+    """OIHW16o4i -> OIHW with the padding channels dropped."""
+    ocb, icb, kh, kw, ob, ib = wp.shape
+    return wp.transpose(0, 4, 1, 5, 2, 3).reshape(ocb * ob, icb * ib, kh, kw)[:oc, :c]
+
+
+@conv2d_packed.reference
+def _conv2d_packed_reference(xs, a):
+    x, wp, comp = xs[0], xs[1], xs[2]
+    n, c = x.shape[:2]
+    w = _unpacked_weight(wp, a.channels, c)
+    oc, _, kh, kw = w.shape
+    (ph, pw), stride, dil = a.padding, a.stride, a.dilation
+    u = np.pad(x + 128, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=128)
+    oh, ow = _conv_out_hw(x.shape, w.shape, a)
+    taps = _gather_windows(u, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
+    y = _exact_matmul(w.reshape(oc, c * kh * kw), taps.reshape(n, c * kh * kw, oh * ow))
+    y = y.reshape(n, oc, oh, ow) - comp.reshape(1, oc, 1, 1)
+    return _add_bias(y, xs[:2] + xs[3:], 1)
+
+
+@conv2d_packed.lower
+def _conv2d_packed_lower(xs, a):
+    from cvmc.lowering.schedule import MATERIALIZE
+    from cvmc.lowering.te_facade import const, shape_of, te, tirx
+    x, wp, comp = xs[0], xs[1], xs[2]
+    n, c, h, w = shape_of(x)
+    ocb, icb, kh, kw = shape_of(wp)[:4]
+    (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
+    oh, ow = _conv_out_hw((n, c, h, w), (a.channels, c, kh, kw), a)
+
+    def byte(b, cb, i, j, ci):
+        channel = cb * IC_BLOCK + ci
+        inside = tirx.all(channel < c, i >= ph, i < h + ph, j >= pw, j < w + pw)
+        value = x[b, tirx.min(channel, c - 1), i - ph, j - pw] + 128
+        return tirx.if_then_else(inside, value, const(128)).astype("uint8")
+    # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word).
+    u = te.compute((n, icb, h + 2 * ph, w + 2 * pw, IC_BLOCK), byte, name="conv2d_packed_data",
+                   attrs={MATERIALIZE: 1})
+    rcb = te.reduce_axis((0, icb), name="rcb")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    rci = te.reduce_axis((0, IC_BLOCK), name="rci")
+
+    def dot(b, ob, p, q, oi):
+        pixel = u[b, rcb, p * sh + ry * dh, q * sw + rx * dw, rci].astype("int32")
+        return te.sum(pixel * wp[ob, rcb, ry, rx, oi, rci].astype("int32"),
+                      axis=[rcb, ry, rx, rci])
+    acc = te.compute((n, ocb, oh, ow, OC_BLOCK), dot, name="conv2d_packed_acc")
+    y = te.compute((n, a.channels, oh, ow),
+                   lambda b, o, p, q: acc[b, o // OC_BLOCK, p, q, o % OC_BLOCK] - comp[o],
+                   name="conv2d_packed")
+    return _lower_bias(y, xs[:2] + xs[3:], 1, "conv2d_packed_bias")
+
+
+@conv2d_packed.cost
+def _conv2d_packed_cost(ins, outs, a):
+    c, _, kh, kw = _packed_geometry(ins, a)
+    return 3 * c * kh * kw + (1 if len(ins) == 4 else 0)

@@ -1,0 +1,120 @@
+"""conv2d on the CPU through the layout pass: packed weights (OIHW16o4i) and the
+compensation folded at compile time, then each CPU schedule path of the table.
+
+The oracle is the reference interpreter on the graph as written (plain conv2d, itself
+checked against `tvm.topi.testing` in tests/ops/test_nn.py); compiled outputs must equal
+it bit for bit on every path. Paths are forced with --mcpu: `znver4` has AVX-512 VNNI
+(`vpdpbusd`), `haswell` (AVX2) and `x86-64` (SSE2) take the plain vector loop; this
+machine (Zen 4/5) runs all three.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import cvmc_runtime
+import numpy as np
+import pytest
+
+from cvmc.codegen import compile_model
+from cvmc.ir import Graph, Node, TensorType
+from cvmc.ops import lookup
+from cvmc.ops.layout import MAX_PACKED_REDUCTION
+from cvmc.passes.precision import infer_precision
+from cvmc.reference import reference_run
+from tests.oputil import rand_in_precision
+
+PATHS = {"znver4": "x86-avx512-vnni", "haswell": "cpu-packed-vector",
+         "x86-64": "cpu-packed-vector"}
+
+# (data shape, weight shape, attributes, bias?, epilogue?)
+GEOMETRIES = {
+    "3x3 pad 1": ((1, 16, 9, 9), (32, 16, 3, 3), {"padding": [1, 1]}, True, True),
+    "1x1": ((1, 32, 6, 5), (16, 32, 1, 1), {}, True, False),
+    "7x7 stride 2 pad 3": ((1, 3, 15, 15), (16, 3, 7, 7),
+                           {"padding": [3, 3], "stride": [2, 2]}, False, True),
+    "dilated, asymmetric": ((2, 5, 8, 11), (20, 5, 3, 2),
+                            {"padding": [2, 0], "dilation": [2, 3], "stride": [1, 2]}, True,
+                            False),
+    "odd channels": ((1, 6, 5, 7), (3, 6, 3, 3), {"padding": [1, 1]}, False, False),
+    "wide row": ((1, 8, 3, 29), (16, 8, 3, 3), {"padding": [1, 1]}, True, True),
+}
+
+
+def conv_graph(x_shape, w_shape, attrs, bias: bool, epilogue: bool, seed: int = 0,
+               p: int = 8) -> Graph:
+    """x -> conv2d(x, w[, b]) [-> cvm_right_shift -> cvm_clip -> relu] with random weights."""
+    rng = np.random.default_rng(seed)
+    consts = {"w": rand_in_precision(rng, w_shape, p)}
+    if bias:
+        consts["b"] = rand_in_precision(rng, (w_shape[0],), 12)
+    types = {"x": TensorType(x_shape, "int32", p),
+             **{k: TensorType(v.shape, "int32") for k, v in consts.items()}}
+    calls = [("conv2d", ("x", "w", *(("b",) if bias else ())), "c", attrs)]
+    if epilogue:
+        calls += [("cvm_right_shift", ("c",), "s", {"precision": 16, "shift_bit": 5}),
+                  ("cvm_clip", ("s",), "k", {"precision": 8}), ("relu", ("k",), "y", {})]
+    nodes = []
+    for op, inputs, out, given in calls:
+        d = lookup(op)
+        a = d.normalize_attrs(given)
+        (shape,) = d.infer_shapes([types[i] for i in inputs], a)
+        types[out] = TensorType(shape, "int32")
+        nodes.append(Node(op, inputs, (out,), dict(a)))
+    return infer_precision(Graph("conv", ["x"], [nodes[-1].outputs[0]], nodes, types, consts))
+
+
+def compiled_vs_reference(graph: Graph, mcpu: str | None = None) -> dict:
+    """Compile for llvm (`mcpu`), run on random data, assert equal to the reference;
+    returns the plan."""
+    t = graph.types["x"]
+    x = rand_in_precision(np.random.default_rng(1), t.shape, t.precision)
+    want = reference_run(graph, {"x": x})
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = compile_model(graph, Path(tmp) / "m.cvmx", mcpu=mcpu).plan
+        got = cvmc_runtime.load(Path(tmp) / "m.cvmx").run({"x": x})
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+    return plan
+
+
+@pytest.mark.parametrize("mcpu", list(PATHS))
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_packed_conv_is_exact_on_every_path(geometry, mcpu):
+    plan = compiled_vs_reference(conv_graph(*GEOMETRIES[geometry]), mcpu)
+    (kernel,) = plan["kernels"]
+    assert kernel["ops"][0] == "conv2d_packed" and kernel["schedule"] == PATHS[mcpu]
+
+
+def test_vnni_code_uses_vpdpbusd():
+    graph = conv_graph(*GEOMETRIES["3x3 pad 1"])
+    with tempfile.TemporaryDirectory() as tmp:
+        source = compile_model(graph, Path(tmp) / "m.cvmx", mcpu="znver4").source
+    assert "llvm.x86.avx512.vpdpbusd.512" in source
+
+
+def test_weights_are_packed_at_compile_time():
+    """No kernel packs weights or computes the compensation: both are stored weights."""
+    graph = conv_graph(*GEOMETRIES["3x3 pad 1"])
+    plan = compiled_vs_reference(graph)
+    shapes = {w["name"]: w["shape"] for w in plan["weights"]}
+    assert shapes == {"w_packed": [2, 4, 3, 3, 16, 4], "w_compensation": [32], "b": [32]}
+    assert [k["ops"] for k in plan["kernels"]] == [
+        ["conv2d_packed", "cvm_right_shift", "cvm_clip", "relu"]]
+
+
+@pytest.mark.parametrize("length, packed", [(MAX_PACKED_REDUCTION, True),
+                                            (MAX_PACKED_REDUCTION + 1, False)])
+def test_reduction_length_bound(length, packed):
+    """255 * 127 * K < 2^31 holds up to K = 66311: one channel more and conv2d stays
+    unpacked (2-bit operands, so the precision rule itself allows this K)."""
+    assert 255 * 127 * MAX_PACKED_REDUCTION <= 2**31 - 1 < 255 * 127 * (length + 1)
+    graph = conv_graph((1, length, 1, 1), (1, length, 1, 1), {}, False, False, p=2)
+    plan = compiled_vs_reference(graph)
+    assert plan["kernels"][0]["ops"] == ["conv2d_packed" if packed else "conv2d"]
+
+
+def test_grouped_conv_stays_unpacked():
+    plan = compiled_vs_reference(conv_graph((1, 8, 5, 5), (8, 4, 3, 3), {"groups": 2},
+                                            True, False))
+    assert plan["kernels"][0]["ops"] == ["conv2d"]
