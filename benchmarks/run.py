@@ -3,7 +3,7 @@
     python benchmarks/run.py [--threads N] [--repeat R] [--filter NAME] [--json OUT]
 
 Each workload is an NNEF graph with random int8 weights, compiled for the host CPU with
-`cvmc.compile_model` and run with `cvmc_runtime`. Baselines: cvmc's NumPy reference
+`cvmc.compile` and run with `cvmc_runtime`. Baselines: cvmc's NumPy reference
 interpreter (always) and ONNX Runtime's integer kernels (when `onnxruntime` and `onnx` are
 importable). Every implementation's output is compared bit-exactly before it is timed, so
 a wrong result is never timed. Ratio = baseline ms / cvmc ms: above 1 means cvmc is faster.
@@ -346,10 +346,9 @@ def measure(w: Workload, threads: int, repeat: int, tmp: Path) -> list[Row]:
     import cvmc_runtime
 
     import cvmc
-    from cvmc.passes.pipeline import run_pipeline
 
     graph = cvmc.load_graph(_model_folder(w, tmp))
-    cvmc.compile_model(run_pipeline(graph), tmp / "model.cvmx")
+    cvmc.compile(graph, tmp / "model.cvmx")
     model = cvmc_runtime.load(tmp / "model.cvmx")
     ref = cvmc.reference_run(graph, w.inputs)
     _check_equal(f"cvmc {w.name}", model.run(w.inputs), ref)

@@ -6,10 +6,12 @@ as one clear message with exit code 1, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
 import numpy as np
+from cvmc_runtime.fileio import atomic_write
 from cvmc_runtime.signature import ModelError
 from rich.console import Console
 from rich.table import Table
@@ -72,29 +74,68 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
 
 # ---- run ------------------------------------------------------------------------------
+MAX_INPUT_ELEMENTS = 1 << 30  # the compiler's tensor limit (CVM-Runtime's)
+
+
+def _load_npy(name: str, file: str) -> np.ndarray:
+    """An integer .npy array, its header checked before anything is allocated."""
+    try:
+        with open(file, "rb") as f:
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                           (2, 0): np.lib.format.read_array_header_2_0}.get(
+                np.lib.format.read_magic(f))
+            if read_header is None:
+                raise ValueError("unsupported .npy format version")
+            shape = read_header(f)[0]
+            count = int(np.prod(shape, dtype=object))
+            if count > MAX_INPUT_ELEMENTS:
+                raise CvmcError(f"--input {name}: '{file}' declares shape {list(shape)} "
+                                f"({count} elements, more than {MAX_INPUT_ELEMENTS})")
+            f.seek(0)
+            return np.load(f, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:  # missing, empty, truncated, not .npy
+        raise CvmcError(f"--input {name}: cannot read '{file}' as a .npy array "
+                        f"({str(e) or type(e).__name__})") from None
+
+
 def _read_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
     feeds = {}
     for pair in pairs:
         name, sep, file = pair.partition("=")
         if not sep or not name or not file:
             raise CvmcError(f"--input expects NAME=FILE.npy, got '{pair}'")
-        try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise CvmcError(f"--input {name}: cannot read '{file}': {e}") from None
+        if name in feeds:
+            raise CvmcError(f"--input {name} is given twice")
+        feeds[name] = _load_npy(name, file)
     return feeds
 
 
+def output_file_name(name: str) -> str:
+    """`<name>.npy` when `name` is a plain file name; names from a model must never become
+    paths outside the folder the user chose (no separators, no '..', no NUL)."""
+    plain = name not in ("", ".", "..") and not any(c in name for c in "/\\\0") \
+        and len(name.encode("utf-8", "surrogatepass")) <= 200
+    if not plain:
+        raise CvmcError(f"output {name!r:.80} cannot be written as a file: an output name "
+                        f"must be a plain file name (no '/', '\\', NUL or '..', at most "
+                        f"200 bytes)")
+    return f"{name}.npy"
+
+
 def _write_outputs(outputs: dict[str, np.ndarray], out_dir: str | None) -> None:
+    files = {name: output_file_name(name) for name in outputs} if out_dir else {}
     if out_dir:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        folder = Path(out_dir)
+        if folder.exists() and not folder.is_dir():
+            raise CvmcError(f"--output-dir {out_dir}: exists and is not a folder")
+        folder.mkdir(parents=True, exist_ok=True)
     for name, value in outputs.items():
         line = f"{name}: shape {_fmt_shape(value.shape)} {value.dtype}"
         if value.size:
             line += f" min {int(value.min())} max {int(value.max())}"
         if out_dir:
-            path = Path(out_dir) / f"{name}.npy"
-            np.save(path, value)
+            path = Path(out_dir) / files[name]
+            atomic_write(path, lambda f, v=value: np.save(f, v, allow_pickle=False))
             line += f" -> {path}"
         console.print(line)
 
@@ -185,15 +226,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM: unwind like Ctrl-C, so temporary files are removed."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `cvmc` console script."""
+    """Entry point of the `cvmc` console script. Exit codes: 0 success, 1 error (one
+    message, never a traceback), 2 usage (argparse), 130 interrupted (SIGINT / SIGTERM)."""
     args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.fn(args)
     except CvmcError as e:
         print(e.render(), file=sys.stderr)
     except ModelError as e:
         print(f"error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("cvmc: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # a path the user named: missing folder, a folder for a file, ...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+    except UnicodeError as e:
+        print(f"error: cannot decode text ({e})", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 1
 
 

@@ -35,14 +35,17 @@ from cvmc.frontend.quant import parse_quant
 from cvmc.frontend.tensorfile import HEADER_SIZE, read_tensor_bytes, tensor_bytes
 from cvmc.ir import Graph
 from cvmc.passes.precision import infer_precision
+from tests.shared import HAVE_SHARED, SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "small_cnn"
-CORPUS = ROOT.parent / "shared" / "data" / "nnef-corpus" / "valid"
+CORPUS = SHARED / "data" / "nnef-corpus" / "valid"
 
 
 def _documents(max_chars: int) -> list[str]:
-    files = [p / "graph.nnef" if p.is_dir() else p for p in sorted(CORPUS.iterdir())]
+    """The corpus documents (only the bundled example where ../shared is absent)."""
+    corpus = sorted(CORPUS.iterdir()) if HAVE_SHARED else []
+    files = [p / "graph.nnef" if p.is_dir() else p for p in corpus]
     texts = [p.read_text() for p in files + [EXAMPLE / "graph.nnef"]]
     return [t for t in texts if len(t) <= max_chars]
 

@@ -49,6 +49,7 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
 
     if target not in TARGETS:
         raise CvmcError(f"unknown target '{target}'; expected one of {', '.join(TARGETS)}")
+    writable_file(output, "artifact")  # before the work, not after it
     progress = progress or _Quiet()
     start = time.perf_counter()
     with progress.stage("passes"):
@@ -64,18 +65,49 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
     with progress.stage("write artifact"):
         weights = {w["name"]: graph.constants[w["name"]].astype(w["dtype"])
                    for w in plan["weights"]}
-        write_artifact(output, plan, built.library, weights)
+        write_artifact(writable_file(output, "artifact"), plan, built.library, weights)
     return CompileResult(plan, built.tir, built.source, built.source_suffix,
                          time.perf_counter() - start)
 
 
+def writable_file(path: str | Path, what: str) -> Path:
+    """`path` if a file can be created or replaced there: its folder exists and it is not
+    itself a folder (checked before any work, so a mistake costs nothing)."""
+    path = Path(path)
+    if path.is_dir():
+        raise CvmcError(f"{what} {path}: is a folder, expected a file path")
+    if not path.parent.is_dir():
+        raise CvmcError(f"{what} {path}: folder '{path.parent}' does not exist")
+    return path
+
+
+def _emit_paths(output: Path, kinds: list[str], target: str) -> dict[str, Path]:
+    """Where each `--emit` kind goes, beside the artifact; none may overwrite another."""
+    suffixes = {"tir": ".tir", "plan": ".plan.json", "source": ".ll" if target == "llvm"
+                else ".cu"}
+    paths = {kind: writable_file(output.with_suffix(suffixes[kind]), f"--emit {kind}")
+             for kind in dict.fromkeys(kinds)}
+    taken = {output.resolve(): "the artifact"}
+    for kind, path in paths.items():
+        if path.resolve() in taken:
+            raise CvmcError(f"--emit {kind} would write {path}, which is also "
+                            f"{taken[path.resolve()]}; choose an -o path with another suffix")
+        taken[path.resolve()] = f"--emit {kind}"
+    return paths
+
+
 def compile_cli(args, console) -> int:
     """`cvmc compile`: load, run the passes, compile, write extras, print a summary."""
+    from cvmc_runtime.fileio import atomic_write_bytes
+
     from cvmc.codegen.progress import RichProgress
     from cvmc.frontend import load_graph
     from cvmc.passes.pipeline import run_pipeline
 
-    output = Path(args.output)
+    output = writable_file(args.output, "-o")
+    emits = _emit_paths(output, args.emit, args.target)
+    if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
+        raise CvmcError(f"--dump-ir {args.dump_ir}: exists and is not a folder")
     progress = RichProgress(console) if console.is_terminal else _Quiet()
     with progress.stage("load"):
         graph = load_graph(args.model, quant=args.quant, params=args.params)
@@ -87,13 +119,10 @@ def compile_cli(args, console) -> int:
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0
     result = compile_model(graph, output, args.target, args.mcpu, args.arch, progress)
-    extras = {"tir": (".tir", result.tir),
-              "plan": (".plan.json", json.dumps(result.plan, indent=1)),
-              "source": (f".{result.source_suffix}", result.source)}
-    for kind in dict.fromkeys(args.emit):
-        suffix, text = extras[kind]
-        path = output.with_suffix(suffix)
-        path.write_text(text)
+    extras = {"tir": result.tir, "plan": json.dumps(result.plan, indent=1),
+              "source": result.source}
+    for kind, path in emits.items():
+        atomic_write_bytes(path, extras[kind].encode())
         console.print(f"wrote {path}")
     _print_summary(console, output, result)
     return 0

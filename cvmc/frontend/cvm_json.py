@@ -388,10 +388,17 @@ def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
 
 def export_cvm(graph: Graph, out_dir: str | Path) -> list[Path]:
     """Write `out_dir/symbol.json` and `out_dir/params` for CVM-Runtime; returns the paths."""
+    from cvmc_runtime.fileio import atomic_write_bytes
+
     doc, arrays = cvm_document(graph)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CvmcError(f"export -o {out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     symbol, params = out / "symbol.json", out / "params"
-    symbol.write_text(json.dumps(doc) + "\n")
-    params.write_bytes(params_bytes(arrays))
+    for path in (symbol, params):
+        if path.is_dir():
+            raise CvmcError(f"export: {path} is a folder; cannot write the file there")
+    atomic_write_bytes(symbol, (json.dumps(doc) + "\n").encode())
+    atomic_write_bytes(params, params_bytes(arrays))
     return [symbol, params]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cvmc_runtime.fileio import atomic_write
 from cvmc_runtime.plan import check_weights, validate_plan
 from cvmc_runtime.signature import ModelError
 
@@ -25,14 +26,18 @@ LIBRARY = "kernels.so"
 def write_artifact(path: str | Path, plan: dict, library: bytes,
                    weights: dict[str, np.ndarray]) -> None:
     """Write a .cvmx file; `plan['weights']` names the arrays in `weights`, in order."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
-        z.writestr("cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
-        z.writestr("plan.json", json.dumps(plan, indent=1))
-        z.writestr(LIBRARY, library)
-        for index, spec in enumerate(plan["weights"]):
-            buf = io.BytesIO()
-            np.save(buf, np.ascontiguousarray(weights[spec["name"]]), allow_pickle=False)
-            z.writestr(f"weights/{index}.npy", buf.getvalue())
+    def write(file) -> None:
+        with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
+            z.writestr("plan.json", json.dumps(plan, indent=1))
+            z.writestr(LIBRARY, library)
+            for index, spec in enumerate(plan["weights"]):
+                buf = io.BytesIO()
+                np.save(buf, np.ascontiguousarray(weights[spec["name"]]), allow_pickle=False)
+                z.writestr(f"weights/{index}.npy", buf.getvalue())
+    # A temporary file renamed into place: an interrupted compile never leaves a
+    # half-written artifact, nor destroys the one that was there.
+    atomic_write(path, write)
 
 
 def read_artifact(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]:

@@ -12,12 +12,13 @@ from cvmc.errors import CvmcError
 from cvmc.frontend.nnef import load_nnef, parse_nnef
 from cvmc.ops import registry
 from cvmc.ops.registry import Attr, op
+from tests.shared import HAVE_SHARED, SHARED, requires_shared
 
 nnef = pytest.importorskip("nnef")
 
-# The shared corpus lies beside the checkout (../shared), in CI as in development.
-CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "nnef-corpus"
-VALID = sorted((CORPUS / "valid").iterdir())
+pytestmark = requires_shared
+CORPUS = SHARED / "data" / "nnef-corpus"
+VALID = sorted((CORPUS / "valid").iterdir()) if HAVE_SHARED else []
 
 # Line of the first error (the Khronos parser's line, MANIFEST.txt), except where noted.
 INVALID = {
