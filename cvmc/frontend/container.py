@@ -23,7 +23,10 @@ from cvmc.frontend.tensorfile import read_tensor_bytes
 GRAPH_FILE = "graph.nnef"
 QUANT_FILE = "graph.quant"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-MAX_ARCHIVE_BYTES = 4 << 30  # sum of member sizes: bounds memory use for a hostile archive
+# Sum of member sizes, checked header by header as the archive is read: a hostile archive
+# (a small .tgz of a huge member, a sparse tar) fails at the first header past the bound,
+# before its data is decompressed or held. 1 GiB is 10x the int32 weights of ResNet-50.
+MAX_ARCHIVE_BYTES = 1 << 30
 MAX_ARCHIVE_MEMBERS = 100_000
 
 
@@ -74,20 +77,32 @@ def _read_file(path: Path, what: str) -> bytes:
         raise CvmcError(f"{path}: cannot read {what}: {e.strerror}") from None
 
 
+def _inside(root: Path, rel: str, what: str) -> Path | None:
+    """`root/rel` resolved, if it is a file inside `root` (None if there is no file).
+
+    Every file cvmc finds in a model folder by name (weights, graph.quant, the graph of a
+    folder) must stay inside it, symlinks included; the user's own paths may go anywhere.
+    """
+    try:
+        path = (root / rel).resolve()
+        if not path.is_relative_to(root):
+            raise CvmcError(f"{what} '{root / rel}' resolves outside the model folder")
+        return path if path.is_file() else None
+    except (OSError, RuntimeError) as e:  # a name too long, a symlink loop
+        raise CvmcError(f"{what} '{rel[:200]}': cannot be opened in the model folder "
+                        f"({getattr(e, 'strerror', None) or e})") from None
+
+
 def _open_folder(graph: Path, quant: Path | None) -> ModelSource:
     """A model whose weights lie in the folder of `graph`."""
     root = graph.parent.resolve()
 
     def fetch(rel: str) -> bytes | None:
-        path = (root / rel).resolve()
-        # A symlink inside the folder must not lead the label outside it either.
-        if not path.is_relative_to(root):
-            raise CvmcError(f"weight file '{root / rel}' resolves outside the model folder")
-        return _read_file(path, "weights") if path.is_file() else None
+        path = _inside(root, rel, "weight file")
+        return None if path is None else _read_file(path, "weights")
 
-    beside = graph.parent / QUANT_FILE
-    quant_text, quant_name = _read_quant(quant if quant is not None else
-                                         beside if beside.is_file() else None)
+    beside = _inside(root, QUANT_FILE, "quantization file") if quant is None else None
+    quant_text, quant_name = _read_quant(quant if quant is not None else beside)
     return ModelSource(
         graph_text=_decode(_read_file(graph, "graph"), str(graph)), graph_name=str(graph),
         quant_text=quant_text, quant_name=quant_name, fetch=fetch, where=f"{graph.parent}/")
@@ -101,30 +116,35 @@ def _read_quant(path: Path | None) -> tuple[str | None, str | None]:
 
 
 def _tar_members(path: Path) -> dict[str, bytes]:
-    """Every regular file of an archive, by normalized name, read in memory."""
+    """Every regular file of an archive, by normalized name, read in memory; each header
+    is checked (type, name, running size, count) before its data is read."""
+    members: dict[str, bytes] = {}
+    total = 0
     try:
         with tarfile.open(path, "r:*") as tar:
-            infos = tar.getmembers()
-            _check_members(path, infos)
-            return {_member_name(path, i): tar.extractfile(i).read()  # type: ignore[union-attr]
-                    for i in infos if i.isfile()}
+            for count, info in enumerate(tar, start=1):
+                if count > MAX_ARCHIVE_MEMBERS:
+                    raise CvmcError(f"{path}: archive has more than {MAX_ARCHIVE_MEMBERS} "
+                                    f"members")
+                if info.isdir():
+                    continue
+                if not info.isfile() or info.issparse():
+                    kind = "sparse file" if info.isfile() else "link or special file"
+                    raise CvmcError(f"{path}: archive member '{info.name}' is a {kind}; only "
+                                    f"regular files and folders are allowed")
+                total += info.size
+                if total > MAX_ARCHIVE_BYTES:
+                    raise CvmcError(f"{path}: archive members exceed {MAX_ARCHIVE_BYTES} bytes "
+                                    f"(at member '{info.name}', {info.size} bytes)")
+                name = _member_name(path, info)
+                if name in members:
+                    raise CvmcError(f"{path}: archive holds '{name}' twice; which one is meant "
+                                    f"is ambiguous")
+                members[name] = tar.extractfile(info).read()  # type: ignore[union-attr]
     # zlib / lzma errors: a damaged compressed stream (bz2 reports an OSError)
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
         raise CvmcError(f"{path}: not a readable tar archive ({e})") from None
-
-
-def _check_members(path: Path, infos: list[tarfile.TarInfo]) -> None:
-    if len(infos) > MAX_ARCHIVE_MEMBERS:
-        raise CvmcError(f"{path}: archive has {len(infos)} members (at most "
-                        f"{MAX_ARCHIVE_MEMBERS} allowed)")
-    for info in infos:
-        if not (info.isfile() or info.isdir()):
-            raise CvmcError(f"{path}: archive member '{info.name}' is a link or special file; "
-                            f"only regular files and folders are allowed")
-    total = sum(i.size for i in infos if i.isfile())
-    if total > MAX_ARCHIVE_BYTES:
-        raise CvmcError(f"{path}: archive members total {total} bytes (at most "
-                        f"{MAX_ARCHIVE_BYTES} allowed)")
+    return members
 
 
 def _member_name(path: Path, info: tarfile.TarInfo) -> str:
@@ -168,8 +188,8 @@ def open_model(path: Path, quant: Path | None = None) -> ModelSource:
     """Open an NNEF model: a .nnef file, a folder with graph.nnef, or a .tar/.tar.gz/.tgz."""
     path = Path(path)
     if path.is_dir():
-        graph = path / GRAPH_FILE
-        if not graph.is_file():
+        graph = _inside(path.resolve(), GRAPH_FILE, "graph file")
+        if graph is None:
             raise CvmcError(f"{path}: model folder has no {GRAPH_FILE}")
         return _open_folder(graph, quant)
     if not path.is_file():

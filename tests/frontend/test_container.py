@@ -102,7 +102,7 @@ def test_tar_member_outside_archive_rejected(tmp_path: Path) -> None:
 def test_tar_total_size_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cvmc.frontend import container
     monkeypatch.setattr(container, "MAX_ARCHIVE_BYTES", 100)
-    with pytest.raises(CvmcError, match="at most 100 allowed"):
+    with pytest.raises(CvmcError, match="members exceed 100 bytes"):
         open_model(_tar(tmp_path / "m.tgz", _model_files()))
 
 
@@ -146,3 +146,53 @@ def test_corrupt_weight_names_the_member(tmp_path: Path) -> None:
     src = open_model(_tar(tmp_path / "m.tgz", files))
     with pytest.raises(CvmcError, match=r"m\.tgz:model/conv1/filter\.dat"):
         src.read_tensor("conv1/filter")
+
+
+# ---- issue 9, items 5, 7, 10, 12: what a model folder or archive may make cvmc read --------
+def test_graph_and_quant_symlinks_must_stay_inside_the_folder(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:SECRET\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "graph.nnef").symlink_to(secret)
+    with pytest.raises(CvmcError) as e:
+        open_model(model)
+    assert "resolves outside the model folder" in str(e.value) and "SECRET" not in str(e.value)
+    (model / "graph.nnef").unlink()
+    (model / "graph.nnef").write_text(GRAPH)
+    (model / "graph.quant").symlink_to(secret)
+    with pytest.raises(CvmcError, match="quantization file .* resolves outside"):
+        open_model(model)
+
+
+@pytest.mark.parametrize("label", ["a" * 5000, "/".join(["d"] * 3000), "loop/x"])
+def test_unopenable_labels_are_one_error(tmp_path: Path, label: str) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "graph.nnef").write_text(GRAPH)
+    (model / "loop").symlink_to(model / "loop")
+    with pytest.raises(CvmcError, match="cannot be opened in the model folder"):
+        open_model(model).read_tensor(label)
+
+
+def test_archive_bomb_fails_at_its_header(tmp_path: Path) -> None:
+    """A small .tgz whose header claims a 2 GiB member fails before any data is read."""
+    info = tarfile.TarInfo("graph.nnef")
+    info.size = 2 << 30
+    raw = io.BytesIO()
+    raw.write(info.tobuf())  # the header alone: the data would follow
+    import gzip
+    (tmp_path / "bomb.tgz").write_bytes(gzip.compress(raw.getvalue()))
+    with pytest.raises(CvmcError, match="members exceed"):
+        open_model(tmp_path / "bomb.tgz")
+
+
+def test_duplicate_archive_members_are_ambiguous(tmp_path: Path) -> None:
+    path = tmp_path / "m.tar"
+    _tar(path, _model_files(), mode="w")
+    with tarfile.open(path, "a") as tar:
+        info = tarfile.TarInfo("graph.nnef")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"bad"))
+    with pytest.raises(CvmcError, match="holds 'graph.nnef' twice"):
+        open_model(path)
