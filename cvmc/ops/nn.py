@@ -393,16 +393,22 @@ def _max_pool2d_reference(xs, a):
 
 @max_pool2d.lower
 def _max_pool2d_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.lowering.te_facade import shape_of, te, tirx
     x = xs[0]
     ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
     (kh, kw), (sh, sw) = a.pool_size, a.strides
-    read = _padded_reader(x, ph, pw, INT32_MIN, (oh - 1) * sh + kh, (ow - 1) * sw + kw)
+    h, w = shape_of(x)[2:]
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
     def window_max(n, c, p, q):
-        return te.max(read(n, c, p * sh + ry, q * sw + rx), axis=[ry, rx])
+        # A tap in the padding reads the nearest input pixel instead: every window holds
+        # at least one input pixel (the shape rule) and its pixels are contiguous, so
+        # that nearest pixel is in the window too and the maximum is unchanged -- with
+        # no test in the loop and no read outside the input (ceil_mode included).
+        i = tirx.max(tirx.min(p * sh + ry - ph, h - 1), 0)
+        j = tirx.max(tirx.min(q * sw + rx - pw, w - 1), 0)
+        return te.max(x[n, c, i, j], axis=[ry, rx])
     return te.compute((*shape_of(x)[:2], oh, ow), window_max, name="max_pool2d")
 
 

@@ -82,16 +82,43 @@ class Model:
         """Check the inputs, call every kernel in order, return the outputs by name."""
         for name, value in check_inputs(self.inputs, feeds, saturate).items():
             self._buf.upload(name, value)
-        tensors = self._buf.tensors
-        for (kernel, args), spec in zip(self._kernels, self.plan["kernels"]):
-            try:
-                kernel(*[tensors[a] for a in args])
-            # The packed-function wrapper rejects arguments of the wrong rank, shape or
-            # dtype: a plan that does not match its library.
-            except (TypeError, ValueError, RuntimeError) as e:
-                raise ModelError(f"kernel '{spec['symbol']}' rejects its arguments: the plan "
-                                 f"does not match the library ({e})") from None
+        for index in range(len(self._kernels)):
+            self._call(index)
         return {s.name: self._buf.download(s.name) for s in self.outputs}
+
+    def _call(self, index: int) -> None:
+        kernel, args = self._kernels[index]
+        try:
+            kernel(*[self._buf.tensors[a] for a in args])
+        # The packed-function wrapper rejects arguments of the wrong rank, shape or dtype:
+        # a plan that does not match its library.
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ModelError(f"kernel '{self.plan['kernels'][index]['symbol']}' rejects its "
+                             f"arguments: the plan does not match the library ({e})") from None
+
+    def profile(self, feeds: Mapping[str, object], repeat: int = 20,
+                warmup: int = 3) -> tuple[list[list[float]], list[float]]:
+        """(seconds of each kernel call, per kernel; seconds of each whole `run`): every
+        kernel timed alone over `repeat` rounds after `warmup`, then whole runs."""
+        import time
+
+        self.run(feeds)
+        for _ in range(warmup):
+            self.run(feeds)
+        per_kernel: list[list[float]] = [[] for _ in self._kernels]
+        for _ in range(repeat):
+            for index, times in enumerate(per_kernel):
+                start = time.perf_counter()
+                self._call(index)
+                if self.plan["device"] != "cpu":
+                    self._buf.module["cvmc_sync"]()
+                times.append(time.perf_counter() - start)
+        runs = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            self.run(feeds)
+            runs.append(time.perf_counter() - start)
+        return per_kernel, runs
 
 
 def cuda_available() -> bool:
