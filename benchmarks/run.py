@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/models.py
 SEED = 2024
 WARMUP = 2
 PAUSE_S = 0.05  # thread pools (TVM/OpenMP, ONNX Runtime, OpenBLAS) spin: let them park
@@ -50,6 +51,9 @@ class Workload:
     check_text: str = ""
     # ONNX Runtime baselines: (workload, reference graph outputs, threads) -> implementations
     onnx: Callable[[Workload, dict[str, np.ndarray], int], list[Impl]] | None = None
+    # Whether the NumPy reference is also timed as a baseline (not for whole networks:
+    # seconds per run; it still checks cvmc's outputs).
+    time_reference: bool = True
 
 
 @dataclass
@@ -170,6 +174,16 @@ def global_sum() -> Workload:
     return Workload("sum(H,W)+shift 1x2048x7x7", text, {}, {"data": _int8(rng, shape)})
 
 
+def network(name: str, size: int = 224) -> Workload:
+    """A whole network of benchmarks/models.py at `size` x `size`, batch 1."""
+    from models import MODELS
+
+    net = MODELS[name](size)
+    x = np.random.default_rng(SEED).integers(-127, 128, net.input_shape).astype(np.int8)
+    return Workload(f"{name} {size}x{size}", net.nnef(), net.weights, {"data": x},
+                    onnx=_network_onnx(net), time_reference=False)
+
+
 # ResNet-50 layers from benchdnn's shapes_resnet_50 (batch 1): res2a_branch2b,
 # res3a_branch2b (3x3, the bulk of the network's work) and res2b_branch2a (1x1).
 WORKLOADS: list[Callable[[], Workload]] = [
@@ -181,6 +195,8 @@ WORKLOADS: list[Callable[[], Workload]] = [
     residual_add,
     max_pool,
     global_sum,
+    lambda: network("resnet18"),
+    lambda: network("mobilenet_v1"),
 ]
 
 
@@ -278,6 +294,28 @@ def _max_pool_onnx(w: Workload, ref: dict[str, np.ndarray], threads: int) -> lis
     return [_onnx_impl("MaxPool s8", session, {"data": x}, ref["y"], "int8 == reference")]
 
 
+def _network_onnx(net):
+    """The network's ONNX Runtime twin (QLinearConv u8 and friends: benchmarks/models.py).
+    Its rounding differs from CVM's, so only its output shape is checked."""
+    def build(w: Workload, ref: dict[str, np.ndarray], threads: int) -> list[Impl]:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(net.onnx_model().SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+        feeds = {"data": _as_u8(w.inputs["data"])}
+        (out,) = session.run(None, feeds)
+        if out.shape != ref["logits"].shape:
+            raise VerificationError(f"onnxruntime {w.name}: output shape {out.shape}, "
+                                    f"expected {ref['logits'].shape}")
+        return [Impl("onnxruntime QLinearConv u8 network", lambda: session.run(None, feeds),
+                     "same shapes and layers; output shape checked (ONNX rounds otherwise)")]
+    return build
+
+
 def onnx_available() -> bool:
     """True when both onnxruntime and onnx import (they are not cvmc dependencies)."""
     try:
@@ -355,7 +393,8 @@ def measure(w: Workload, threads: int, repeat: int, tmp: Path) -> list[Row]:
     if w.check_text:
         (tmp / "check.nnef").write_text(w.check_text)
         ref = cvmc.reference_run(cvmc.load_graph(tmp / "check.nnef"), w.inputs)
-    impls = [Impl("reference (NumPy)", lambda: cvmc.reference_run(graph, w.inputs), "")]
+    impls = [Impl("reference (NumPy)", lambda: cvmc.reference_run(graph, w.inputs), "")] \
+        if w.time_reference else []
     if w.onnx is not None and onnx_available():
         impls += w.onnx(w, ref, threads)
     cpu = model.plan["target"].get("mcpu", "?")

@@ -6,7 +6,10 @@ as one clear message with exit code 1, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import signal
+import statistics
 import sys
 from pathlib import Path
 
@@ -151,10 +154,58 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         if args.quant or args.params:
             raise CvmcError("--quant/--params apply with --reference (to a model, not an artifact)")
-        import cvmc_runtime
-        model = cvmc_runtime.load(args.model)
+        model = _load_artifact(args)
         outputs = model.run(feeds, saturate=args.saturate)
     _write_outputs(outputs, args.output_dir)
+    return 0
+
+
+def _load_artifact(args: argparse.Namespace):
+    """The artifact of `args.model`, with `--threads` applied."""
+    import cvmc_runtime
+    if args.threads is not None:
+        cvmc_runtime.set_num_threads(args.threads)
+    return cvmc_runtime.load(args.model)
+
+
+# ---- bench ----------------------------------------------------------------------------
+def _random_inputs(model) -> dict[str, np.ndarray]:
+    """Random values filling each input's precision (fixed seed)."""
+    rng = np.random.default_rng(0)
+    bound = {s.name: (1 << (s.precision - 1)) - 1 for s in model.inputs}
+    return {s.name: rng.integers(-bound[s.name], bound[s.name] + 1, s.shape).astype(s.dtype)
+            for s in model.inputs}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Time an artifact: every kernel alone, then whole runs (see README, Speed)."""
+    model = _load_artifact(args)
+    feeds = {**_random_inputs(model), **_read_inputs(args.input)}
+    per_kernel, runs = model.profile(feeds, repeat=args.repeat, warmup=args.warmup)
+    total = sum(statistics.median(t) for t in per_kernel) or 1.0
+    table = Table("kernel", "schedule", "median ms", "min ms", "max ms", "GOPS", "share",
+                  box=None)
+    table.columns[0].overflow = "fold"  # kernel names stay whole on narrow terminals
+    rows = []
+    for spec, times in zip(model.plan["kernels"], per_kernel):
+        med = statistics.median(times)
+        gops = spec.get("arith_ops", 0) / med / 1e9 if med else 0.0
+        rows.append({"kernel": spec["symbol"], "schedule": spec.get("schedule", "-"),
+                     "median_ms": med * 1e3, "min_ms": min(times) * 1e3,
+                     "max_ms": max(times) * 1e3, "gops": gops, "share": med / total})
+        table.add_row(spec["symbol"], rows[-1]["schedule"], f"{med * 1e3:.3f}",
+                      f"{min(times) * 1e3:.3f}", f"{max(times) * 1e3:.3f}", f"{gops:.0f}",
+                      f"{med / total:.1%}")
+    console.print(table)
+    run = {"median_ms": statistics.median(runs) * 1e3, "min_ms": min(runs) * 1e3,
+           "max_ms": max(runs) * 1e3}
+    console.print(f"end to end ({len(runs)} runs, {os.environ.get('TVM_NUM_THREADS', 'all')} "
+                  f"threads): median {run['median_ms']:.3f} ms, min {run['min_ms']:.3f} ms, "
+                  f"max {run['max_ms']:.3f} ms")
+    if args.json:
+        report = {"artifact": str(args.model), "threads": os.environ.get("TVM_NUM_THREADS"),
+                  "repeat": args.repeat, "kernels": rows, "run": run}
+        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
     return 0
 
 
@@ -174,6 +225,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     for path in export_cvm(graph, args.output):
         console.print(f"wrote {path}")
     return 0
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,7 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output-dir", help="write each output to DIR/<name>.npy")
     sp.add_argument("--saturate", action="store_true",
                     help="clip inputs into their declared precision instead of rejecting them")
+    sp.add_argument("--threads", type=_positive, help="CPU threads (default: all cores)")
     sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("bench", help="time a .cvmx artifact, kernel by kernel and whole")
+    sp.add_argument("model", metavar="ARTIFACT", help="a .cvmx artifact")
+    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                    help="input data (default: random values inside each input's precision)")
+    sp.add_argument("--threads", type=_positive, help="CPU threads (default: all cores)")
+    sp.add_argument("--repeat", type=_positive, default=50, help="timed rounds (default 50)")
+    sp.add_argument("--warmup", type=_positive, default=5, help="untimed runs first (default 5)")
+    sp.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    sp.set_defaults(fn=cmd_bench)
 
     sp = sub.add_parser("compile", help="compile a model to a .cvmx artifact")
     model_args(sp)

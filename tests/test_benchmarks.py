@@ -61,3 +61,19 @@ def test_missing_onnxruntime_is_reported(bench, capsys, monkeypatch):
     monkeypatch.setattr(bench, "onnx_available", lambda: False)
     bench.main(["--filter", "no such workload", "--repeat", "1"])
     assert "onnxruntime not installed: skipped" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
+def test_network_generators_compile_to_the_reference(bench, name, tmp_path):
+    """The benchmark networks at 32x32: cvmc accepts them and matches the reference."""
+    import cvmc_runtime
+
+    import cvmc
+
+    w = bench.network(name, 32)
+    graph = cvmc.load_graph(bench._model_folder(w, tmp_path))
+    cvmc.compile(graph, tmp_path / "m.cvmx")
+    got = cvmc_runtime.load(tmp_path / "m.cvmx").run(w.inputs)
+    want = cvmc.reference_run(graph, w.inputs)
+    assert got["logits"].shape == (1, 1000)
+    assert np.array_equal(got["logits"], want["logits"])

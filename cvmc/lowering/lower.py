@@ -146,6 +146,20 @@ def _spec(graph: Graph, name: str) -> dict:
     return {"name": name, "shape": list(t.shape), "dtype": t.dtype, "precision": t.precision}
 
 
+def arith_ops(node: Node, types: Mapping[str, TensorType]) -> int:
+    """Arithmetic operations of a node, for GOPS in `cvmc bench`: 2 per multiply-add of a
+    conv or dense (the convention of every GOPS figure), else 1 per output element."""
+    out = types[node.outputs[0]]
+    weight = types[node.inputs[1]].shape if len(node.inputs) > 1 else ()
+    if node.op in ("conv2d", "conv2d_packed"):
+        taps = weight[2] * weight[3]
+        return 2 * out.size * types[node.inputs[0]].shape[1] // node.attrs.get("groups", 1) \
+            * taps
+    if node.op == "dense":
+        return 2 * out.size * weight[1]
+    return sum(types[o].size for o in node.outputs)
+
+
 def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dict:
     """The JSON-ready plan: signature, weights, intermediate buffers, kernel calls, memory."""
     # A weight is stored when a kernel reads it or when it is itself a graph output (a
@@ -155,7 +169,9 @@ def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dic
     io = set(graph.inputs) | set(graph.outputs) | set(weights)
     buffers = [v for g in groups for v in g.outputs if v not in io]
     kernels = [{"symbol": s, "ops": g.ops, "args": [*g.inputs, *g.outputs],
-                "num_inputs": len(g.inputs)} for s, g in zip(symbols, groups)]
+                "num_inputs": len(g.inputs),
+                "arith_ops": sum(arith_ops(n, graph.types) for n in g.nodes)}
+               for s, g in zip(symbols, groups)]
     return {
         "inputs": [_spec(graph, n) for n in graph.inputs],
         "outputs": [_spec(graph, n) for n in graph.outputs],

@@ -121,6 +121,14 @@ class Model:
         return per_kernel, runs
 
 
+def set_num_threads(threads: int) -> None:
+    """Threads every CPU kernel uses from its next call on (default: all cores). The
+    kernels' shim reads TVM_NUM_THREADS at each parallel launch."""
+    if type(threads) is not int or threads < 1:
+        raise ModelError(f"threads must be a positive integer, got {threads!r}")
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+
+
 def cuda_available() -> bool:
     """True if the CUDA driver reports at least one GPU."""
     import ctypes

@@ -1,0 +1,47 @@
+"""`cvmc bench` and `--threads` (smoke tests: structure, not speed)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cvmc.cli import main
+from tests.test_cli_robustness import DATA, EXAMPLE
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "m.cvmx"
+    assert main(["compile", str(EXAMPLE), "-o", str(path)]) == 0
+    return path
+
+
+def test_bench_reports_every_kernel(artifact, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", str(artifact), "--threads", "1", "--repeat", "3", "--warmup", "1",
+                 "--json", str(out)]) == 0
+    assert "end to end (3 runs, 1 threads)" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    plan_kernels = json.loads(__import__("zipfile").ZipFile(artifact).read("plan.json"))["kernels"]
+    assert [k["kernel"] for k in report["kernels"]] == [k["symbol"] for k in plan_kernels]
+    for k in report["kernels"]:
+        assert 0 < k["min_ms"] <= k["median_ms"] <= k["max_ms"]
+    assert abs(sum(k["share"] for k in report["kernels"]) - 1) < 1e-9
+    conv = report["kernels"][0]
+    # The example's first kernel: conv, 2 * 8 output channels * 16*16 pixels * 3*3*3 taps,
+    # then right shift, clip and relu, one operation per output element each.
+    assert plan_kernels[0]["arith_ops"] == 2 * 8 * 16 * 16 * 27 + 3 * 8 * 16 * 16
+    assert conv["gops"] > 0
+    assert report["run"]["min_ms"] > 0
+
+
+def test_threads_option(artifact, tmp_path, capsys):
+    for threads in ("1", "2"):
+        assert main(["run", str(artifact), "--threads", threads, "--input", f"data={DATA}",
+                     "--output-dir", str(tmp_path / threads)]) == 0
+    one, two = (np.load(tmp_path / t / "logits.npy") for t in "12")
+    assert np.array_equal(one, two)
+    with pytest.raises(SystemExit) as e:
+        main(["bench", str(artifact), "--threads", "0"])
+    assert e.value.code == 2
