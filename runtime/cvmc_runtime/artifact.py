@@ -40,24 +40,42 @@ def write_artifact(path: str | Path, plan: dict, library: bytes,
     atomic_write(path, write)
 
 
+MAX_JSON_BYTES = 64 << 20  # cvmx.json and plan.json (a ResNet-50 plan is ~100 KB)
+MAX_LIBRARY_BYTES = 1 << 30
+NPY_HEADER_ALLOWANCE = 4096  # a .npy header is at most a few hundred bytes
+
+
+def _member(z: zipfile.ZipFile, name: str, limit: int) -> bytes:
+    """A member's bytes, its uncompressed size checked against `limit` before it is read
+    (zipfile then checks the size and the CRC as it reads). Only members the plan needs
+    are ever read."""
+    info = z.getinfo(name)
+    if info.file_size > limit:
+        raise ModelError(f"member '{name}' declares {info.file_size} bytes, more than the "
+                         f"{limit} it may hold")
+    return z.read(info)
+
+
+def _weight_bytes(spec: dict) -> int:
+    return int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+
+
 def read_artifact(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]:
     """(plan, library bytes, weights by name); any damage is a ModelError."""
     try:
         with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-            if bad is not None:
-                raise ModelError(f"corrupt artifact (member '{bad}' fails its checksum)")
-            header = json.loads(z.read("cvmx.json"))
+            header = json.loads(_member(z, "cvmx.json", MAX_JSON_BYTES))
             if not isinstance(header, dict) or header.get("format") != FORMAT or \
                     header.get("version") != FORMAT_VERSION:
                 raise ModelError(f"artifact format {header!r:.80} is not "
                                  f"{FORMAT} version {FORMAT_VERSION}; recompile the model")
-            plan = json.loads(z.read("plan.json"))
+            plan = json.loads(_member(z, "plan.json", MAX_JSON_BYTES))
             validate_plan(plan)
-            library = z.read(LIBRARY)
-            weights = {spec["name"]: np.load(io.BytesIO(z.read(f"weights/{i}.npy")),
-                                             allow_pickle=False)
-                       for i, spec in enumerate(plan["weights"])}
+            library = _member(z, LIBRARY, MAX_LIBRARY_BYTES)
+            # Each weight member may hold no more than its declared shape and dtype need.
+            weights = {spec["name"]: np.load(io.BytesIO(_member(
+                z, f"weights/{i}.npy", _weight_bytes(spec) + NPY_HEADER_ALLOWANCE)),
+                allow_pickle=False) for i, spec in enumerate(plan["weights"])}
             check_weights(plan, weights)
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None

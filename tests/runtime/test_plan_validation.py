@@ -65,3 +65,48 @@ def test_weights_outside_their_precision_are_refused(value, index):
         return
     with pytest.raises(ModelError, match=f"value {value} at index \\[{index}\\] is outside"):
         check_weights(plan, {"w": w})
+
+
+# ---- bounded reading (issue 9, item 7) -----------------------------------------------------
+def _artifact_with(tmp_path, **members: bytes):
+    """The example compiled, then members replaced (written deflated, like the compiler)."""
+    import zipfile
+    from pathlib import Path
+
+    from cvmc.cli import main
+
+    src = tmp_path / "m.cvmx"
+    assert main(["compile", str(Path(__file__).resolve().parents[2] / "examples" / "small_cnn"),
+                 "-o", str(src)]) == 0
+    with zipfile.ZipFile(src) as z:
+        blobs = {n: z.read(n) for n in z.namelist()}
+    blobs.update({k.replace("__", "/"): v for k, v in members.items()})
+    out = tmp_path / "edited.cvmx"
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for name, blob in blobs.items():
+            z.writestr(name, blob)
+    return out
+
+
+def test_a_huge_plan_member_fails_before_it_is_read(tmp_path):
+    import time
+
+    import cvmc_runtime
+    path = _artifact_with(tmp_path, **{"plan.json": b"{}" + b" " * (80 << 20)})
+    start = time.perf_counter()
+    with pytest.raises(ModelError, match="member 'plan.json' declares 83886082 bytes"):
+        cvmc_runtime.load(path)
+    assert time.perf_counter() - start < 1
+
+
+def test_weight_members_larger_than_declared_and_unused_members(tmp_path):
+    import io
+
+    import cvmc_runtime
+    big = io.BytesIO()
+    np.save(big, np.zeros(1 << 20, np.int8))
+    with pytest.raises(ModelError, match="member 'weights/0.npy' declares"):
+        cvmc_runtime.load(_artifact_with(tmp_path, **{"weights__0.npy": big.getvalue()}))
+    # A member the plan does not name is never read, however large it claims to be.
+    model = cvmc_runtime.load(_artifact_with(tmp_path, **{"weights__99.npy": b"\0" * (50 << 20)}))
+    assert [s.name for s in model.outputs] == ["logits"]
