@@ -67,8 +67,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
         if not (d.compute or args.all):
             continue
         aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
-        console.print(f"[bold]{d.name}[/bold]{aliases}  family {d.family}, "
-                      f"fusion {d.fusion.value}")
+        console.print(f"[bold]{d.name}[/bold]{aliases}  op set {', '.join(d.seeds)}, "
+                      f"family {d.family}, fusion {d.fusion.value}")
         console.print(f"    inputs:     {', '.join(d.inputs)}")
         if d.attrs:
             console.print(f"    attributes: {'; '.join(a.describe() for a in d.attrs)}")

@@ -22,11 +22,13 @@ def test_ops_lists_every_compute_op_with_its_precision_rule(capsys):
     for d in all_ops():
         if d.compute:
             aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
-            assert f"\n{d.name}{aliases}  family {d.family}" in "\n" + out
+            assert f"\n{d.name}{aliases}  op set {', '.join(d.seeds)}, family {d.family}" \
+                in "\n" + out
             assert d.precision_rule in out
     assert "(check only)" not in out
+    assert "\nbroadcast_greater  op set cvm-runtime, family broadcast" in out
     main(["ops", "--all"])
-    assert "nnef.reshape  family nnef" in capsys.readouterr().out
+    assert "nnef.reshape  op set nnef, family nnef" in capsys.readouterr().out
 
 
 def test_check_prints_signature_and_precisions(capsys):

@@ -1,5 +1,5 @@
 """CVM broadcast operators: broadcast_add, broadcast_sub, broadcast_mul, broadcast_div,
-broadcast_max.
+broadcast_max, and broadcast_greater (from CVM-Runtime, not the spec).
 
 Spec: ../shared/spec/cvm-operators-formal.txt, "Broadcast Operators": shapes align on the
 right (a_j = d_{Q-M+j}), each pair of dimensions equal or one of them 1. Precision rules
@@ -53,10 +53,10 @@ def _te_broadcast(xs, fn: Callable, name: str):
 
 
 def _declare(name: str, precision_rule: str, precision: Callable, ref: Callable,
-             expr: Callable) -> OpDef:
+             expr: Callable, seeds: tuple[str, ...] = ("cvm",)) -> OpDef:
     """Register one broadcast op: `ref` (NumPy) and `expr` (TE) compute A OP B elementwise."""
     d = op(name, family="broadcast", inputs=("lhs", "rhs"), fusion=Fusion.BROADCAST,
-           precision_rule=precision_rule)
+           precision_rule=precision_rule, seeds=seeds)
     d.shape(lambda ins, a: broadcast_shape(name, ins[0].shape, ins[1].shape))
     d.precision(lambda ins, a: precision(ins[0].precision, ins[1].precision))
     d.reference(lambda xs, a: ref(*_np_operands(xs)))
@@ -96,3 +96,17 @@ broadcast_mul = _declare("broadcast_mul", "p_a + p_b", lambda pa, pb: pa + pb,
 broadcast_div = _declare("broadcast_div", "p_a (truncating; x / 0 = 0)", lambda pa, pb: pa,
                          _np_div, _te_div)
 broadcast_max = _declare("broadcast_max", "max(p_a, p_b)", max, np.maximum, _te_max)
+
+
+def _te_greater(u, v):
+    return (u > v).astype("int32")
+
+
+# CVM-Runtime has it (CPU, CUDA and FORMAL kernels: Y = A > B as 0 or 1, with the broadcast
+# above) though the spec does not. Its precision rule is the first input's; 1 does not fit
+# precision 1 (|v| <= 0), so cvmc takes max(p_a, 2): sound, and equal to CVM-Runtime's for
+# every p_a >= 2.
+broadcast_greater = _declare("broadcast_greater", "max(p_a, 2) (values 0 or 1; CVM-Runtime "
+                             "op, not in the spec: its rule is p_a)", lambda pa, pb: max(pa, 2),
+                             lambda a, b: (a > b).astype(np.int64), _te_greater,
+                             seeds=("cvm-runtime",))

@@ -44,7 +44,7 @@ _W, _WP, _COMP = packed_conv_inputs(20, 6, 3, 2, 11)
 CASES: list[OpCase] = [
     *[OpCase(op, [rand((2, 3, 4), 8, 1), rand((3, 1), 8, 2)])
       for op in ("broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div",
-                 "broadcast_max")],
+                 "broadcast_max", "broadcast_greater")],
     *[OpCase(op, [rand((3, 17), 12)]) for op in ("abs", "cvm_precision", "negative", "relu")],
     *[OpCase(op, [rand((3, 17), 12, 1), rand((3, 17), 9, 2)])
       for op in ("elemwise_add", "elemwise_sub")],

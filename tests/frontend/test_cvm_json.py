@@ -232,6 +232,7 @@ OP_CASES: dict[str, tuple[list, dict]] = {
     "broadcast_mul": (["x", _w((1, 1, 4))], {}),
     "broadcast_div": (["x", _w((1, 2, 1, 1))], {}),
     "broadcast_max": (["x", _w((1, 2, 4, 1))], {}),
+    "broadcast_greater": (["x", _w((1, 1, 1, 4))], {}),
     "elemwise_add": (["x", _w(X_SHAPE)], {}),
     "elemwise_sub": (["x", _w(X_SHAPE)], {}),
     "abs": (["x"], {}), "negative": (["x"], {}), "relu": (["x"], {}),

@@ -10,7 +10,8 @@ from tests.oputil import check_op, one_op_graph
 from tests.oputil import rand_in_precision as rand
 
 MAX32 = 2**31 - 1
-OPS = ["broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_max"]
+OPS = ["broadcast_add", "broadcast_sub", "broadcast_mul", "broadcast_div", "broadcast_max",
+       "broadcast_greater"]
 # right-aligned pairs: equal shapes, 1-dims on either side, different ranks
 # (lhs shape, lhs precision, rhs shape, rhs precision): int8 and int32 storage on both sides
 CASES = [((2, 3), 8, (2, 3), 8), ((2, 3, 4), 16, (4,), 12), ((3, 1), 8, (2, 1, 5), 16),
@@ -97,7 +98,8 @@ def _oracle(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.array([div_py(int(u), int(v)) for u, v in zip(aa.ravel(), bb.ravel())]
                         ).reshape(aa.shape)
     fn = {"broadcast_add": np.add, "broadcast_sub": np.subtract,
-          "broadcast_mul": np.multiply, "broadcast_max": np.maximum}[op]
+          "broadcast_mul": np.multiply, "broadcast_max": np.maximum,
+          "broadcast_greater": lambda u, v: np.greater(u, v).astype(np.int64)}[op]
     return fn(a, b)
 
 
@@ -116,3 +118,22 @@ def test_broadcast_with_weight_operand(op):
     a, w = rand(rng, (2, 4, 3), 8), rand(rng, (4, 1), 6)
     (y,) = check_op(op, [(a, 8), (w, 6)], weights=(1,))
     assert np.array_equal(y, _oracle(op, a, w))
+
+
+def test_broadcast_greater_cvm_runtime_example():
+    """CVM-Runtime's own documentation example (src/top/tensor/broadcast.cc):
+    x = [[1, 1, 1], [1, 1, 1]], y = [[0], [1]] -> [[1, 1, 1], [0, 0, 0]]."""
+    (y,) = check_op("broadcast_greater", [(np.ones((2, 3), np.int64), 2),
+                                          (np.array([[0], [1]]), 2)])
+    assert y.tolist() == [[1, 1, 1], [0, 0, 0]]
+
+
+def test_broadcast_greater_hand_computed_and_precision():
+    (y,) = check_op("broadcast_greater", [(np.array([-5, 0, 7, 3]), 4),
+                                          (np.array([[-6], [3]]), 5)])
+    assert y.tolist() == [[1, 1, 1, 1], [0, 0, 1, 0]]
+    # 0 > -1 gives 1, which precision 1 (|v| <= 0) cannot hold: the rule is max(p_a, 2).
+    g = one_op_graph("broadcast_greater", [(np.zeros(2, np.int64), 1), (np.array([-1, 0]), 2)])
+    assert g.types["y0"].precision == 2
+    assert check_op("broadcast_greater", [(np.zeros(2, np.int64), 1),
+                                          (np.array([-1, 0]), 2)])[0].tolist() == [1, 0]
