@@ -55,6 +55,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         table.add_row(name, op, _fmt_shape(t.shape), t.dtype,
                       "-" if t.precision is None else str(t.precision))
     console.print(table)
+    if all({"cvm", "cvm-runtime"} & set(lookup(n.op).seeds) for n in graph.nodes):
+        from cvmc.passes.gas import gas
+        cost = gas(graph)
+        console.print(f"gas: {cost.total} (operations {cost.operations} + memory "
+                      f"{cost.memory}, as CVM-Runtime prices the model)")
     return 0
 
 

@@ -57,6 +57,13 @@ def _gvc_precision(ins, a):
     return numprec(n * k), _fill_precision(ins[0].precision)
 
 
+@get_valid_count.cost
+def _get_valid_count_cost(ins, outs, a):
+    # CVM-Runtime's gas counts 1 per element of the data output (B, N, K), not of the
+    # valid-count output (B,) that costs are counted against here: N*K per count.
+    return outs[1].size // outs[0].size
+
+
 @get_valid_count.reference
 def _gvc_reference(xs, a):
     x = xs[0]
@@ -157,6 +164,12 @@ def _area(box) -> int:
 def _limit(n, attr: int, minimum=min):
     """min(n, attr), where a negative attribute means no limit (TIR: minimum=tirx.min)."""
     return n if attr < 0 else minimum(n, attr)
+
+
+@non_max_suppression.cost
+def _nms_cost(ins, outs, a):
+    # CVM-Runtime's gas: 20 operations per output element per batch (data shape[0]).
+    return 20 * ins[0].shape[0]
 
 
 @non_max_suppression.reference
