@@ -241,7 +241,7 @@ class _Importer:
         assert opdef is not None
         where = f"node {i} {opdef.name} '{node['name']}'"
         ins = tuple(self._entry(e, i, where) for e in node["inputs"])
-        attrs = self._attrs(i, opdef, where)
+        attrs = self._attrs(i, opdef, where, [self.types[v].shape for v in ins])
         try:
             shapes = opdef.infer_shapes([self.types[v] for v in ins], attrs)
         except OpRuleError as e:
@@ -252,7 +252,7 @@ class _Importer:
                                   f"declares {list(self.types[out].shape)}")
         return Node(opdef.name, ins, tuple(outputs), attrs)
 
-    def _attrs(self, i: int, opdef: OpDef, where: str) -> Attrs:
+    def _attrs(self, i: int, opdef: OpDef, where: str, in_shapes: list) -> Attrs:
         declared = self.nodes[i].get("attrs", {})
         n_in = declared.get("num_inputs") if isinstance(declared, dict) else None
         if n_in is not None and str(n_in) != str(len(self.nodes[i]["inputs"])):
@@ -271,10 +271,69 @@ class _Importer:
                 continue
             at = opdef.attr(key)
             values[key] = parse_attr_value(value, at.kind if at else "str")
+            if opdef.name == "reshape" and at is not None and at.name == "target_shape":
+                values[key] = self._resolve_reshape(values[key], in_shapes[0], where)
         try:
             return opdef.normalize_attrs(values)
         except OpRuleError as e:
             raise self.d.fail(f"{where}: {e.message}") from None
+
+    def _resolve_reshape(self, target, shape: tuple[int, ...], where: str) -> list[int]:
+        """CVM-Runtime's reshape codes resolved against the input shape (its shape rule,
+        src/top/tensor/transform.cc): 0 copies the next input dimension, -1 is inferred
+        from the rest (at most once), -2 copies every remaining input dimension, -3 merges
+        the next two, -4 splits the next one into the two values after it (one may be
+        -1). Positive values take the place of one input dimension."""
+        if not isinstance(target, (list, tuple)) or not all(isinstance(v, int) for v in target):
+            return target  # the op's own attribute check reports it
+        out, src, infer, k = [], 0, None, 0
+
+        def need(cond: bool, what: str) -> None:
+            if not cond:
+                raise self.d.fail(f"{where}: reshape shape {list(target)} on input "
+                                  f"{list(shape)}: {what}")
+        while k < len(target):
+            v = target[k]
+            if v > 0:
+                out.append(v)
+                src += 1
+            elif v == 0:
+                need(src < len(shape), "0 copies a dimension the input does not have")
+                out.append(shape[src])
+                src += 1
+            elif v == -1:
+                need(infer is None, "more than one -1")
+                infer = len(out)
+                out.append(1)
+                src += 1
+            elif v == -2:
+                out.extend(shape[src:])
+                src = len(shape)
+            elif v == -3:
+                need(src + 1 < len(shape), "-3 merges two dimensions the input does not have")
+                out.append(shape[src] * shape[src + 1])
+                src += 2
+            elif v == -4:
+                need(k + 2 < len(target) and src < len(shape), "-4 needs two values after it "
+                     "and an input dimension to split")
+                d0, d1, d2 = shape[src], target[k + 1], target[k + 2]
+                need(d1 != -1 or d2 != -1, "-4 cannot split into -1 and -1")
+                d1 = d0 // d2 if d1 == -1 and d2 else d1
+                d2 = d0 // d1 if d2 == -1 and d1 else d2
+                need(d1 > 0 and d2 > 0 and d1 * d2 == d0,
+                     f"-4 split {d1} x {d2} does not make dimension {d0}")
+                out += [d1, d2]
+                src += 1
+                k += 2
+            else:
+                need(False, f"unknown code {v} (expected a size or 0, -1, -2, -3, -4)")
+            k += 1
+        if infer is not None:
+            known = int(np.prod(out, dtype=np.int64))
+            need(known > 0 and int(np.prod(shape, dtype=np.int64)) % known == 0,
+                 "the -1 dimension cannot be inferred")
+            out[infer] = int(np.prod(shape, dtype=np.int64)) // known
+        return out
 
     def _check_arg_nodes(self) -> None:
         arg_nodes = self.d.field(self.d.doc, "arg_nodes", list, "")

@@ -385,3 +385,39 @@ def test_example_model_round_trips_and_compiles_from_cvm_files(tmp_path, capsys)
                  "--output-dir", str(tmp_path / "res")]) == 0
     (result,) = (tmp_path / "res").glob("*.npy")
     assert np.array_equal(np.load(result), want)
+
+
+# ---- CVM-Runtime's reshape codes (issue 9, item 14) -----------------------------------------
+# Every example of CVM-Runtime's own reshape documentation (src/top/tensor/transform.cc).
+RESHAPE_EXAMPLES = [
+    ((2, 3, 4), (4, 0, 2), (4, 3, 2)), ((2, 3, 4), (2, 0, 0), (2, 3, 4)),
+    ((2, 3, 4), (6, 1, -1), (6, 1, 4)), ((2, 3, 4), (3, -1, 8), (3, 1, 8)),
+    ((2, 3, 4), (-1,), (24,)), ((2, 3, 4), (-2,), (2, 3, 4)), ((2, 3, 4), (2, -2), (2, 3, 4)),
+    ((2, 3, 4), (-2, 1, 1), (2, 3, 4, 1, 1)), ((2, 3, 4), (-3, 4), (6, 4)),
+    ((2, 3, 4, 5), (-3, -3), (6, 20)), ((2, 3, 4), (0, -3), (2, 12)),
+    ((2, 3, 4), (-3, -2), (6, 4)), ((2, 3, 4), (-4, 1, 2, -2), (1, 2, 3, 4)),
+    ((2, 3, 4), (2, -4, -1, 3, -2), (2, 1, 3, 4)),
+]
+
+
+def _reshape_doc(in_shape, code, out_shape) -> dict:
+    nodes = [_null("data"), _op("r", "reshape", [[0, 0, 0]])]
+    attrs = ['{}', json.dumps({"shape": str(tuple(code))})]
+    return _doc(nodes, [list(in_shape), list(out_shape)], [8, 8], attrs, [[1, 0, 0]])
+
+
+@pytest.mark.parametrize("in_shape, code, out_shape", RESHAPE_EXAMPLES)
+def test_reshape_special_values_resolve_at_import(tmp_path, in_shape, code, out_shape):
+    g = load_graph(_write(tmp_path, _reshape_doc(in_shape, code, out_shape), pack_params({})))
+    assert g.nodes[0].attrs["target_shape"] == out_shape
+    x = np.arange(int(np.prod(in_shape))).reshape(in_shape) % 100
+    assert np.array_equal(reference_run(g, {"data": x})["r"], x.reshape(out_shape))
+
+
+@pytest.mark.parametrize("code, words", [((-1, -1), "more than one -1"),
+                                         ((-4, -1, -1, -2), "cannot split into -1 and -1"),
+                                         ((-4, 5, 2, -2), "does not make dimension 2"),
+                                         ((2, -5), "unknown code -5")])
+def test_reshape_bad_codes(tmp_path, code, words):
+    with pytest.raises(CvmcError, match=words):
+        load_graph(_write(tmp_path, _reshape_doc((2, 3, 4), code, (24,)), pack_params({})))
