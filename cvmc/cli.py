@@ -11,6 +11,7 @@ import os
 import signal
 import statistics
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -300,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings from the library (e.g. a CVM JSON without params): one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def _terminate(signum, frame) -> None:
     """SIGTERM: unwind like Ctrl-C, so temporary files are removed."""
     raise KeyboardInterrupt
@@ -309,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cvmc` console script. Exit codes: 0 success, 1 error (one
     message, never a traceback), 2 usage (argparse), 130 interrupted (SIGINT / SIGTERM)."""
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.fn(args)

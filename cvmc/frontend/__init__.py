@@ -14,7 +14,7 @@ def _is_cvm_json(path: Path) -> bool:
     if not path.is_file():
         return False
     with open(path, "rb") as f:
-        head = f.read(64).lstrip()
+        head = f.read(64).removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM is fine
     return head.startswith(b"{")
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,10 @@ def _load_json(path: Path) -> Any:
         return json.loads(path.read_bytes())
     except OSError as e:
         raise CvmcError(f"{path}: cannot read: {e.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # deep nesting
+    # ValueError covers JSONDecodeError (with line and column) and integers of more digits
+    # than Python converts; RecursionError, deep nesting. A UTF-8 BOM is accepted (json
+    # detects it in bytes).
+    except (ValueError, RecursionError) as e:
         raise CvmcError(f"{path}: not valid JSON ({e})") from None
 
 
@@ -178,6 +182,15 @@ class _Importer:
                             f"no null node of the graph")
         outputs = [self._entry(e, len(self.nodes), "heads") for e in
                    self.d.field(self.d.doc, "heads", list, "")]
+        twice = [v for k, v in enumerate(outputs) if v in outputs[:k]]
+        if twice:
+            raise self.d.fail(f"heads: '{twice[0]}' is listed twice; each graph output must "
+                              f"be listed once")
+        if not self.arrays and len(inputs) > 1:
+            warnings.warn(f"{self.d.where}: no params file given or found beside it, so its "
+                          f"{len(inputs)} null nodes ({', '.join(inputs[:4])}"
+                          f"{', ...' if len(inputs) > 4 else ''}) all become graph inputs; "
+                          f"pass the weights with --params FILE", stacklevel=2)
         self._check_arg_nodes()
         graph = Graph(self.name, inputs, outputs, nodes, self.types, constants)
         return self._check_precisions(infer_precision(graph))

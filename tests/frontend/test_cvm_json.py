@@ -421,3 +421,31 @@ def test_reshape_special_values_resolve_at_import(tmp_path, in_shape, code, out_
 def test_reshape_bad_codes(tmp_path, code, words):
     with pytest.raises(CvmcError, match=words):
         load_graph(_write(tmp_path, _reshape_doc((2, 3, 4), code, (24,)), pack_params({})))
+
+
+# ---- JSON edge cases (issue 9, items 10 to 12) ------------------------------------------------
+def test_json_with_bom_huge_integer_and_duplicate_heads(tmp_path, capsys):
+    from cvmc.cli import main
+
+    text = json.dumps(_conv_doc())
+    path = _write(tmp_path, _conv_doc(), _conv_params())
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())  # a UTF-8 BOM: still a JSON model
+    assert [n.op for n in load_graph(path).nodes] == ["conv2d", "cvm_right_shift", "cvm_clip"]
+    path.write_text(text.replace('"version": "cvm_1.0.0"', '"version": ' + "9" * 5000))
+    assert main(["check", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "not valid JSON" in err and "Traceback" not in err and err.count("\n") == 1
+    doc = _conv_doc()
+    doc["heads"] = [[5, 0, 0], [5, 0, 0]]
+    with pytest.raises(CvmcError, match="heads: 'clip' is listed twice"):
+        load_graph(_write(tmp_path, doc, _conv_params()))
+
+
+def test_json_without_params_warns(tmp_path, capsys):
+    from cvmc.cli import main
+
+    (tmp_path / "m.json").write_text(json.dumps(_conv_doc()))
+    main(["check", str(tmp_path / "m.json")])
+    err = capsys.readouterr().err
+    assert "warning:" in err and "pass the weights with --params FILE" in err
+    assert "3 null nodes (data, w, b)" in err
