@@ -420,11 +420,58 @@ def _check_exportable(graph: Graph) -> None:
                         f"{len(graph.inputs)}: {', '.join(graph.inputs) or 'none'}")
 
 
+def _widen_where_conditions(graph: Graph) -> Graph:
+    """CVM-Runtime gives `where` the precision of its condition (cvmc: max(p_x, p_y)) and
+    stores the output at that precision, so a wider x or y would come back truncated. The
+    condition is passed through `cvm_clip` at the output's precision first: its values
+    already fit, so they are unchanged, and CVM-Runtime then gives `where` the right one."""
+    nodes, types = [], dict(graph.types)
+    for node in graph.nodes:
+        cond = node.inputs[0] if node.op == "where" else None
+        want = types[node.outputs[0]].precision if cond else None
+        if cond and types[cond].precision < want:
+            wide = f"{cond}_as_{want}_bits"
+            k = 0
+            while wide in types:
+                k += 1
+                wide = f"{cond}_as_{want}_bits_{k}"
+            types[wide] = TensorType(types[cond].shape, "int32", want).with_precision(want)
+            nodes.append(Node("cvm_clip", (cond,), (wide,),
+                              dict(lookup("cvm_clip").normalize_attrs({"precision": want}))))
+            node = Node(node.op, (wide, *node.inputs[1:]), node.outputs, node.attrs, node.span)
+        nodes.append(node)
+    return graph.replace(nodes=nodes, types=types)
+
+
+def _storage_ids(graph: Graph, order: list[str]) -> list[int]:
+    """Storage ids shared by liveness, as CVM-Runtime allows (graph_runtime.cc): inputs and
+    weights keep their own storage (weights are loaded once); an op output takes storage
+    freed by values whose last reader ran before it (never its own inputs', which
+    CVM-Runtime forbids for most ops); graph outputs stay live to the end. A shared
+    storage is as large as its largest user."""
+    last_use = {v: len(graph.nodes) if v in graph.outputs else -1 for v in order}
+    for j, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last_use[v] = max(last_use[v], j)
+    sid = {v: k for k, v in enumerate([*graph.inputs, *graph.weights()])}
+    free: list[int] = []
+    live: list[tuple[int, str]] = []  # (last use, value) of op outputs holding storage
+    for j, node in enumerate(graph.nodes):
+        for end, v in [x for x in live if x[0] < j]:
+            live.remove((end, v))
+            free.append(sid[v])
+        for out in node.outputs:
+            sid[out] = free.pop(0) if free else len(set(sid.values()))
+            live.append((last_use[out], out))
+    return [sid[v] for v in order]
+
+
 def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
     """The CVM-Runtime JSON document and params arrays for a graph."""
     _check_exportable(graph)
     if any(graph.types[v].precision is None for v in graph.values()):
         graph = infer_precision(graph)
+    graph = _widen_where_conditions(graph)
     rename = {graph.inputs[0]: "data"} if "data" not in graph.types else {}
     nodes, entries, op_attrs = [], {}, []
     for v in [*graph.inputs, *graph.weights()]:
@@ -450,12 +497,15 @@ def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
         "arg_nodes": [i for i, n in enumerate(nodes) if n["op"] == "null"],
         "node_row_ptr": row_ptr, "heads": [entries[o] for o in graph.outputs],
         "attrs": {"dltype": ["list_str", ["int32"] * len(order)],
-                  "storage_id": ["list_int", list(range(len(order)))],
+                  "storage_id": ["list_int", _storage_ids(graph, order)],
                   "shape": ["list_shape", [list(graph.types[v].shape) for v in order]],
                   "precision": ["list_int", [graph.types[v].precision for v in order]],
                   "op_attrs": ["list_str", op_attrs]},
     }
-    return doc, {w: graph.constants[w] for w in graph.weights()}
+    # Weights of precision <= 8 are written as int8 (CVM-Runtime widens them on load,
+    # graph_runtime.cc): params a quarter of the size.
+    return doc, {w: graph.constants[w].astype(np.int8 if graph.types[w].precision <= 8
+                                              else np.int32) for w in graph.weights()}
 
 
 def export_cvm(graph: Graph, out_dir: str | Path) -> list[Path]:

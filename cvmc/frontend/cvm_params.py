@@ -107,14 +107,16 @@ def read_params(path: Path) -> dict[str, np.ndarray]:
 
 
 def params_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """Encode named arrays as a CVM-Runtime params blob (int32 payloads, as it requires)."""
+    """Encode named arrays as a CVM-Runtime params blob: int8 arrays as 8-bit payloads,
+    every other one as int32 (the two widths CVM-Runtime loads)."""
     out = [struct.pack("<QQQ", LIST_MAGIC, 0, len(arrays))]
     for name in arrays:
         encoded = name.encode("utf-8")
         out.append(struct.pack("<Q", len(encoded)) + encoded)
     out.append(struct.pack("<Q", len(arrays)))
     for arr in arrays.values():
-        data = np.ascontiguousarray(arr, dtype="<i4")
-        out.append(_ARRAY_HEAD.pack(ARRAY_MAGIC, 0, _DL_CPU, 0, data.ndim, _DL_INT, 32, 1))
+        data = np.ascontiguousarray(arr, dtype="<i1" if arr.dtype == np.int8 else "<i4")
+        bits = data.dtype.itemsize * 8
+        out.append(_ARRAY_HEAD.pack(ARRAY_MAGIC, 0, _DL_CPU, 0, data.ndim, _DL_INT, bits, 1))
         out.append(struct.pack(f"<{data.ndim}qq", *data.shape, data.nbytes) + data.tobytes())
     return b"".join(out)

@@ -17,6 +17,7 @@ from cvmc.frontend.cvm_json import (
     format_attr_value,
     parse_attr_value,
 )
+from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import all_ops, lookup
 from cvmc.passes.precision import infer_precision
@@ -264,7 +265,7 @@ OP_CASES: dict[str, tuple[list, dict]] = {
     "take": (["x", _w((3,), 0, 4)], {"axis": 2}),
     "concatenate": (["x", "x"], {"axis": 1}),
     "cvm_lut": (["x", _w((256,), -100, 100)], {}),
-    "where": ([_w(X_SHAPE, 0, 2), "x", _w(X_SHAPE)], {}),
+    "where": ([_w(X_SHAPE, -127, 128), "x", _w(X_SHAPE)], {}),  # condition as wide as x
 }
 
 
@@ -449,3 +450,63 @@ def test_json_without_params_warns(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "warning:" in err and "pass the weights with --params FILE" in err
     assert "3 null nodes (data, w, b)" in err
+
+
+# ---- export for CVM-Runtime (issue 9, item 16) ----------------------------------------------
+def _where_graph() -> Graph:
+    """where(c, x, y) with a 2-bit condition and 8- and 12-bit operands: output 12 bits."""
+    types = {"x": TensorType((2, 3), "int32", 8), "c": TensorType((2, 3), "int32"),
+             "y": TensorType((2, 3), "int32"), "o": TensorType((2, 3), "int32")}
+    consts = {"c": np.array([[1, 0, 1], [0, 0, 1]], np.int32),
+              "y": np.array([[2000, -2000, 7], [1, 2, 3]], np.int32)}
+    return infer_precision(Graph("w", ["x"], ["o"], [Node("where", ("c", "x", "y"), ("o",), {})],
+                                 types, consts))
+
+
+def test_export_widens_a_narrow_where_condition(tmp_path: Path) -> None:
+    graph = _where_graph()
+    symbol, params = export_cvm(graph, tmp_path)
+    doc = json.loads(symbol.read_text())
+    names = [n["name"] for n in doc["nodes"]]
+    precision = doc["attrs"]["precision"][1]
+    clip = names.index("c_as_12_bits")
+    assert doc["nodes"][clip]["attrs"]["func_name"] == "cvm_clip" and precision[clip] == 12
+    # CVM-Runtime's rule (the condition's precision) now gives where its 12 bits.
+    assert precision[names.index("o")] == 12 == precision[clip]
+    back = load_graph(symbol, params=params)
+    x = np.array([[5, -6, 7], [-8, 9, -10]])
+    assert reference_run(back, {"data": x})["o"].tolist() == [[5, -2000, 7], [1, 2, -10]]
+
+
+def test_export_params_int8_and_storage_shared_by_liveness(tmp_path: Path) -> None:
+    graph = load_graph(Path(__file__).resolve().parents[2] / "examples" / "small_cnn")
+    symbol, params = export_cvm(graph, tmp_path)
+    arrays = read_params(params)  # widened to int32 on reading, as CVM-Runtime does
+    # w1 (8*3*3*3 = 216 values) and w2 (10*512 = 5120) have precision 8: one byte each
+    # instead of four; b1 (12 bits) and b2 (16 bits) stay int32.
+    all_int32 = params_bytes({k: v.astype(np.int32) for k, v in arrays.items()})
+    assert len(params.read_bytes()) == len(all_int32) - 3 * (216 + 5120)
+    doc = json.loads(symbol.read_text())
+    sids, shapes = doc["attrs"]["storage_id"][1], doc["attrs"]["shape"][1]
+    nodes = doc["nodes"]
+    variables = [k for k, n in enumerate(nodes) if n["op"] == "null"]
+    # (single-output nodes: entry k is node k) Variables keep their own storage.
+    assert all(sids.count(sids[k]) == 1 for k in variables)
+    # No op writes the storage of one of its inputs.
+    for k, n in enumerate(nodes):
+        assert all(sids[k] != sids[e[0]] for e in n["inputs"]), n["name"]
+    # Sharing storage needs disjoint lifetimes: produced at k, last read at last[k].
+    last = {k: max([j for j, n in enumerate(nodes) if any(e[0] == k for e in n["inputs"])],
+                   default=len(nodes)) for k in range(len(nodes))}
+    for k in range(len(nodes)):
+        for j in range(k + 1, len(nodes)):
+            if sids[j] == sids[k] and k not in variables:
+                assert last[k] < j, (nodes[k]["name"], nodes[j]["name"])
+    assert len(set(sids)) < len(sids)  # a chain reuses storage
+    size = {s: max(int(np.prod(shapes[k])) for k in range(len(sids)) if sids[k] == s)
+            for s in set(sids)}
+    assert sum(size.values()) < sum(int(np.prod(s)) for s in shapes)
+    x = np.load(Path(__file__).resolve().parents[2] / "examples" / "small_cnn" / "data.npy")
+    back = load_graph(symbol, params=params)
+    assert np.array_equal(reference_run(back, {"data": x})["logits"],
+                          reference_run(graph, {"data": x})["logits"])

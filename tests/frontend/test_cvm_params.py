@@ -42,7 +42,9 @@ def test_reads_hand_built_int8_and_int32_arrays() -> None:
 
 def test_writer_matches_hand_built_bytes_and_round_trips(tmp_path) -> None:
     arrays = {"w": np.array([[1, -2], [3, 4]], dtype=np.int8), "b": np.array([7], np.int32)}
-    expected = pack_params({"w": pack_array((2, 2), [1, -2, 3, 4]), "b": pack_array((1,), [7])})
+    # int8 arrays are written as 8-bit payloads (CVM-Runtime widens them on load), int32 as 32.
+    expected = pack_params({"w": pack_array((2, 2), [1, -2, 3, 4], bits=8),
+                            "b": pack_array((1,), [7])})
     assert params_bytes(arrays) == expected
     (tmp_path / "p").write_bytes(expected)
     got = read_params(tmp_path / "p")
