@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import lzma
 import posixpath
+import re
 import tarfile
 import zlib
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cvmc.errors import CvmcError
+from cvmc.errors import CvmcError, SourceSpan
+from cvmc.frontend.syntax import normalize_text
 from cvmc.frontend.tensorfile import read_tensor_bytes
 
 GRAPH_FILE = "graph.nnef"
@@ -55,19 +57,25 @@ def check_label(label: str) -> None:
            "contains a backslash" if "\\" in label else
            "is an absolute path" if label.startswith("/") else
            "has an empty, '.' or '..' path component"
-           if any(part in ("", ".", "..") for part in label.split("/")) else None)
+           if any(part in ("", ".", "..") for part in label.split("/")) else
+           "has characters other than letters, digits, '_', '-', '.' and '/' (NNEF 4.1.3)"
+           if not re.fullmatch(r"[A-Za-z0-9_./-]+", label) else None)
     if bad:
         raise CvmcError(f"variable label {label!r} {bad}: labels are relative paths inside "
                         f"the model folder, like 'conv1/filter'")
 
 
 def _decode(data: bytes, name: str) -> str:
-    """UTF-8 text of a model file, or a CvmcError locating the first bad byte."""
+    """UTF-8 text of a model file, or a CvmcError locating the first bad byte by line and
+    column."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise CvmcError(f"{name}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
-                        f"{e.start})") from None
+        before = normalize_text(data[:e.start].decode("utf-8"))
+        line = before.count("\n") + 1
+        col = len(before) - before.rfind("\n")
+        raise CvmcError(f"not UTF-8 text (byte 0x{data[e.start]:02x})",
+                        SourceSpan(name, line, col)) from None
 
 
 def _read_file(path: Path, what: str) -> bytes:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from cvmc.errors import CvmcError, SourceSpan
+from cvmc.frontend.container import check_label
 from cvmc.frontend.fragments import (
     DTYPE_OF,
     NO_DEFAULT,
@@ -126,7 +127,11 @@ class TensorFactory:
                            where)
         if op == "variable":
             self.labels[name] = args["label"]
-            data = self.read_tensor(args["label"]) if self.read_tensor else None
+            try:
+                check_label(args["label"])  # also when no files are read (NNEF 4.1.3)
+                data = self.read_tensor(args["label"]) if self.read_tensor else None
+            except CvmcError as e:  # a bad label or .dat file: point at the variable
+                raise e.located(self.span(where), self.source.line(where.line)) from None
             if data is not None:
                 self.constants[name] = self.checked_data(name, data, shape, dtype, precision,
                                                          where)

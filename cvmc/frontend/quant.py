@@ -12,6 +12,7 @@ import re
 from typing import Any, NoReturn
 
 from cvmc.errors import CvmcError, SourceSpan
+from cvmc.frontend.syntax import normalize_text
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\n]+|\#[^\n]*)
@@ -30,7 +31,7 @@ class _Parser:
     """Recursive descent over the token list; errors carry the token's line and column."""
 
     def __init__(self, text: str, filename: str):
-        self.text, self.filename = text, filename
+        self.text, self.filename = normalize_text(text), filename
         self.tokens = self._tokenize()
         self.pos = 0
 

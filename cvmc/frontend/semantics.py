@@ -24,6 +24,7 @@ from cvmc.frontend.fragments import (
     NO_DEFAULT,
     Fragment,
     Tensor,
+    check_value,
     show_value,
     stdlib,
 )
@@ -370,10 +371,12 @@ class GraphBuilder(TensorFactory):
                     break
                 inputs.append(pos[i])
                 i += 1
-        if len(pos) - i > len(opdef.attrs):
-            raise OpRuleError(f"{opdef.name}: too many positional arguments "
-                              f"({len(pos)} given)")
-        attrs = {opdef.attrs[k].name: a for k, a in enumerate(pos[i:])}
+        if len(pos) > i:
+            # NNEF 3.2: only tensor arguments may be positional; attributes are named.
+            hint = f" (e.g. {opdef.attrs[0].name} = ...)" if opdef.attrs else ""
+            raise OpRuleError(f"{opdef.name}: {len(pos) - i} positional argument(s) after its "
+                              f"tensor inputs; attribute values must be named arguments{hint}")
+        attrs: dict[str, Arg] = {}
         for key, arg in named.items():
             if key in opdef.input_names and not opdef.variadic:
                 slot = opdef.input_names.index(key)
@@ -420,6 +423,7 @@ class GraphBuilder(TensorFactory):
         where = scope.where(meta)
         try:
             names = [self.tensor_input(opdef, k, a, where) for k, a in enumerate(inputs)]
+            self.check_input_types(opdef, decl, generic, names)
             shapes = opdef.infer_shapes([self.types[n] for n in names], attrs)
         except OpRuleError as e:
             raise self.err(self.prefix(scope, _bare(opdef.name), dest, e.message),
@@ -435,6 +439,29 @@ class GraphBuilder(TensorFactory):
         if opdef.variadic_outputs:
             return tensors
         return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+    def check_input_types(self, opdef: OpDef, decl: Fragment | None, generic: str | None,
+                          names: list[str]) -> None:
+        """Tensor inputs must fit the declared types: the NNEF declaration's where there is
+        one (the dialect lets integer tensors stand for `scalar` ones, never logical ones
+        for numeric ones or back), and integer tensors for a CVM op."""
+        slots = []  # (parameter name, tensor type) per input; an array takes the rest
+        for p in decl.params if decl else []:
+            if p.type[0] == "array" and p.type[1][0] == "tensor":
+                slots += [(p.name, p.type[1])] * (len(names) - len(slots))
+            elif p.type[0] == "tensor":
+                slots.append((p.name, p.type))
+        for k, name in enumerate(names):
+            value = Tensor(name, self.types[name].dtype)
+            if k < len(slots):
+                bad = check_value(value, slots[k][1], generic)
+                if bad:
+                    raise OpRuleError(f"{opdef.name}: input '{slots[k][0]}' must be "
+                                      f"{bad}, got a tensor<{_ELEM_OF[value.dtype]}>")
+            elif decl is None and opdef.compute and not self.types[name].is_integer:
+                slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
+                raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor<integer>, "
+                                  f"got a tensor<{_ELEM_OF[value.dtype]}>")
 
     def tensor_input(self, opdef: OpDef, k: int, arg: Arg, where: Any) -> str:
         """The value name of one tensor input; a literal number becomes a constant."""
@@ -523,6 +550,9 @@ def _lvalue_names(lvalue: Any) -> list[lark.Token]:
     if lvalue.data == "lv_ident":
         return [lvalue.children[0]]
     return [t for c in lvalue.children for t in _lvalue_names(c)]
+
+
+_ELEM_OF = {"int32": "integer", "int8": "integer", "float32": "scalar", "bool": "logical"}
 
 
 def _tensor_elem(t: tuple) -> str | None:

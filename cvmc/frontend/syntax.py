@@ -38,10 +38,17 @@ def span_of(filename: str, meta: Any) -> SourceSpan:
     return SourceSpan(filename, meta.line, meta.column)
 
 
+def normalize_text(text: str) -> str:
+    """A text file's content with a leading UTF-8 BOM dropped and CR LF or a lone CR read
+    as a line break, so line numbers count lines as every editor shows them."""
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
 class Source:
     """A document's text and name, for locating errors."""
 
     def __init__(self, text: str, filename: str):
+        text = normalize_text(text)
         self.text = text
         self.filename = filename
         self.lines = text.splitlines()
@@ -90,17 +97,34 @@ def _check_limits(source: Source, tree: lark.Tree) -> None:
     """Reject nesting deeper than MAX_NESTING and numbers outside MAX_LITERAL, so that
     evaluation (recursive over the tree) cannot exhaust the stack and literals convert."""
     stack = [(tree, 1)]
+    keywords = []  # reported in source order, after the walk
     while stack:  # iterative: the tree itself may be deeper than Python's recursion limit
         node, depth = stack.pop()
         if depth > MAX_NESTING:
             raise source.error(f"expression nested more than {MAX_NESTING} levels deep",
                                node.meta)
-        for c in node.children:
+        for k, c in enumerate(node.children):
             if isinstance(c, lark.Tree):
                 stack.append((c, depth + 1))
             elif isinstance(c, lark.Token) and c.type == "NUMBER" and not _number_ok(c):
                 raise source.error(f"number {c[:20]}{'...' if len(c) > 20 else ''} is "
                                    f"outside the range of 64-bit numbers", c)
+            elif isinstance(c, lark.Token) and c.type == "IDENT" and c in KEYWORDS and not (
+                    node.data == "invocation" and k == 0 and c in BUILTIN_FUNCTIONS):
+                keywords.append(c)
+    if keywords:
+        first = min(keywords, key=lambda t: (t.line, t.column))
+        raise source.error(f"'{first}' is a keyword and cannot be used as an identifier "
+                           f"(NNEF 3.1)", first)
+
+
+# NNEF 1.0 keywords (spec 3.1, "Lexical Elements"). The type names and the three shape
+# functions are called like operations, and only there may they appear.
+KEYWORDS = frozenset({"version", "extension", "fragment", "graph", "tensor", "integer",
+                      "scalar", "logical", "string", "for", "in", "if",
+                      "else", "yield", "length_of", "shape_of", "range_of"})
+BUILTIN_FUNCTIONS = frozenset({"integer", "scalar", "logical", "string", "length_of",
+                               "shape_of", "range_of"})
 
 
 def _number_ok(text: str) -> bool:

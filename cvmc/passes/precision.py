@@ -12,6 +12,14 @@ from cvmc.ops import lookup
 from cvmc.ops.common import data_precision, integer_data_error
 from cvmc.ops.registry import Attrs
 
+# NNEF arithmetic (`add(x, y)`, `x + y`, ...) and the CVM integer ops that compute it.
+INTEGER_COUNTERPARTS = {
+    "add": "elemwise_add (equal shapes) or broadcast_add",
+    "sub": "elemwise_sub (equal shapes) or broadcast_sub",
+    "mul": "broadcast_mul", "div": "broadcast_div (truncating)", "max": "broadcast_max",
+    "neg": "negative", "clamp": "clip or cvm_clip", "gt": "broadcast_greater",
+}
+
 
 def check_weight_data(name: str, data, precision: int | None) -> None:
     """Raise a CvmcError unless every value of weight `name` fits int32 and `precision`."""
@@ -44,8 +52,11 @@ def infer_precision(graph: Graph) -> Graph:
     for node in graph.nodes:
         opdef = lookup(node.op)
         if not opdef.compute:
+            hint = INTEGER_COUNTERPARTS.get(node.op.removeprefix("nnef."))
+            hint = f"; on integer tensors use {hint}" if hint else ""
             raise CvmcError(f"{node.op} '{node.name}': NNEF standard op with floating-point "
-                            f"semantics; cvmc can check it but not compile or run it", node.span)
+                            f"semantics; cvmc can check it but not compile or run it{hint}",
+                            node.span)
         ins = [types[i] for i in node.inputs]
         for i, t in zip(node.inputs, ins):
             if not t.is_integer:

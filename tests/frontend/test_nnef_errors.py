@@ -76,6 +76,27 @@ CASES = {
                     "    [y, z, w] = split(x, axis = 0, ratios = [1, 1]);\n}\n",
     "expression_in_flat": HEAD + "# expected-error: operator expressions need\n"
                                  "    y = x + x;\n}\n",
+    # NNEF conformance (issue 9, item 13), each rule of spec chapter 3 cvmc used to skip:
+    "keyword_identifier": HEAD + "# expected-error: 'tensor' is a keyword and cannot be used "
+                                 "as an identifier\n    tensor = relu(x);\n    y = relu(x);\n}\n",
+    "positional_attribute": HEAD + "# expected-error: cvm_clip 'y': 1 positional argument(s) "
+                                   "after its tensor inputs; attribute values must be named\n"
+                                   "    y = cvm_clip(x, 4);\n}\n",
+    "logical_for_numeric": "version 1.0;\ngraph G(x) -> (y)\n{\n"
+                           "    x = external<logical>(shape = [2]);\n"
+                           "# expected-error: relu 'y': input 'x' must be a tensor<scalar>, got a "
+                           "tensor<logical>\n    y = relu(x);\n}\n",
+    "logical_for_cvm_op": "version 1.0;\ngraph G(x) -> (y)\n{\n"
+                          "    x = external<logical>(shape = [2]);\n"
+                          "# expected-error: cvm_clip 'y': input 'data' must be a "
+                          "tensor<integer>, got a tensor<logical>\n"
+                          "    y = cvm_clip(x, precision = 4);\n}\n",
+    "label_characters": HEAD + "# expected-error: variable label 'a b' has characters other "
+                               "than letters\n"
+                               "    w = variable<integer>(shape = [1], label = 'a b');\n"
+                               "    y = relu(x);\n}\n",
+    "no_outputs": "version 1.0;\n# expected-error: unexpected ')'; expected an identifier\n"
+                  "graph G(x) -> ()\n{\n    x = external<integer>(shape = [2]);\n}\n",
 }
 
 # Ops the cases above need (written by other helpers): skip a case until its op exists.
@@ -157,3 +178,25 @@ def test_graph_quant_must_agree_with_inline_precision():
                    quant_text='"x": cvm_precision_spec(precision = 6);')
     with pytest.raises(CvmcError, match="no such tensor"):
         parse_nnef(QUANT_DOC.replace("{p}", ""), quant_text='"q": cvm_precision_spec(precision = 6);')
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_bom_and_every_line_ending_locate_errors(newline):
+    """A UTF-8 BOM is accepted; CR LF and a lone CR end lines like LF (issue 9, item 11)."""
+    text = "\ufeff" + CASES["unknown_op"].replace("\n", newline)
+    with pytest.raises(CvmcError) as e:
+        parse_nnef(text, "bad.nnef")
+    assert (e.value.span.line, e.value.span.col) == (6, 9), str(e.value)
+    ok = "\ufeff" + HEAD.replace("\n", newline) + "    y = relu(x);" + newline + "}" + newline
+    assert [n.op for n in parse_nnef(ok, "ok.nnef").nodes] == ["relu"]
+
+
+def test_integer_arithmetic_suggests_the_cvm_op():
+    from cvmc.passes.precision import infer_precision
+
+    text = ("version 1.0;\nextension KHR_enable_operator_expressions;\ngraph G(x) -> (y)\n{\n"
+            "    x = external<integer>(shape = [2], precision = 8);\n    y = x + x;\n}\n")
+    with pytest.raises(CvmcError, match="on integer tensors use elemwise_add .* or "
+                                        "broadcast_add") as e:
+        infer_precision(parse_nnef(text, "add.nnef"))
+    assert e.value.span.line == 6

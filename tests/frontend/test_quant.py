@@ -53,3 +53,14 @@ def test_syntax_errors_are_located(text: str, line: int, col: int, words: str) -
     assert words in err.message
     assert err.source_line == text.split("\n")[line - 1]
     assert err.render().endswith("\n  " + " " * (col - 1) + "^")
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n", "\r"])
+def test_bom_and_line_endings(newline) -> None:
+    text = "\ufeff" + newline.join(['"a": cvm_precision_spec(precision = 8);',
+                                    '"b": cvm_precision_spec(precision = );', ""])
+    with pytest.raises(CvmcError) as e:
+        parse_quant(text, "graph.quant")
+    assert e.value.span.line == 2, str(e.value)
+    ok = "\ufeff" + '"a": cvm_precision_spec(precision = 8);' + newline
+    assert parse_quant(ok, "graph.quant") == {"a": ("cvm_precision_spec", {"precision": 8})}
