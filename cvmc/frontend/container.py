@@ -124,8 +124,9 @@ def _read_quant(path: Path | None) -> tuple[str | None, str | None]:
 
 
 def _tar_members(path: Path) -> dict[str, bytes]:
-    """Every regular file of an archive, by normalized name, read in memory; each header
-    is checked (type, name, running size, count) before its data is read."""
+    """The regular files of an archive that a model can use (graph.nnef, graph.quant,
+    *.dat), by normalized name, read in memory; every header is checked (type, name,
+    running size, count) before any data is read."""
     members: dict[str, bytes] = {}
     total = 0
     try:
@@ -148,7 +149,11 @@ def _tar_members(path: Path) -> dict[str, bytes]:
                 if name in members:
                     raise CvmcError(f"{path}: archive holds '{name}' twice; which one is meant "
                                     f"is ambiguous")
-                members[name] = tar.extractfile(info).read()  # type: ignore[union-attr]
+                if name.endswith(".dat") or posixpath.basename(name) in (GRAPH_FILE,
+                                                                          QUANT_FILE):
+                    members[name] = tar.extractfile(info).read()  # type: ignore[union-attr]
+                else:  # nothing a model can name: never read (only its header was checked)
+                    members[name] = b""
     # zlib / lzma errors: a damaged compressed stream (bz2 reports an OSError)
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as e:
         raise CvmcError(f"{path}: not a readable tar archive ({e})") from None
