@@ -62,6 +62,7 @@ class TensorFactory:
         self.types: dict[str, TensorType] = {}
         self.constants: dict[str, np.ndarray] = {}
         self.labels: dict[str, str] = {}
+        self.spans: dict[str, SourceSpan] = {}  # weight -> where it is declared
         self.reserved: set[str] = set()  # every name the document assigns
         self.hint = "t"  # the current graph statement's first name
         self.counter = 0
@@ -127,6 +128,7 @@ class TensorFactory:
                            where)
         if op == "variable":
             self.labels[name] = args["label"]
+            self.spans[name] = self.span(where)
             try:
                 check_label(args["label"])  # also when no files are read (NNEF 4.1.3)
                 data = self.read_tensor(args["label"]) if self.read_tensor else None

@@ -153,7 +153,7 @@ class _Document:
             if str(tok) not in scope.names:
                 raise self.err(f"graph output '{tok}' is not assigned", tok)
         graph = Graph(str(name_tok), inputs, outputs, builder.nodes, builder.types,
-                      builder.constants, builder.labels)
+                      builder.constants, builder.labels, spans=builder.spans)
         graph.verify()
         return graph
 

@@ -98,6 +98,8 @@ class Graph:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)  # weight name -> NNEF .dat label
     quant: dict[str, dict[str, Any]] = field(default_factory=dict)  # graph.quant entries
+    # Where each weight is declared in the source text, for errors found after parsing.
+    spans: dict[str, SourceSpan] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> Graph:
         """A shallow copy with some fields replaced (containers are copied)."""
@@ -105,7 +107,7 @@ class Graph:
         fields.update(changes)
         for k in ("inputs", "outputs", "nodes"):
             fields[k] = list(fields[k])
-        for k in ("types", "constants", "labels", "quant"):
+        for k in ("types", "constants", "labels", "quant", "spans"):
             fields[k] = dict(fields[k])
         return Graph(**fields)
 

@@ -40,7 +40,8 @@ def infer_precision(graph: Graph) -> Graph:
     for name in graph.weights():
         if name not in graph.constants:
             raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "
-                            f"not found beside the graph; integer inference needs the values")
+                            f"not found beside the graph; integer inference needs the values",
+                            graph.spans.get(name))
         data, t = graph.constants[name], types[name]
         if not t.is_integer:
             raise CvmcError(f"weight '{name}' has type {t.dtype}; cvmc computes on integers only")

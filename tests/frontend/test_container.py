@@ -202,3 +202,18 @@ def test_duplicate_archive_members_are_ambiguous(tmp_path: Path) -> None:
         tar.addfile(info, io.BytesIO(b"bad"))
     with pytest.raises(CvmcError, match="holds 'graph.nnef' twice"):
         open_model(path)
+
+
+def test_missing_dat_is_located_at_the_variable(tmp_path: Path) -> None:
+    from cvmc.frontend.nnef import load_nnef
+    from cvmc.passes.precision import infer_precision
+
+    (tmp_path / "graph.nnef").write_text(
+        "version 1.0;\ngraph G( x ) -> ( y )\n{\n"
+        "    x = external<integer>(shape = [2], precision = 8);\n"
+        "    w = variable<integer>(shape = [2], label = 'w');\n"
+        "    y = elemwise_add(x, w);\n}\n")
+    with pytest.raises(CvmcError) as e:
+        infer_precision(load_nnef(tmp_path, None))
+    assert str(e.value).startswith(f"{tmp_path / 'graph.nnef'}:5:9: error: weight 'w': its "
+                                   f"data file 'w.dat' was not found")
