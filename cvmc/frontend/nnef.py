@@ -188,23 +188,25 @@ def _in_order(trees: Any) -> list[lark.Tree]:
 
 
 def _apply_quant(graph: Graph, text: str, name: str) -> None:
-    """Record graph.quant entries; `cvm_precision_spec` sets an input/weight precision."""
-    from cvmc.frontend.quant import parse_quant
-    for tensor, (fragment, attrs) in parse_quant(text, name).items():
+    """Record graph.quant entries; `cvm_precision_spec` sets an input/weight precision.
+    Every mistake is located at its entry in the quantization file."""
+    from cvmc.frontend.quant import parse_quant_located
+    entries, error = parse_quant_located(text, name)
+    for tensor, (fragment, attrs) in entries.items():
         if tensor not in graph.types:
-            raise CvmcError(f"{name}: entry for '{tensor}', but the graph has no such tensor")
+            raise error(tensor, f"entry for '{tensor}', but the graph has no such tensor")
         graph.quant[tensor] = {"fragment": fragment, "attrs": dict(attrs)}
         if fragment != PRECISION_SPEC:
             continue
         t, p = graph.types[tensor], attrs.get("precision")
         if set(attrs) != {"precision"} or not isinstance(p, int) or isinstance(p, bool) \
                 or not 1 <= p <= 32:
-            raise CvmcError(f"{name}: '{tensor}': {PRECISION_SPEC} takes one argument "
-                            f"'precision' in 1..32, got {attrs}")
+            raise error(tensor, f"'{tensor}': {PRECISION_SPEC} takes one argument "
+                                f"'precision' in 1..32, got {attrs}")
         if tensor not in graph.inputs and tensor not in graph.weights() or not t.is_integer:
-            raise CvmcError(f"{name}: '{tensor}': {PRECISION_SPEC} applies to integer graph "
-                            f"inputs and weights")
+            raise error(tensor, f"'{tensor}': {PRECISION_SPEC} applies to integer graph "
+                                f"inputs and weights")
         if t.precision is not None and t.precision != p:
-            raise CvmcError(f"{name}: '{tensor}': precision {p} disagrees with the "
-                            f"precision {t.precision} declared in the graph")
+            raise error(tensor, f"'{tensor}': precision {p} disagrees with the precision "
+                                f"{t.precision} declared in the graph")
         graph.types[tensor] = TensorType(t.shape, t.dtype, p)

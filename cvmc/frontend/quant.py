@@ -9,6 +9,7 @@ any other fragment (e.g. Khronos `linear_quantize`) is kept as given.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from cvmc.errors import CvmcError, SourceSpan
@@ -34,6 +35,7 @@ class _Parser:
         self.text, self.filename = normalize_text(text), filename
         self.tokens = self._tokenize()
         self.pos = 0
+        self.offsets: dict[str, int] = {}  # tensor name -> where its entry starts
 
     def _tokenize(self) -> list[Token]:
         tokens, offset = [], 0
@@ -49,11 +51,15 @@ class _Parser:
 
     def fail(self, offset: int, message: str) -> NoReturn:
         """Raise a CvmcError located at a character offset."""
+        raise self.error(offset, message)
+
+    def error(self, offset: int, message: str) -> CvmcError:
+        """A CvmcError located at a character offset (with its source line)."""
         line = self.text.count("\n", 0, offset) + 1
         start = self.text.rfind("\n", 0, offset) + 1
         end = self.text.find("\n", offset)
         source = self.text[start:end if end >= 0 else len(self.text)]
-        raise CvmcError(message, SourceSpan(self.filename, line, offset - start + 1), source)
+        return CvmcError(message, SourceSpan(self.filename, line, offset - start + 1), source)
 
     def peek(self) -> Token:
         return self.tokens[self.pos]
@@ -79,6 +85,7 @@ class _Parser:
                 self.fail(offset, f"tensor {text} has a second quantization entry")
             self.take("punct", ":")
             entries[text[1:-1]] = self.invocation()
+            self.offsets[text[1:-1]] = offset
             self.take("punct", ";")
         return entries
 
@@ -134,3 +141,12 @@ class _Parser:
 def parse_quant(text: str, filename: str) -> dict[str, tuple[str, dict[str, Any]]]:
     """Parse a graph.quant file: tensor name -> (fragment name, attributes)."""
     return _Parser(text, filename).document()
+
+
+def parse_quant_located(text: str, filename: str) -> tuple[
+        dict[str, tuple[str, dict[str, Any]]], Callable[[str, str], CvmcError]]:
+    """(entries, error): `error(tensor, message)` is a CvmcError located at the tensor's
+    entry, for mistakes found when the entries meet the graph."""
+    parser = _Parser(text, filename)
+    entries = parser.document()
+    return entries, lambda tensor, message: parser.error(parser.offsets[tensor], message)

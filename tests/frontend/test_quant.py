@@ -64,3 +64,19 @@ def test_bom_and_line_endings(newline) -> None:
     assert e.value.span.line == 2, str(e.value)
     ok = "\ufeff" + '"a": cvm_precision_spec(precision = 8);' + newline
     assert parse_quant(ok, "graph.quant") == {"a": ("cvm_precision_spec", {"precision": 8})}
+
+
+@pytest.mark.parametrize("entry, words", [
+    ('"nope": cvm_precision_spec(precision = 8);', "entry for 'nope', but the graph has no"),
+    ('"x": cvm_precision_spec(precision = 7);', "precision 7 disagrees with the precision 8"),
+    ('"x": cvm_precision_spec(precision = "a");', "takes one argument 'precision' in 1..32"),
+])
+def test_semantic_errors_are_located_at_their_entry(entry, words) -> None:
+    from cvmc.frontend.nnef import parse_nnef
+
+    graph = ("version 1.0;\ngraph G( x ) -> ( y )\n{\n"
+             "    x = external<integer>(shape = [2], precision = 8);\n    y = relu(x);\n}\n")
+    quant = '"y": linear_quantize(min = 0.0, max = 1.0, bits = 8);\n' + entry + "\n"
+    with pytest.raises(CvmcError) as e:
+        parse_nnef(graph, "graph.nnef", quant_text=quant, quant_name="graph.quant")
+    assert str(e.value).startswith("graph.quant:2:1: error:") and words in str(e.value)
