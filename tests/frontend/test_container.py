@@ -217,3 +217,19 @@ def test_missing_dat_is_located_at_the_variable(tmp_path: Path) -> None:
         infer_precision(load_nnef(tmp_path, None))
     assert str(e.value).startswith(f"{tmp_path / 'graph.nnef'}:5:9: error: weight 'w': its "
                                    f"data file 'w.dat' was not found")
+
+
+def test_sparse_archive_members_are_refused(tmp_path: Path) -> None:
+    """A sparse member (a few KB that expand to gigabytes of zeros) is never read."""
+    sparse = tarfile.TarInfo("conv1/filter.dat")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    path = tmp_path / "m.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in _model_files().items():
+            if name.endswith(".nnef"):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        tar.addfile(sparse, io.BytesIO(b""))
+    with pytest.raises(CvmcError, match="'conv1/filter.dat' is a sparse file"):
+        open_model(path)
