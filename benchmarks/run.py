@@ -24,6 +24,11 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# OpenBLAS (NumPy's matmul in the reference interpreter) keeps its worker threads spinning
+# long after a call and slows whatever runs next on the same 2 cores: one thread, set
+# before NumPy loads it. The reference is only a baseline here.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
