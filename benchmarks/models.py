@@ -29,6 +29,11 @@ import numpy as np
 SEED = 2024
 
 
+def _node(op: str, inputs: list[str], outputs: list[str], **attrs) -> tuple:
+    """An ONNX node, recorded as plain data (onnx is imported only to build the model)."""
+    return op, inputs, outputs, attrs
+
+
 @dataclass
 class Net:
     """Layers as NNEF statement lines and ONNX nodes, built side by side."""
@@ -56,8 +61,6 @@ class Net:
     def conv(self, x: str, oc: int, k: int, stride: int = 1, groups: int = 1,
              relu: bool = True) -> str:
         """conv2d + bias -> cvm_right_shift to 8 bits [-> relu]."""
-        from onnx import helper
-
         n, c, h, w = self.shapes[x]
         pad = k // 2
         name = self.fresh("conv")
@@ -84,7 +87,7 @@ class Net:
             f"{name}_w": wt, f"{name}_b": b, f"{name}_xzp": np.array(zp_in, np.uint8),
             f"{name}_yscale": np.array(2.0 ** shift, np.float32),
             f"{name}_yzp": np.array(zp_out, np.uint8)})
-        self.onnx_nodes.append(helper.make_node(
+        self.onnx_nodes.append(_node(
             "QLinearConv", [x, "one", f"{name}_xzp", f"{name}_w", "one", "wzp",
                             f"{name}_yscale", f"{name}_yzp", f"{name}_b"], [out],
             pads=[pad] * 4, strides=[stride] * 2, group=groups))
@@ -92,29 +95,25 @@ class Net:
         return out
 
     def max_pool(self, x: str) -> str:
-        from onnx import helper
-
         n, c, h, w = self.shapes[x]
         out = self.fresh("pool")
         self.lines.append(f"{out} = max_pool2d({x}, pool_size = [3, 3], padding = [1, 1], "
                           f"strides = [2, 2], ceil_mode = false)")
         self.shapes[out] = (n, c, (h - 1) // 2 + 1, (w - 1) // 2 + 1)
-        self.onnx_nodes.append(helper.make_node("MaxPool", [x], [out], kernel_shape=[3, 3],
+        self.onnx_nodes.append(_node("MaxPool", [x], [out], kernel_shape=[3, 3],
                                                 pads=[1] * 4, strides=[2, 2]))
         self.relu_of[out] = self.relu_of[x]
         return out
 
     def add_relu(self, a: str, b: str) -> str:
         """elemwise_add -> cvm_clip(8) -> relu (a residual join)."""
-        from onnx import helper
-
         out = self.fresh("add")
         self.lines += [f"{out}_s = elemwise_add({a}, {b})",
                        f"{out}_c = cvm_clip({out}_s, precision = 8)", f"{out} = relu({out}_c)"]
         self.shapes[out] = self.shapes[a]
         zp = {v: np.array(0 if self.relu_of[v] else 128, np.uint8) for v in (a, b)}
         self.onnx_consts.update({f"{out}_azp": zp[a], f"{out}_bzp": zp[b]})
-        self.onnx_nodes.append(helper.make_node(
+        self.onnx_nodes.append(_node(
             "QLinearAdd", [a, "one", f"{out}_azp", b, "one", f"{out}_bzp", "one", "zp0"],
             [out], domain="com.microsoft"))
         self.relu_of[out] = True
@@ -122,8 +121,6 @@ class Net:
 
     def classifier(self, x: str, classes: int = 1000) -> str:
         """sum over H, W -> right shift to 8 bits -> dense + bias."""
-        from onnx import helper
-
         _, c, h, w = self.shapes[x]
         wt = self.rng.integers(-127, 128, (classes, c)).astype(np.int8)
         b = self.rng.integers(-2**14, 2**14, (classes,)).astype(np.int32)
@@ -137,11 +134,11 @@ class Net:
                                  "gzp": np.array(0 if self.relu_of[x] else 128, np.uint8),
                                  "flat_shape": np.array([1, c], np.int64)})
         self.onnx_nodes += [
-            helper.make_node("QLinearGlobalAveragePool", [x, "one", "gzp", "one", "gzp"],
+            _node("QLinearGlobalAveragePool", [x, "one", "gzp", "one", "gzp"],
                              ["gpool"], domain="com.microsoft", channels_last=0),
-            helper.make_node("Reshape", ["gpool", "flat_shape"], ["gflat"]),
-            helper.make_node("MatMulInteger", ["gflat", "fc_wt", "gzp"], ["fc"]),
-            helper.make_node("Add", ["fc", "fc_b"], ["logits"])]
+            _node("Reshape", ["gpool", "flat_shape"], ["gflat"]),
+            _node("MatMulInteger", ["gflat", "fc_wt", "gzp"], ["fc"]),
+            _node("Add", ["fc", "fc_b"], ["logits"])]
         return "logits"
 
     def nnef(self) -> str:
@@ -152,13 +149,14 @@ class Net:
         return f"version 1.0;\n\ngraph {self.name}( data ) -> ( logits )\n{{\n{body}}}\n"
 
     def onnx_model(self):
-        """The ONNX twin (input 'data' as u8 = x + 128)."""
+        """The ONNX twin (input 'data' as u8 = x + 128). Needs the `onnx` package."""
         from onnx import TensorProto, helper, numpy_helper
 
         consts = {**self.onnx_consts, "one": np.array(1.0, np.float32),
                   "wzp": np.array(0, np.int8), "zp0": np.array(0, np.uint8)}
         graph = helper.make_graph(
-            self.onnx_nodes, self.name,
+            [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in
+             self.onnx_nodes], self.name,
             [helper.make_tensor_value_info("data", TensorProto.UINT8, list(self.input_shape))],
             [helper.make_tensor_value_info("logits", TensorProto.INT32, None)],
             [numpy_helper.from_array(v, k) for k, v in consts.items()])
