@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 
@@ -136,4 +138,8 @@ def _print_summary(console, output: Path, result: CompileResult) -> None:
     console.print(f"  kernels: {len(plan['kernels'])} for {ops} ops")
     console.print(f"  weights: {plan['weight_bytes']} bytes in {len(plan['weights'])} tensors")
     console.print(f"  peak activation memory: {plan['peak_activation_bytes']} bytes")
+    total = sum(int(np.prod(b["shape"])) * np.dtype(b["dtype"]).itemsize
+                for b in plan["buffers"])
+    console.print(f"  arena: {plan['arena']['bytes']} bytes for {total} bytes of "
+                  f"intermediate tensors ({len(plan['buffers'])}, reused by liveness)")
     console.print(f"  compile time: {result.seconds:.2f} s")

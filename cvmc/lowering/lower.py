@@ -138,7 +138,28 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
     for kernel in plan["kernels"]:
         kernel["args"] += [s["name"] for s in scratch[kernel["symbol"]]]
         plan["buffers"] += scratch[kernel["symbol"]]
+    plan["arena"] = plan_arena(plan)
     return tvm.IRModule(funcs), groups, plan
+
+
+def plan_arena(plan: dict) -> dict:
+    """Offsets of the intermediate buffers in one arena: a buffer may reuse bytes of any
+    buffer whose lifetime (first writer to last user, in kernel order) is disjoint from
+    its own. Greedy, largest first, lowest 64-byte aligned offset that fits."""
+    from cvmc_runtime.plan import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
+
+    life = buffer_lifetimes(plan)
+    placed: list[tuple[int, int, tuple[int, int]]] = []  # (start, end, lifetime)
+    offsets = {}
+    for spec in sorted(plan["buffers"], key=lambda b: -tensor_bytes(b)):
+        size, (first, last) = tensor_bytes(spec), life[spec["name"]]
+        offset = 0
+        for start, end, (f, g) in sorted(placed):
+            if f <= last and first <= g and offset < end and start < offset + size:
+                offset = -(-end // ARENA_ALIGNMENT) * ARENA_ALIGNMENT
+        offsets[spec["name"]] = offset
+        placed.append((offset, offset + size, (first, last)))
+    return {"bytes": max((end for _, end, _ in placed), default=0), "offsets": offsets}
 
 
 def _spec(graph: Graph, name: str) -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from cvmc_runtime.artifact import LIBRARY, read_artifact
+from cvmc_runtime.plan import tensor_bytes
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
 ALIGNMENT = 64  # AVX-512 kernels assume 64-byte aligned buffers and nothing checks it
@@ -37,9 +38,11 @@ class _Buffers:
         self.host: dict[str, np.ndarray] = {}
         self.tensors: dict[str, object] = {}
 
-    def allocate(self, name: str, shape, dtype: str) -> None:
-        """A tensor for `name` (on CUDA, also a host staging array)."""
-        self.host[name] = aligned_empty(tuple(shape), dtype)
+    def allocate(self, name: str, shape, dtype: str, memory: np.ndarray | None = None) -> None:
+        """A tensor for `name` (on CUDA, also a host staging array); on the CPU it may be a
+        view of `memory` (64-byte aligned bytes from the arena)."""
+        self.host[name] = aligned_empty(tuple(shape), dtype) if memory is None else \
+            memory.view(dtype).reshape(tuple(shape))
         host = self._ffi.from_dlpack(self.host[name], require_alignment=ALIGNMENT)
         if self.device == "cpu":
             self.tensors[name] = host
@@ -73,8 +76,15 @@ class Model:
         self._kernels = [(module[k["symbol"]], k["args"]) for k in plan["kernels"]]
         self._buf = _Buffers(module, plan["device"])
         specs = [*plan["inputs"], *plan["weights"], *plan["buffers"], *plan["outputs"]]
+        # Intermediate buffers live in one arena, allocated once per loaded model, at the
+        # offsets the compiler planned by liveness (validated with the plan).
+        arena = plan.get("arena") if plan["device"] == "cpu" else None
+        memory = aligned_empty((max(arena["bytes"], 1),), "uint8") if arena else None
         for spec in {s["name"]: s for s in specs}.values():
-            self._buf.allocate(spec["name"], spec["shape"], spec["dtype"])
+            offset = arena["offsets"].get(spec["name"]) if arena else None
+            view = None if offset is None else \
+                memory[offset:offset + tensor_bytes(spec)]  # type: ignore[index]
+            self._buf.allocate(spec["name"], spec["shape"], spec["dtype"], view)
         for name, value in weights.items():
             self._buf.upload(name, value)
 

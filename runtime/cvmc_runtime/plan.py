@@ -97,6 +97,54 @@ def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
                     f"input nor a weight")
 
 
+ARENA_ALIGNMENT = 64
+
+
+def buffer_lifetimes(plan: Mapping) -> dict[str, tuple[int, int]]:
+    """(first, last) kernel index using each intermediate buffer: from the kernel that
+    writes it to the last one that reads or writes it."""
+    names = {b["name"] for b in plan["buffers"]}
+    spans: dict[str, tuple[int, int]] = {}
+    for k, kernel in enumerate(plan["kernels"]):
+        for name in kernel["args"]:
+            if name in names:
+                first, _ = spans.get(name, (k, k))
+                spans[name] = (first, k)
+    return spans
+
+
+def tensor_bytes(spec: Mapping) -> int:
+    """Bytes of a declared tensor."""
+    return int(np.prod(spec["shape"], dtype=np.int64)) * np.dtype(spec["dtype"]).itemsize
+
+
+def _check_arena(plan: Mapping) -> None:
+    """The arena holds every buffer at an aligned offset inside it, and two buffers share
+    bytes only if no kernel needs both (their lifetimes are disjoint)."""
+    arena = plan.get("arena")
+    if arena is None:
+        return
+    if not isinstance(arena, Mapping) or type(arena.get("bytes")) is not int or \
+            not isinstance(arena.get("offsets"), Mapping) or not 0 <= arena["bytes"] <= \
+            MAX_VOLUME * 4 * max(len(plan["buffers"]), 1):
+        raise _fail("'arena' must be an object with integer 'bytes' and 'offsets'")
+    places = []
+    for spec in plan["buffers"]:
+        offset, size = arena["offsets"].get(spec["name"]), tensor_bytes(spec)
+        if type(offset) is not int or offset < 0 or offset % ARENA_ALIGNMENT or \
+                offset + size > arena["bytes"]:
+            raise _fail(f"arena: buffer '{spec['name']}' needs an offset that is a multiple "
+                        f"of {ARENA_ALIGNMENT} with its {size} bytes inside the arena's "
+                        f"{arena['bytes']}, got {offset!r:.20}")
+        places.append((spec["name"], offset, offset + size))
+    life = buffer_lifetimes(plan)
+    for i, (a, a0, a1) in enumerate(places):
+        for b, b0, b1 in places[i + 1:]:
+            (s, e), (t, f) = life.get(a, (-1, -1)), life.get(b, (-1, -1))
+            if a0 < b1 and b0 < a1 and s <= f and t <= e:
+                raise _fail(f"arena: buffers '{a}' and '{b}' overlap while both are live")
+
+
 def validate_plan(plan: object) -> None:
     """Raise ModelError unless `plan` is well formed (before its weights are read)."""
     if not isinstance(plan, Mapping):
@@ -104,6 +152,7 @@ def validate_plan(plan: object) -> None:
     if plan.get("device") not in DEVICES:
         raise _fail(f"device must be one of {', '.join(DEVICES)}, got {plan.get('device')!r:.40}")
     _check_kernels(plan, _tensors(plan))
+    _check_arena(plan)
 
 
 def check_weights(plan: Mapping, weights: Mapping[str, np.ndarray]) -> None:

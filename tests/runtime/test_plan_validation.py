@@ -110,3 +110,41 @@ def test_weight_members_larger_than_declared_and_unused_members(tmp_path):
     # A member the plan does not name is never read, however large it claims to be.
     model = cvmc_runtime.load(_artifact_with(tmp_path, **{"weights__99.npy": b"\0" * (50 << 20)}))
     assert [s.name for s in model.outputs] == ["logits"]
+
+
+# ---- the arena (issue 11: one allocation per model, offsets by liveness) --------------------
+def _chain_plan() -> dict:
+    """x -> k0 -> a -> k1 -> b -> k2 -> c -> k3 -> y, buffers of 250 int32 (1000 bytes)."""
+    plan = {"device": "cpu", "inputs": [_spec("x", (250,), "int32")], "weights": [],
+            "outputs": [_spec("y", (250,), "int32")],
+            "buffers": [_spec(n, (250,), "int32") for n in "abc"],
+            "kernels": [{"symbol": f"k{i}", "args": [src, dst], "num_inputs": 1}
+                        for i, (src, dst) in enumerate(zip("xabc", "abcy"))]}
+    return plan
+
+
+def test_arena_offsets_by_liveness():
+    from cvmc.lowering.lower import plan_arena
+
+    plan = _chain_plan()
+    arena = plan_arena(plan)
+    # By hand: a lives in kernels 0-1, b in 1-2, c in 2-3. a takes offset 0; b overlaps a in
+    # time, so it goes after a, rounded up to 64 bytes: 1024; c overlaps b but not a, so it
+    # reuses offset 0. The arena ends at b's end: 1024 + 1000 = 2024 bytes (3000 without
+    # reuse).
+    assert arena == {"bytes": 2024, "offsets": {"a": 0, "b": 1024, "c": 0}}
+    plan["arena"] = arena
+    validate_plan(plan)
+
+
+@pytest.mark.parametrize("offsets, bytes_, words", [
+    ({"a": 0, "b": 0, "c": 1024}, 2024, "buffers 'a' and 'b' overlap while both are live"),
+    ({"a": 0, "b": 1000, "c": 0}, 2024, "offset that is a multiple of 64"),
+    ({"a": 0, "b": 1024, "c": 0}, 2000, "inside the arena's 2000"),
+    ({"a": 0, "b": 1024}, 2024, "buffer 'c' needs an offset"),
+])
+def test_bad_arenas_are_refused(offsets, bytes_, words):
+    plan = _chain_plan()
+    plan["arena"] = {"bytes": bytes_, "offsets": offsets}
+    with pytest.raises(ModelError, match=words):
+        validate_plan(plan)
