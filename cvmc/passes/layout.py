@@ -17,6 +17,8 @@ not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.layout import MAX_PACKED_REDUCTION, WEIGHT_LAYOUT
@@ -25,14 +27,16 @@ from cvmc.passes.precision import infer_precision
 
 
 def _packable(graph: Graph, node: Node) -> bool:
-    if node.op != "conv2d" or node.inputs[1] not in graph.constants:
+    if node.op not in ("conv2d", "dense") or node.inputs[1] not in graph.constants:
         return False
-    _, c, kh, kw = graph.types[node.inputs[1]].shape
-    return node.attrs.get("groups", 1) == 1 and c * kh * kw <= MAX_PACKED_REDUCTION
+    w = graph.types[node.inputs[1]].shape
+    return node.attrs.get("groups", 1) == 1 and \
+        int(np.prod(w[1:], dtype=np.int64)) <= MAX_PACKED_REDUCTION
 
 
 def pack_conv_weights(graph: Graph) -> Graph:
-    """Rewrite every packable conv2d into conv2d_packed on a packed weight."""
+    """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
+    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes."""
     types, nodes = dict(graph.types), []
     taken = set(graph.values())
 
@@ -53,11 +57,7 @@ def pack_conv_weights(graph: Graph) -> Graph:
         taken.add(name)
         return name
 
-    for node in graph.nodes:
-        if not _packable(graph, node):
-            nodes.append(node)
-            continue
-        (x, w, *bias), a = node.inputs, Attrs(node.attrs)
+    def packed_conv(x: str, w: str, bias: list[str], attrs: dict, out: str, span) -> None:
         oc = types[w].shape[0]
         packed = add("layout_transform", (w,), {"src_layout": "OIHW",
                                                  "dst_layout": WEIGHT_LAYOUT}, fresh(f"{w}_packed"))
@@ -65,7 +65,21 @@ def pack_conv_weights(graph: Graph) -> Graph:
         # |128 * sum(w[o])| <= 128 * 127 * C*KH*KW < 2^31 (C*KH*KW <= MAX_PACKED_REDUCTION).
         comp = add("cvm_left_shift", (sums,), {"shift_bit": 7, "precision": 32},
                    fresh(f"{w}_compensation"))
-        add("conv2d_packed", (x, packed, comp, *bias),
-            {"padding": a.padding, "stride": a.stride, "dilation": a.dilation, "channels": oc},
-            node.outputs[0], node.span)
+        add("conv2d_packed", (x, packed, comp, *bias), {**attrs, "channels": oc}, out, span)
+
+    for node in graph.nodes:
+        if not _packable(graph, node):
+            nodes.append(node)
+            continue
+        (x, w, *bias), a, out = node.inputs, Attrs(node.attrs), node.outputs[0]
+        if node.op == "conv2d":
+            packed_conv(x, w, bias, {"padding": a.padding, "stride": a.stride,
+                                     "dilation": a.dilation}, out, node.span)
+            continue
+        (m, k), n = types[x].shape, types[w].shape[0]
+        x4 = add("reshape", (x,), {"target_shape": [m, k, 1, 1]}, fresh(f"{x}_nchw"))
+        w4 = add("reshape", (w,), {"target_shape": [n, k, 1, 1]}, fresh(f"{w}_oihw"))
+        y4 = fresh(f"{out}_nchw")
+        packed_conv(x4, w4, bias, {}, y4, node.span)
+        add("reshape", (y4,), {"target_shape": [m, n]}, out, node.span)
     return infer_precision(graph.replace(nodes=nodes, types=types))
