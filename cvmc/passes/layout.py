@@ -1,4 +1,4 @@
-"""The layout pass: give conv2d the packed weight layout its CPU kernels want.
+"""The layout pass: give conv2d and dense the packed weight layout their CPU kernels want.
 
 `y = conv2d(x, w, b)` with a constant weight becomes
 
@@ -12,8 +12,9 @@ and constant folding then turns `wp` and `comp` into weights: nothing is repacke
 the llvm target runs this pass; every CPU gets the packed form, and the schedule table
 picks VNNI, or a plain vector loop, for it.
 
-Left as conv2d (their kernels keep the default schedule): grouped convs, a weight that is
-not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
+A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes.
+Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
+a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
 """
 from __future__ import annotations
 
