@@ -5,8 +5,10 @@ declared or inferred shape before anything is allocated.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +26,7 @@ from cvmc.frontend.fragments import (
     stdlib,
 )
 from cvmc.frontend.syntax import Source, span_of
+from cvmc.frontend.tensorfile import HEADER_SIZE
 from cvmc.ir import TensorType
 from cvmc.ops.common import integer_data_error, prec_max
 
@@ -56,9 +59,11 @@ def literal_value(tree: Any) -> Any:
 class TensorFactory:
     """Value names, types and weights of the graph being built."""
 
-    def __init__(self, source: Source, read_tensor: Any):
+    def __init__(self, source: Source, weights: Any):
         self.source = source
-        self.read_tensor = read_tensor
+        self.weights = weights  # a container.ModelSource, or None: no .dat files are read
+        # (name, shape, dtype, precision, where) of each variable, read after the graph
+        self.variables: list[tuple[str, tuple[int, ...], str, int | None, Any]] = []
         self.types: dict[str, TensorType] = {}
         self.constants: dict[str, np.ndarray] = {}
         self.labels: dict[str, str] = {}
@@ -129,14 +134,9 @@ class TensorFactory:
         if op == "variable":
             self.labels[name] = args["label"]
             self.spans[name] = self.span(where)
-            try:
+            with self.located_at(where):  # a bad label: point at the variable
                 check_label(args["label"])  # also when no files are read (NNEF 4.1.3)
-                data = self.read_tensor(args["label"]) if self.read_tensor else None
-            except CvmcError as e:  # a bad label or .dat file: point at the variable
-                raise e.located(self.span(where), self.source.line(where.line)) from None
-            if data is not None:
-                self.constants[name] = self.checked_data(name, data, shape, dtype, precision,
-                                                         where)
+            self.variables.append((name, shape, dtype, precision, where))
         elif op == "constant":
             self.constants[name] = self.constant_data(name, args["value"], shape, dtype, where)
             problem = dtype == "int32" and integer_data_error(self.constants[name], precision)
@@ -144,6 +144,34 @@ class TensorFactory:
                 raise self.err(f"constant '{name}': {problem}", where)
         self.types[name] = TensorType(shape, dtype, precision)
         return Tensor(name, dtype)
+
+    def load_weights(self) -> None:
+        """Read and check every variable's .dat file, in the order the model stores them:
+        an archive is read in one forward pass, and only the members the graph names."""
+        if self.weights is None:
+            return
+        labels = {self.labels[v[0]] for v in self.variables}
+        rank = {label: i for i, label in enumerate(self.weights.storage_order(labels))}
+        read: dict[str, np.ndarray | None] = {}  # one read per label, however many use it
+        for name, shape, dtype, precision, where in sorted(
+                self.variables, key=lambda v: rank[self.labels[v[0]]]):
+            label = self.labels[name]
+            if label not in read:
+                # The graph bounds the file: at most 64 bits per declared element.
+                limit = HEADER_SIZE + 8 * int(np.prod(shape, dtype=object))
+                with self.located_at(where):  # a bad .dat file: point at the variable
+                    read[label] = self.weights.read_tensor(label, limit)
+            if read[label] is not None:
+                self.constants[name] = self.checked_data(name, read[label], shape, dtype,
+                                                         precision, where)
+
+    @contextlib.contextmanager
+    def located_at(self, where: Any) -> Iterator[None]:
+        """Give a CvmcError raised inside (about a file) the document location `where`."""
+        try:
+            yield
+        except CvmcError as e:
+            raise e.located(self.span(where), self.source.line(where.line)) from None
 
     def introducer_args(self, op: str, generic: str | None, pos: list, named: dict,
                         where: Any) -> dict[str, Any]:

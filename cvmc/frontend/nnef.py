@@ -6,14 +6,13 @@ mistake is a `CvmcError` located at its line and column.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lark
-import numpy as np
 
 from cvmc.errors import CvmcError
+from cvmc.frontend.container import ModelSource, open_model
 from cvmc.frontend.fragments import Fragment, declare, stdlib
 from cvmc.frontend.literals import literal_value
 from cvmc.frontend.semantics import GraphBuilder, Scope
@@ -27,19 +26,17 @@ PRECISION_SPEC = "cvm_precision_spec"
 
 def load_nnef(path: Path, quant: Path | None) -> Graph:
     """Read an NNEF model: a .nnef file, a folder with graph.nnef, or a .tar/.tar.gz/.tgz."""
-    from cvmc.frontend.container import open_model
-    model = open_model(Path(path), Path(quant) if quant is not None else None)
-    return parse_nnef(model.graph_text, model.graph_name, model.read_tensor, model.quant_text,
-                      model.quant_name)
+    with open_model(Path(path), Path(quant) if quant is not None else None) as model:
+        return parse_nnef(model.graph_text, model.graph_name, model, model.quant_text,
+                          model.quant_name)
 
 
-def parse_nnef(text: str, filename: str = "<string>",
-               read_tensor: Callable[[str], np.ndarray | None] | None = None,
+def parse_nnef(text: str, filename: str = "<string>", weights: ModelSource | None = None,
                quant_text: str | None = None, quant_name: str | None = None) -> Graph:
-    """Parse and check an NNEF document; `read_tensor(label)` supplies variable data."""
+    """Parse and check an NNEF document; `weights` supplies variable data (none: no data)."""
     source = Source(text, filename)
     tree = parse_text(source)
-    graph = _Document(source, tree).build(read_tensor)
+    graph = _Document(source, tree).build(weights)
     if quant_text is not None:
         _apply_quant(graph, quant_text, quant_name or "graph.quant")
     return graph
@@ -131,12 +128,12 @@ class _Document:
         """The message for an expression in a flat document."""
         return f"operator expressions need 'extension {EXPRESSIONS_EXT};'"
 
-    def build(self, read_tensor: Any) -> Graph:
+    def build(self, weights: ModelSource | None) -> Graph:
         """Evaluate the graph body into a Graph."""
         name_tok, ins_tree, outs_tree, body = self.graph.children
         inputs, outputs = self.names(ins_tree), self.names(outs_tree)
         self.check_flat(body)
-        builder = GraphBuilder(self.source, self.fragments, read_tensor)
+        builder = GraphBuilder(self.source, self.fragments, weights)
         builder.reserved = {str(t) for t in ins_tree.children + outs_tree.children}
         for lv in body.find_data("lv_ident"):
             builder.reserved.add(str(lv.children[0]))
@@ -152,6 +149,7 @@ class _Document:
         for tok in outs_tree.children:
             if str(tok) not in scope.names:
                 raise self.err(f"graph output '{tok}' is not assigned", tok)
+        builder.load_weights()
         graph = Graph(str(name_tok), inputs, outputs, builder.nodes, builder.types,
                       builder.constants, builder.labels, spans=builder.spans)
         graph.verify()

@@ -75,8 +75,8 @@ class Scope:
 class GraphBuilder(TensorFactory):
     """Evaluates assignments and collects nodes, types and weights."""
 
-    def __init__(self, source: Source, fragments: dict[str, Fragment], read_tensor: Any):
-        super().__init__(source, read_tensor)
+    def __init__(self, source: Source, fragments: dict[str, Fragment], weights: Any):
+        super().__init__(source, weights)
         self.fragments = fragments
         self.nodes: list[Node] = []
         self.steps = 0

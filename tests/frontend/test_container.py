@@ -15,6 +15,7 @@ from cvmc.frontend.tensorfile import tensor_bytes
 GRAPH = "version 1.0;\ngraph g( x ) -> ( y ) { y = relu(x); }\n"
 QUANT = '"y": cvm_precision_spec(precision = 8);\n'
 FILTER = np.arange(-4, 4, dtype=np.int8).reshape(2, 4)
+LIMIT = 1 << 20  # bytes a .dat may hold in these tests
 
 
 def _folder(root: Path, quant: bool = True) -> Path:
@@ -47,8 +48,8 @@ def _check(src, graph_name: str, quant_name: str | None) -> None:
     assert src.graph_text == GRAPH and src.graph_name == graph_name
     assert src.quant_name == quant_name
     assert src.quant_text == (QUANT if quant_name else None)
-    assert np.array_equal(src.read_tensor("conv1/filter"), FILTER)
-    assert src.read_tensor("conv1/bias") is None
+    assert np.array_equal(src.read_tensor("conv1/filter", LIMIT), FILTER)
+    assert src.read_tensor("conv1/bias", LIMIT) is None
 
 
 def test_folder_and_nnef_file(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_escaping_labels_rejected(label: str, tmp_path: Path) -> None:
         check_label(label)
     src = open_model(_folder(tmp_path / "m"))
     with pytest.raises(CvmcError, match="variable label"):
-        src.read_tensor(label)
+        src.read_tensor(label, LIMIT)
 
 
 def test_symlink_in_folder_leading_outside_rejected(tmp_path: Path) -> None:
@@ -144,14 +145,14 @@ def test_symlink_in_folder_leading_outside_rejected(tmp_path: Path) -> None:
     (tmp_path / "outside.dat").write_bytes(tensor_bytes(FILTER))
     (root / "w.dat").symlink_to(tmp_path / "outside.dat")
     with pytest.raises(CvmcError, match="outside the model folder"):
-        open_model(root).read_tensor("w")
+        open_model(root).read_tensor("w", LIMIT)
 
 
 def test_corrupt_weight_names_the_member(tmp_path: Path) -> None:
     files = {**_model_files("model/"), "model/conv1/filter.dat": b"junk"}
     src = open_model(_tar(tmp_path / "m.tgz", files))
     with pytest.raises(CvmcError, match=r"m\.tgz:model/conv1/filter\.dat"):
-        src.read_tensor("conv1/filter")
+        src.read_tensor("conv1/filter", LIMIT)
 
 
 # ---- issue 9, items 5, 7, 10, 12: what a model folder or archive may make cvmc read --------
@@ -178,7 +179,7 @@ def test_unopenable_labels_are_one_error(tmp_path: Path, label: str) -> None:
     (model / "graph.nnef").write_text(GRAPH)
     (model / "loop").symlink_to(model / "loop")
     with pytest.raises(CvmcError, match="cannot be opened in the model folder"):
-        open_model(model).read_tensor(label)
+        open_model(model).read_tensor(label, LIMIT)
 
 
 def test_archive_bomb_fails_at_its_header(tmp_path: Path) -> None:
@@ -233,3 +234,81 @@ def test_sparse_archive_members_are_refused(tmp_path: Path) -> None:
         tar.addfile(sparse, io.BytesIO(b""))
     with pytest.raises(CvmcError, match="'conv1/filter.dat' is a sparse file"):
         open_model(path)
+
+
+# ---- issue 9, item 7: an archive is read only as far as the graph asks, within bounds -----
+W_GRAPH = ("version 1.0;\ngraph G( x ) -> ( y )\n{\n"
+           "    x = external<integer>(shape = [2], precision = 8);\n"
+           "    w = variable<integer>(shape = [2], label = 'w', precision = 8);\n"
+           "    v = variable<integer>(shape = [2], label = 'w', precision = 8);\n"
+           "    s = elemwise_add(x, w);\n"
+           "    y = elemwise_add(s, v);\n}\n")
+W = np.array([3, -4], dtype=np.int32)
+
+
+def _spy_on_members(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the archive members whose data cvmc reads, in order."""
+    read: list[str] = []
+    extract = tarfile.TarFile.extractfile
+
+    def spy(self: tarfile.TarFile, member: tarfile.TarInfo):  # type: ignore[no-untyped-def]
+        read.append(member.name)
+        return extract(self, member)
+    monkeypatch.setattr(tarfile.TarFile, "extractfile", spy)
+    return read
+
+
+@pytest.mark.parametrize("mode", ["w", "w:gz"])
+def test_archive_reads_only_the_members_the_graph_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """Unused members (a weight of no variable, a graph.nnef too deep to be the model's,
+    other files) are never read; a label used twice is read once."""
+    from cvmc.frontend.nnef import load_nnef
+    files = {"unused.dat": tensor_bytes(W), "graph.quant": b"\"x\": cvm_precision_spec(precision = 8);",
+             "notes.txt": b"x" * 1000, "w.dat": tensor_bytes(W), "a/b/graph.nnef": b"?",
+             "graph.nnef": W_GRAPH.encode()}
+    path = _tar(tmp_path / "m.tar", files, mode)
+    read = _spy_on_members(monkeypatch)
+    graph = load_nnef(path, None)
+    assert read == ["graph.quant", "graph.nnef", "w.dat"]
+    assert np.array_equal(graph.constants["w"], W) and np.array_equal(graph.constants["v"], W)
+
+
+@pytest.mark.parametrize("container", ["m.tgz", "folder"])
+def test_dat_larger_than_its_variable_is_refused_before_reading(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, container: str) -> None:
+    """A 2-element variable's file may hold 128 + 2 * 8 bytes at most: a .dat member of
+    8 MiB (a few KB compressed) fails at its header, at the variable's line, unread."""
+    from cvmc.frontend.nnef import load_nnef
+    files = {"graph.nnef": W_GRAPH.encode(), "w.dat": tensor_bytes(np.zeros(1 << 21, np.int32))}
+    if container == "folder":
+        path = tmp_path / "m"
+        path.mkdir()
+        for name, data in files.items():
+            (path / name).write_bytes(data)
+        graph_name = str(path / "graph.nnef")
+    else:
+        path, graph_name = _tar(tmp_path / container, files), f"{container}:graph.nnef"
+    read = _spy_on_members(monkeypatch)
+    with pytest.raises(CvmcError) as e:
+        load_nnef(path, None)
+    assert str(e.value).startswith(f"{graph_name}:5:9: error: ")
+    assert "w.dat" in str(e.value) and "more than the 144 bytes its variable's declared shape" \
+        in str(e.value)
+    assert "w.dat" not in read
+
+
+def test_graph_files_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """graph.nnef / graph.quant of any container, and a quantization file the user names,
+    are read up to MAX_TEXT_BYTES (a path to an endless file, too)."""
+    from cvmc.frontend import container
+    monkeypatch.setattr(container, "MAX_TEXT_BYTES", 40)
+    big = b"version 1.0;\n" + b" " * 100
+    with pytest.raises(CvmcError, match="graph.nnef: 113 bytes, more than the 40 bytes a graph"):
+        open_model(_tar(tmp_path / "m.tgz", {"graph.nnef": big}))
+    (tmp_path / "g.nnef").write_bytes(big)
+    with pytest.raises(CvmcError, match="g.nnef: more than the 40 bytes a graph"):
+        open_model(tmp_path / "g.nnef")
+    (tmp_path / "g.nnef").write_bytes(b"version 1.0;")
+    with pytest.raises(CvmcError, match="zero: more than the 40 bytes"):
+        open_model(tmp_path / "g.nnef", Path("/dev/zero"))
