@@ -24,6 +24,9 @@ _TOKEN = re.compile(r"""
 """, re.VERBOSE)
 
 Token = tuple[str, str, int]  # kind, text, offset
+# An entry begins with a quoted tensor name: a file whose first entry does not (after layout
+# and comments) is no quantization file, and its content is never echoed in the error.
+_QUOTE_FIRST = re.compile(r"""(?:[ \t\r\n]+|\#[^\n]*)*(?:["']|$)""")
 MAX_NESTING = 64  # arrays/tuples in a value: bounds the recursion of `value`
 MAX_DIGITS = 19  # integers below 10^19 (int() refuses beyond 4300 digits anyway)
 
@@ -33,6 +36,9 @@ class _Parser:
 
     def __init__(self, text: str, filename: str):
         self.text, self.filename = normalize_text(text), filename
+        if _QUOTE_FIRST.match(self.text) is None:
+            raise CvmcError("not a quantization file: entries are '\"tensor\": fragment(...);' "
+                            "(NNEF 5.3); its content is not shown", SourceSpan(filename, 1, 1))
         self.tokens = self._tokenize()
         self.pos = 0
         self.offsets: dict[str, int] = {}  # tensor name -> where its entry starts

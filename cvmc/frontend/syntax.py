@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from importlib import resources
 from typing import Any
 
@@ -64,8 +65,17 @@ class Source:
         return CvmcError(message, span_of(self.filename, where), self.line(where.line))
 
 
+# A document begins with its version (spec 3.3, after layout and comments). A file that does
+# not is no NNEF document: its content (any file a user or a folder named, e.g. a key) is
+# never echoed in the error.
+_VERSION_FIRST = re.compile(r"(?:[ \t\f\r\n]+|#[^\n]*)*version\b")
+
+
 def parse_text(source: Source) -> lark.Tree:
     """Parse a whole NNEF document; raise a located CvmcError on a syntax error."""
+    if _VERSION_FIRST.match(source.text) is None:
+        raise CvmcError("not an NNEF document: it must begin with 'version 1.0;' (NNEF 3.3); "
+                        "its content is not shown", SourceSpan(source.filename, 1, 1))
     try:
         tree = _parser().parse(source.text)
     except lark.UnexpectedCharacters as e:

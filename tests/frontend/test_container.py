@@ -312,3 +312,26 @@ def test_graph_files_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (tmp_path / "g.nnef").write_bytes(b"version 1.0;")
     with pytest.raises(CvmcError, match="zero: more than the 40 bytes"):
         open_model(tmp_path / "g.nnef", Path("/dev/zero"))
+
+
+@pytest.mark.parametrize("secret", ["root:x:0:0:SECRET:/root\n", "SECRET_KEY=abc\n",
+                                    "\n# a comment\nSECRET = 1;\n", "-----BEGIN SECRET-----"])
+def test_files_that_are_no_model_document_are_never_echoed(tmp_path: Path,
+                                                           secret: str) -> None:
+    """A graph or quantization file that does not begin as one (a version line, a quoted
+    tensor name) is refused without showing a byte of it (item 5)."""
+    from cvmc.frontend.nnef import load_nnef
+    (tmp_path / "graph.nnef").write_text(secret)
+    (tmp_path / "other.quant").write_text(secret)
+    with pytest.raises(CvmcError) as e:
+        load_nnef(tmp_path, None)
+    assert e.value.render() == (f"{tmp_path / 'graph.nnef'}:1:1: error: not an NNEF document: "
+                                f"it must begin with 'version 1.0;' (NNEF 3.3); its content "
+                                f"is not shown")
+    (tmp_path / "graph.nnef").write_text("version 1.0; graph G( x ) -> ( x ) "
+                                         "{ x = external<integer>(shape = [2]); }")
+    with pytest.raises(CvmcError) as e:
+        load_nnef(tmp_path, tmp_path / "other.quant")
+    assert str(e.value).startswith(f"{tmp_path / 'other.quant'}:1:1: error: not a "
+                                   f"quantization file")
+    assert "SECRET" not in e.value.render()

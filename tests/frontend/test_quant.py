@@ -35,7 +35,7 @@ def test_value_forms_comments_and_quotes() -> None:
     ('"a": f(x = );', 1, 12, "expected a literal value"),
     ('"a": f(x = 1);\n"b" f();', 2, 5, "expected ':', found 'f'"),
     ('"a": f(x = 1)', 1, 14, "expected ';', found 'end of file'"),
-    ("a: f();", 1, 1, "expected a quoted tensor name"),
+    ('"a": f();\nb: g();', 2, 1, "expected a quoted tensor name"),
     ('"a": f(x = 1, x = 2);', 1, 15, "attribute 'x' of f given twice"),
     ('"a": f();\n# c\n"a": g();', 3, 1, 'tensor "a" has a second quantization entry'),
     ('"a": f(x = @);', 1, 12, "unexpected character '@'"),
