@@ -523,7 +523,7 @@ REC = "fragment f( a: tensor<integer> ) -> ( b: tensor<integer> ) { b = f(a); }\
 MUTUAL = ("fragment f( a: tensor<integer> ) -> ( b: tensor<integer> ) { b = g(a); }\n"
           "fragment g( a: tensor<integer> ) -> ( b: tensor<integer> ) { b = f(a); }\n")
 COUNTDOWN = ("fragment f( a: tensor<integer>, n: integer ) -> ( b: tensor<integer> )\n"
-             "{ b = f(a, n - 1) if n > 0 else a; }\n")
+             "{ b = f(a, n = n - 1) if n > 0 else a; }\n")
 DEFAULT = ("fragment f( a: tensor<integer>, k: integer = 1 + 2 ) -> ( b: tensor<integer> )\n"
            "{ b = a; }\n")
 
@@ -540,7 +540,7 @@ DEFAULT = ("fragment f( a: tensor<integer>, k: integer = 1 + 2 ) -> ( b: tensor<
     (_doc("y = add(x, " + "-" * 500 + "1);"), 6, "nested more than 64"),  # RecursionError
     (_doc("y = f(x);", REC), 3, "'f' is expanded more than 100 levels deep"),  # Recursion
     (_doc("y = f(x);", MUTUAL), 4, "'f' is expanded more than 100 levels deep"),
-    (_doc("y = f(x, 100000);", COUNTDOWN), 4, "'f' is expanded more than 100 levels deep"),
+    (_doc("y = f(x, n = 100000);", COUNTDOWN), 4, "'f' is expanded more than 100 levels deep"),
     (_doc("y = f(x);", DEFAULT), 3, "default value of parameter 'k' must be a literal"),
     (_doc("n = (0 in 0); y = x;"), 6, "'in' cannot apply to 0 and 0"),  # was ValueError
     # was: a hang (10^12 iterations)
@@ -565,7 +565,7 @@ def test_recursion_with_base_case_still_works():
     text = _doc("y = add_n([" + ", ".join(["x"] * 90) + "]);")
     graph = parse_nnef(text, "f.nnef")
     assert sum(n.op == "add" for n in graph.nodes) == 90
-    assert isinstance(parse_nnef(_doc("y = f(x, 50);", COUNTDOWN), "f.nnef"), Graph)
+    assert isinstance(parse_nnef(_doc("y = f(x, n = 50);", COUNTDOWN), "f.nnef"), Graph)
 
 
 def test_error_messages_stay_short():

@@ -121,6 +121,15 @@ def stdlib() -> dict[str, Fragment]:
             for f in tree.find_data("fragment")}
 
 
+def is_tensor_type(t: Type) -> bool:
+    """Whether a parameter of type `t` takes tensors (a tensor, or an array/tuple of them)."""
+    if t[0] == "array":
+        return is_tensor_type(t[1])
+    if t[0] == "tuple":
+        return any(is_tensor_type(item) for item in t[1])
+    return t[0] == "tensor"
+
+
 def check_value(value: Any, t: Type, generic: str | None) -> str | None:
     """None if `value` fits type `t` (cvmc dialect: integer and scalar tensors mix),
     else a description of what was expected."""

@@ -22,6 +22,7 @@ from cvmc.frontend.fragments import (
     Param,
     Tensor,
     check_value,
+    is_tensor_type,
     show_value,
     stdlib,
 )
@@ -190,6 +191,11 @@ class TensorFactory:
         if len(pos) > len(frag.params):
             raise self.err(f"{frag.name}: takes {len(frag.params)} arguments, "
                            f"{len(pos)} given", where)
+        for p, a in zip(frag.params, pos):
+            if not is_tensor_type(p.type):  # NNEF 3.2: attribute values must be named
+                raise self.err(f"{frag.name}: attribute '{p.name}' given as a positional "
+                               f"argument; only tensor arguments may be positional, write "
+                               f"'{p.name} = ...'", where)
         values = {p.name: a.value for p, a in zip(frag.params, pos)}
         for key, a in named.items():
             if frag.param(key) is None:

@@ -95,6 +95,20 @@ CASES = {
                                "than letters\n"
                                "    w = variable<integer>(shape = [1], label = 'a b');\n"
                                "    y = relu(x);\n}\n",
+    "positional_shape": "version 1.0;\ngraph G(x) -> (x)\n{\n# expected-error: external: "
+                        "attribute 'shape' given as a positional argument; only tensor "
+                        "arguments may be positional\n    x = external<integer>([2]);\n}\n",
+    "positional_variable": HEAD + "# expected-error: variable: attribute 'shape' given as a "
+                                  "positional argument\n"
+                                  "    w = variable<integer>([2], label = 'w');\n"
+                                  "    y = relu(x);\n}\n",
+    "positional_fragment_attribute": "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
+                                     "fragment f(a: tensor<integer>, gain: integer = 1) -> "
+                                     "(b: tensor<integer>) { b = relu(a); }\n"
+                                     "graph G(x) -> (y)\n{\n"
+                                     "    x = external<integer>(shape = [2]);\n"
+                                     "# expected-error: f: attribute 'gain' given as a "
+                                     "positional argument\n    y = f(x, 2);\n}\n",
     "no_outputs": "version 1.0;\n# expected-error: unexpected ')'; expected an identifier\n"
                   "graph G(x) -> ()\n{\n    x = external<integer>(shape = [2]);\n}\n",
 }
