@@ -94,8 +94,69 @@ def declare(tree: lark.Tree, source: Source, literal: Any) -> Fragment:
         params.append(Param(str(p.children[0]), type_of(p.children[1]), default))
     results = [(str(r.children[0]), type_of(r.children[1])) for r in results_tree.children]
     has_body = body and isinstance(body[0], lark.Tree)
-    return Fragment(str(name_tok), generic, generic_default, params, results,
+    frag = Fragment(str(name_tok), generic, generic_default, params, results,
                     body[0] if has_body else None, tree.meta, source)
+    _check_declaration(frag, [*params_tree.children, *results_tree.children])
+    return frag
+
+
+def _check_declaration(frag: Fragment, nodes: list[lark.Tree]) -> None:
+    """The rules of a valid fragment declaration (NNEF 3.2, "Fragment declarations");
+    `nodes` are the parse trees of its parameters then results, for locating errors."""
+    seen: set[str] = set()
+    attribute_seen = False
+    for k, node in enumerate(nodes):
+        param = frag.params[k] if k < len(frag.params) else None
+        name, t = (param.name, param.type) if param else frag.results[k - len(frag.params)]
+        problem = _entry_problem(frag, name, t, param, seen, attribute_seen)
+        if problem:
+            raise frag.source.error(f"fragment '{frag.name}': {problem}", node.meta)
+        seen.add(name)
+        attribute_seen = attribute_seen or (param is not None and not is_tensor_type(t))
+    uses_generic = any(_mentions_generic(p.type) for p in frag.params) or \
+        any(_mentions_generic(t) for _, t in frag.results)
+    if uses_generic != frag.generic:
+        problem = ("uses the generic type '?' but is not declared generic ('fragment "
+                   f"{frag.name}<?>')" if uses_generic else
+                   "is declared generic but no parameter or result has the type '?'")
+        raise frag.source.error(f"fragment '{frag.name}' {problem}", frag.meta)
+
+
+def _entry_problem(frag: Fragment, name: str, t: Type, param: Param | None, seen: set[str],
+                   attribute_seen: bool) -> str | None:
+    """What breaks a rule in one parameter (`param`) or result (None) of a declaration."""
+    if name in seen:
+        return f"'{name}' names two parameters or results"
+    if _mixes_tensors(t):
+        return f"type {type_str(t)} of '{name}' mixes tensors and attributes in a tuple"
+    if param is None:
+        return None if is_tensor_type(t) else \
+            f"result '{name}' must be a tensor, not {type_str(t)}"
+    if attribute_seen and is_tensor_type(t):
+        return f"tensor parameter '{name}' follows an attribute: tensor parameters come first"
+    if param.default is not NO_DEFAULT and param.default is not None:
+        bad = check_value(param.default, t, frag.generic_default)
+        if bad:
+            return f"the default value of '{name}' must be {bad}, got {show_value(param.default)}"
+    return None
+
+
+def _mixes_tensors(t: Type) -> bool:
+    """Whether a tuple type inside `t` holds both tensor and attribute items (NNEF 3.2)."""
+    if t[0] == "array":
+        return _mixes_tensors(t[1])
+    if t[0] != "tuple":
+        return False
+    return len({is_tensor_type(item) for item in t[1]}) > 1 or any(map(_mixes_tensors, t[1]))
+
+
+def _mentions_generic(t: Type) -> bool:
+    """Whether type `t` contains the generic type '?'."""
+    if t[0] == "array":
+        return _mentions_generic(t[1])
+    if t[0] == "tuple":
+        return any(map(_mentions_generic, t[1]))
+    return t[1] == "?"
 
 
 def _default(param: lark.Tree, source: Source, literal: Any) -> Any:

@@ -214,3 +214,47 @@ def test_integer_arithmetic_suggests_the_cvm_op():
                                         "broadcast_add") as e:
         infer_precision(parse_nnef(text, "add.nnef"))
     assert e.value.span.line == 6
+
+
+# NNEF 3.2 "Fragment declarations": each rule, on line 3 of a document, at the column of the
+# parameter or result that breaks it (the whole declaration for the generic rules).
+T, I = "tensor<integer>", "integer"
+DECLARATION_CASES = [
+    (f"fragment f( a: {T}, a: {T} ) -> ( b: {T} )", 33, "'a' names two parameters or results"),
+    (f"fragment f( a: {T} ) -> ( a: {T} )", 39, "'a' names two parameters or results"),
+    (f"fragment f( k: {I}, a: {T} ) -> ( b: {T} )", 25,
+     "tensor parameter 'a' follows an attribute: tensor parameters come first"),
+    (f"fragment f( a: {T} ) -> ( b: {I} )", 39, "result 'b' must be a tensor, not integer"),
+    (f"fragment f( a: {T} ) -> ( b: {T}[], c: {I}[] )", 61,
+     "result 'c' must be a tensor, not integer[]"),
+    (f"fragment f( a: ({T}, {I}) ) -> ( b: {T} )", 13,
+     "type (tensor<integer>, integer) of 'a' mixes tensors and attributes in a tuple"),
+    (f"fragment f( a: {T}, k: {I} = 'x' ) -> ( b: {T} )", 33,
+     "the default value of 'k' must be a value of type integer, got 'x'"),
+    (f"fragment f( a: {T}, k: {I}[] = [1, 2.5] ) -> ( b: {T} )", 33,
+     "the default value of 'k' must be an array of a value of type integer"),
+    (f"fragment f<?>( a: {T} ) -> ( b: {T} )", 1,
+     "fragment 'f' is declared generic but no parameter or result has the type '?'"),
+    ("fragment f( a: tensor<?> ) -> ( b: tensor<?> )", 1,
+     "fragment 'f' uses the generic type '?' but is not declared generic"),
+]
+
+
+@pytest.mark.parametrize("declaration,col,words", DECLARATION_CASES)
+def test_fragment_declaration_rules(declaration: str, col: int, words: str) -> None:
+    text = ("version 1.0;\nextension KHR_enable_fragment_definitions;\n" + declaration +
+            ";\ngraph G( x ) -> ( x ) { x = external<integer>(shape = [2]); }\n")
+    with pytest.raises(CvmcError) as e:
+        parse_nnef(text, "decl.nnef")
+    assert str(e.value).startswith(f"decl.nnef:3:{col}: error: "), str(e.value)
+    assert words in e.value.message
+
+
+def test_valid_fragment_declarations_still_pass() -> None:
+    """Generic fragments, tensor defaults and attribute tuples are fine (the standard
+    library, checked by the same rules, has tensor-array results)."""
+    text = ("version 1.0;\nextension KHR_enable_fragment_definitions;\n"
+            f"fragment f<? = integer>( a: tensor<?>, b: {T} = 0, k: ({I}, {I}) = (1, 2) ) "
+            f"-> ( c: tensor<?> ) {{ c = relu(a); }}\n"
+            "graph G( x ) -> ( y ) { x = external<integer>(shape = [2]); y = f(x); }\n")
+    assert [n.op for n in parse_nnef(text, "ok.nnef").nodes] == ["relu"]
