@@ -16,7 +16,6 @@ from tests.shared import HAVE_SHARED, SHARED, requires_shared
 
 nnef = pytest.importorskip("nnef")
 
-pytestmark = requires_shared
 CORPUS = SHARED / "data" / "nnef-corpus"
 VALID = sorted((CORPUS / "valid").iterdir()) if HAVE_SHARED else []
 
@@ -64,6 +63,7 @@ def _text_and_quant(path: Path) -> tuple[str, str | None]:
     return graph.read_text(), quant.read_text() if quant and quant.exists() else None
 
 
+@requires_shared
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
 def test_valid_document_checks(path, shuffle_op):
     g = load_nnef(path, None)
@@ -71,6 +71,7 @@ def test_valid_document_checks(path, shuffle_op):
     assert all(n.span is not None for n in g.nodes)
 
 
+@requires_shared
 @pytest.mark.parametrize("name", sorted(INVALID))
 def test_invalid_document_rejected_at_line(name):
     line, words = INVALID[name]
@@ -80,6 +81,7 @@ def test_invalid_document_rejected_at_line(name):
     assert words in e.value.message
 
 
+@requires_shared
 def test_corpus_invalid_list_is_complete():
     assert {p.name for p in (CORPUS / "invalid").iterdir()} == set(INVALID)
 
@@ -90,6 +92,7 @@ def _khronos_shapes(text: str, quant: str | None) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in g.tensors.items()}
 
 
+@requires_shared
 @pytest.mark.parametrize("path", [p for p in VALID if p.name not in KHRONOS_SKIP],
                          ids=lambda p: p.name)
 def test_shapes_agree_with_khronos(path, shuffle_op):
@@ -159,6 +162,7 @@ def test_cvm_op_on_scalar_tensor_keeps_the_nnef_result_type():
     assert g.types["j"].dtype == "int32"
 
 
+@requires_shared
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
 def test_printed_corpus_document_parses_back_equal(path, shuffle_op):
     from cvmc.ir.printer import print_graph
