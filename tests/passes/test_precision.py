@@ -76,7 +76,7 @@ def test_typed_op_checks_kinds_and_types_its_results():
     f, b = TensorType((2,), "float32"), TensorType((2,), "bool")
     i8, i12 = TensorType((2,), "int32", 8), TensorType((2,), "int32", 12)
 
-    def infer(op, ins, out=TensorType((2,), "float32")):
+    def infer(op, ins, out=f):
         names = [f"x{k}" for k in range(len(ins))]
         g = Graph("g", names, ["y"], [Node(op, tuple(names), ("y",), {})],
                   {**dict(zip(names, ins)), "y": out})
