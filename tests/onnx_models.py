@@ -137,9 +137,26 @@ def residual() -> ModelProto:
     return b.model("residual", {"data": [1, 8, 8, 8]}, {"out": [1, 8, 8, 8]})
 
 
+def fragments() -> ModelProto:
+    """Ops NNEF-Tools writes as fragments it defines in the document (Erf, ReduceL2,
+    DepthToSpace, LpPool), LeakyRelu, and a Softmax without
+    `axis` on a rank-3 tensor (opset 13: the last axis)."""
+    b = _Builder(seed=5)
+    x = b.node("Erf", ["x"], "erf")
+    b.node("ReduceL2", [x], "norms", axes=[1], keepdims=1)                     # 1x1x4x4
+    d = b.node("DepthToSpace", ["x"], "d2s", blocksize=2, mode="DCR")          # 1x1x8x8
+    b.node("LeakyRelu", [d], "leaky", alpha=0.2)
+    b.node("LpPool", ["x"], "lp", kernel_shape=[2, 2], strides=[2, 2], p=2)    # 1x4x2x2
+    r = b.node("Reshape", ["x", b.const("rank3", np.array([1, 4, 16], np.int64))], "r3")
+    b.node("Softmax", [r], "soft")
+    return b.model("fragments", {"x": [1, 4, 4, 4]},
+                   {"norms": [1, 1, 4, 4], "leaky": [1, 1, 8, 8], "lp": [1, 4, 2, 2],
+                    "soft": [1, 4, 16]})
+
+
 def unsupported() -> ModelProto:
     """A model with an op the Khronos converter cannot convert (TopK)."""
-    b = _Builder(seed=5)
+    b = _Builder(seed=6)
     k = b.const("k", np.array([2], np.int64))
     b.nodes.append(helper.make_node("TopK", ["x", k], ["values", "indices"], name="topk"))
     graph = helper.make_graph(
@@ -149,7 +166,8 @@ def unsupported() -> ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
-MODELS = {"cnn": cnn, "mlp": mlp, "shapes": shapes, "residual": residual}
+MODELS = {"cnn": cnn, "mlp": mlp, "shapes": shapes, "residual": residual,
+          "fragments": fragments}
 
 
 def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

@@ -14,7 +14,8 @@ opset only. Before converting, cvmc therefore adjusts the converter's input grap
 the converter would refuse a valid model or, worse, give it another meaning (README,
 "ONNX models (cvmc convert)", lists each case):
 - reductions whose `axes` come as an input (ReduceSum from opset 13, every reduction
-  from opset 18) or are absent (reduce everything) get an explicit `axes` attribute;
+  from opset 18) or are absent (reduce everything) get an explicit `axes` attribute, made
+  non-negative (with `keepdims = 0` the converter would write `squeeze(axes = [-1])`);
 - `Softmax` without `axis` gets the default of the model's opset (-1 from opset 13, 1
   before); before opset 13, `Softmax` over a non-last axis of a tensor with more
   dimensions (a flattened softmax) is refused;
@@ -226,18 +227,23 @@ def _constant(tensor) -> list | None:
 
 
 def _reduction_axes(op) -> None:
-    """Move `axes` from an input into the attribute; absent axes reduce every axis."""
+    """Move `axes` from an input into the attribute; absent axes reduce every axis. Axes
+    are made non-negative: the converter squeezes a dropped dimension by the raw axis, and
+    NNEF's squeeze takes no negative one."""
+    rank = op.inputs[0].rank
     if len(op.inputs) > 1 and op.inputs[1].name:
         axes = _constant(op.inputs[1])
         if axes is None:
             raise CvmcError(f"{op.type} '{_label(op)}': its axes must be a constant")
-        op.attribs["axes"] = [int(a) for a in axes]
+        op.attribs["axes"] = axes
         op.inputs = op.inputs[:1]
     if not op.attribs.get("axes"):
         if op.attribs.get("noop_with_empty_axes"):
             raise CvmcError(f"{op.type} '{_label(op)}': noop_with_empty_axes without axes "
                             f"(an identity) is not supported")
-        op.attribs["axes"] = list(range(op.inputs[0].rank))
+        op.attribs["axes"] = list(range(rank))
+    op.attribs["axes"] = [int(a) % rank if -rank <= a < rank else int(a)
+                          for a in op.attribs["axes"]]
     op.attribs.pop("noop_with_empty_axes", None)
 
 
@@ -276,7 +282,6 @@ def _check_nearest_resize(op) -> None:
     mode = op.attribs.get("coordinate_transformation_mode", "half_pixel")
     rounding = op.attribs.get("nearest_mode", "round_prefer_floor")
     x, y = op.inputs[0].shape, op.outputs[0].shape
-    scales = _scales(op)
     if None in x or None in y or mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric",
                                               "align_corners"):
         return  # the converter refuses these itself
@@ -285,22 +290,14 @@ def _check_nearest_resize(op) -> None:
         if m % n and n % m:
             return  # not an integer factor: the converter refuses it
         nnef = [i // (m // n) for i in range(m)] if m >= n else [i * (n // m) for i in range(m)]
-        scale = scales[axis] if scales else Fraction(m, n)
-        if _onnx_nearest(m, n, scale, mode, rounding) != nnef:
+        # the exact ratio: a float scale like 1/3 means it (ONNX Runtime computes in float32,
+        # where 9 * float32(1/3) rounds to 3; the exact reals agree with it, not float64)
+        if _onnx_nearest(m, n, Fraction(m, n), mode, rounding) != nnef:
             raise CvmcError(f"Resize '{_label(op)}': nearest resizing of dimension {axis} from "
                             f"{n} to {m} with coordinate_transformation_mode '{mode}' and "
                             f"nearest_mode '{rounding}' picks other pixels than NNEF's nearest "
                             f"{'up' if m >= n else 'down'}-sampling, which NNEF-Tools would "
                             f"convert it to")
-
-
-def _scales(op) -> list[Fraction] | None:
-    """Resize's constant `scales` input (opset >= 11: input 2; opset 10: input 1)."""
-    index = 2 if len(op.inputs) > 2 else 1
-    if len(op.inputs) <= index or not op.inputs[index].name:
-        return None
-    values = _constant(op.inputs[index])
-    return [Fraction(float(s)) for s in values] if values else None
 
 
 # ---- the converter's output -------------------------------------------------------------
