@@ -154,6 +154,17 @@ def fragments() -> ModelProto:
                     "soft": [1, 4, 16]})
 
 
+def lstm() -> ModelProto:
+    """A one-layer LSTM over 3 steps (NNEF-Tools writes it as the recursive fragment
+    `lstm_loop`; it needs initial_h and initial_c and no sequence_lens)."""
+    b = _Builder(seed=7)
+    inputs = ["x", b.weight("W", [1, 20, 4]), b.weight("R", [1, 20, 5]), b.weight("B", [1, 40]),
+              "", b.weight("h0", [1, 1, 5]), b.weight("c0", [1, 1, 5])]
+    b.nodes.append(helper.make_node("LSTM", inputs, ["", "h", "c"], name="lstm",
+                                    hidden_size=5))
+    return b.model("lstm", {"x": [3, 1, 4]}, {"h": [1, 1, 5], "c": [1, 1, 5]})
+
+
 def unsupported() -> ModelProto:
     """A model with an op the Khronos converter cannot convert (TopK)."""
     b = _Builder(seed=6)
@@ -167,7 +178,7 @@ def unsupported() -> ModelProto:
 
 
 MODELS = {"cnn": cnn, "mlp": mlp, "shapes": shapes, "residual": residual,
-          "fragments": fragments}
+          "fragments": fragments, "lstm": lstm}
 
 
 def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
   hold the default it assumes, and variadic Min and Max must have two inputs;
 - nearest `Resize` must pick the same source pixels as NNEF's nearest up/down-sampling
   (the converter ignores `nearest_mode` and the coordinate mode): otherwise refused;
+- `Round` converts with a warning: NNEF rounds halves up, ONNX to even;
 - input and output names that are not NNEF identifiers after the converter's own
   renaming (a leading digit, a keyword, two names made equal) are renamed.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from fractions import Fraction
 from math import ceil, floor
 from pathlib import Path
@@ -208,6 +210,10 @@ def _adjust(graph, opset: int) -> None:
             _softmax_axis(op, opset)
         elif op.type == "Resize" and op.attribs.get("mode", "nearest") == "nearest":
             _check_nearest_resize(op)
+        elif op.type == "Round":  # exact ties are rare in float models: warn, not refuse
+            warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
+                          f"(which NNEF-Tools converts it to) rounds them up: the results "
+                          f"differ where a value lies exactly halfway", stacklevel=2)
 
 
 def _label(op) -> str:

@@ -173,6 +173,14 @@ def test_default_attributes_spelled_out_convert(tmp_path):
     assert load_graph(_convert(tmp_path, model)).outputs == ["y"]
 
 
+def test_round_converts_with_a_warning(tmp_path):
+    model = _model([helper.make_node("Round", ["x"], ["y"])], {"x": [2]}, {"y": [2]})
+    ties = _ort(model, {"x": np.array([0.5, 2.5], np.float32)})["y"]
+    assert ties.tolist() == [0.0, 2.0]  # ONNX: halves to even; NNEF: floor(x + 0.5) = 1, 3
+    with pytest.warns(UserWarning, match="Round 'y': ONNX rounds halves to even"):
+        assert load_graph(_convert(tmp_path, model)).outputs == ["y"]
+
+
 def test_variadic_max_is_refused(tmp_path):
     model = _model([helper.make_node("Max", ["a", "b", "c"], ["y"])],
                    {"a": [2], "b": [2], "c": [2]}, {"y": [2]})
