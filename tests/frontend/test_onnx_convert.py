@@ -272,6 +272,41 @@ def test_cli_errors_are_one_message(tmp_path, capsys):
     assert "convert it to NNEF first with `cvmc convert" in capsys.readouterr().err
 
 
+def _int_overflow_model():
+    """Converts, but cvmc refuses the result: an int64 weight that does not fit int32."""
+    big = numpy_helper.from_array(np.array([1 << 40, 1], np.int64), "k")
+    model = _model([helper.make_node("Add", ["x", "k"], ["y"])], {}, {}, [big])
+    model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.INT64, [2]))
+    model.graph.output.append(helper.make_tensor_value_info("y", TensorProto.INT64, [2]))
+    return model
+
+
+def test_cli_convert_keeps_a_result_cvmc_refuses(tmp_path, capsys):
+    onnx_file = _save(_int_overflow_model(), tmp_path / "big.onnx")
+    assert main(["convert", str(onnx_file), "-o", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"wrote {tmp_path / 'out'}, but cvmc refuses what NNEF-Tools made "
+                          f"of {onnx_file}:\n{tmp_path / 'out' / 'graph.nnef'}:")
+    assert "value 1099511627776 at index [0] does not fit int32" in err
+    assert (tmp_path / "out" / "graph.nnef").is_file()
+
+
+def test_cli_compile_converts_onnx_first(tmp_path, capsys):
+    out = str(tmp_path / "m.cvmx")
+    onnx_file = _save(_int_overflow_model(), tmp_path / "big.onnx")
+    assert main(["compile", str(onnx_file), "-o", out]) == 1
+    err = capsys.readouterr().err
+    assert f"(in the NNEF that NNEF-Tools made of {onnx_file}; `cvmc convert {onnx_file} " \
+           f"-o DIR` keeps it)" in err and "variable1 = variable<integer>" in err
+    assert main(["compile", str(_save(unsupported(), tmp_path / "u.onnx")), "-o", out]) == 1
+    assert "u.onnx: NNEF-Tools cannot convert this model" in capsys.readouterr().err
+    assert main(["compile", str(onnx_file), "--quant", "q", "-o", out]) == 1
+    assert "--quant/--params do not apply to ONNX models" in capsys.readouterr().err
+    assert main(["compile", str(tmp_path / "g.nnef"), "--input-shape", "x=1", "-o", out]) == 1
+    assert "--input-shape applies to ONNX models" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.onnx", "u.onnx"]
+
+
 # ---- the destination folder -------------------------------------------------------------------
 def test_destination_rules(tmp_path):
     onnx_file = _save(MODELS["mlp"](), tmp_path / "m.onnx")
