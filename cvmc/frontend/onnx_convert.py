@@ -116,6 +116,10 @@ def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -
     """Every input gets a static shape: from the model or from `input_shapes`."""
     weights = {t.name for t in graph.initializer}
     inputs = {i.name: i for i in graph.input if i.name not in weights}
+    for name, info in inputs.items():  # NNEF-Tools can fix dimensions, not a missing rank
+        if not info.type.tensor_type.HasField("shape"):
+            raise CvmcError(f"{path}: input '{name}' declares no shape (not even its rank), "
+                            f"which NNEF-Tools needs")
     for name, shape in input_shapes.items():
         if name not in inputs:
             raise CvmcError(f"--input-shape {name}: the model has no input '{name}' "
@@ -167,12 +171,13 @@ def _move_into_place(folder: Path, out_dir: Path) -> None:
 def _run_converter(tools: SimpleNamespace, onnx_path: Path, folder: Path, opset: int,
                    input_shapes: dict[str, list[int]] | None) -> None:
     """Read, adjust, convert and write the model into `folder` (see the module docstring)."""
-    converter = tools.convert.get_converter("onnx", "nnef", io_transpose=False, custom_transforms=None,
-                                    custom_functions=None, custom_shapes={},
-                                    mirror_unsupported=False, keep_io_names=True)
-    writer = tools.convert.get_writer("nnef", fragments=converter.defined_operations(),
-                              fragment_dependencies=converter.defined_operation_dependencies(),
-                              generate_fragments=False, annotate_shapes=False, compression=None)
+    converter = tools.convert.get_converter(
+        "onnx", "nnef", io_transpose=False, custom_transforms=None, custom_functions=None,
+        custom_shapes={}, mirror_unsupported=False, keep_io_names=True)
+    writer = tools.convert.get_writer(
+        "nnef", fragments=converter.defined_operations(),
+        fragment_dependencies=converter.defined_operation_dependencies(),
+        generate_fragments=False, annotate_shapes=False, compression=None)
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
     try:
         graph = tools.Reader(simplify=False)(str(onnx_path), input_shapes=shapes)
@@ -202,8 +207,8 @@ def _adjust(graph, opset: int) -> None:
                 raise CvmcError(f"{op.type} '{_label(op)}': {attr} = {op.attribs[attr]}, but "
                                 f"NNEF-Tools ignores {attr} and assumes {default}")
         if op.type in ("Min", "Max") and len(op.inputs) != 2:
-            raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools converts "
-                            f"it with exactly two (a third one would be dropped)")
+            raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools "
+                            f"converts it with exactly two (a third one would be dropped)")
         if op.type in _REDUCTIONS:
             _reduction_axes(op)
         elif op.type == "Softmax":

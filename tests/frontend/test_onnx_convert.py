@@ -208,6 +208,12 @@ def test_dynamic_input_needs_input_shape(tmp_path):
     assert graph.types["y"].shape == (5, 3)
 
 
+def test_input_without_shape(tmp_path):
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], {"x": None}, {"y": None})
+    with pytest.raises(CvmcError, match="input 'x' declares no shape"):
+        _convert(tmp_path, model, input_shapes={"x": [2]})
+
+
 @pytest.mark.parametrize("shapes,message", [
     ({"z": [5, 3]}, "--input-shape z: the model has no input 'z' (inputs: x)"),
     ({"x": [5, 4]}, r"--input-shape x: [5, 4] does not fit the model's shape [N, 3]"),
