@@ -31,14 +31,13 @@ def _fmt_shape(shape) -> str:
 
 # ---- check ----------------------------------------------------------------------------
 def _checked_graph(model, quant=None, params=None):
-    """Load and check a model; integer graphs of compiled ops get their precisions too."""
+    """Load and check a model; graphs of compiled ops get their precisions inferred too."""
     from cvmc.frontend import load_graph
     from cvmc.ops import lookup
     from cvmc.passes.precision import infer_precision
 
     graph = load_graph(model, quant=quant, params=params)
-    if all(lookup(n.op).compute for n in graph.nodes) and \
-            all(graph.types[i].is_integer for i in graph.inputs):
+    if all(lookup(n.op).compute for n in graph.nodes):
         graph = infer_precision(graph)
     return graph
 
@@ -86,7 +85,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
         console.print(f"    inputs:     {', '.join(d.inputs)}")
         if d.attrs:
             console.print(f"    attributes: {'; '.join(a.describe() for a in d.attrs)}")
-        console.print(f"    precision:  {d.precision_rule if d.compute else '(check only)'}")
+        if d.integer_op:
+            console.print(f"    precision:  {d.precision_rule}")
+        else:
+            console.print(f"    types:      {d.types}"
+                          f"{'' if d.compute else '  (check only: cannot compile yet)'}")
     return 0
 
 
@@ -184,11 +187,19 @@ def _load_artifact(args: argparse.Namespace):
 
 # ---- bench ----------------------------------------------------------------------------
 def _random_inputs(model) -> dict[str, np.ndarray]:
-    """Random values filling each input's precision (fixed seed)."""
+    """Random values filling each integer input's precision, standard normal floats and
+    fair coin logicals (fixed seed)."""
     rng = np.random.default_rng(0)
-    bound = {s.name: (1 << (s.precision - 1)) - 1 for s in model.inputs}
-    return {s.name: rng.integers(-bound[s.name], bound[s.name] + 1, s.shape).astype(s.dtype)
-            for s in model.inputs}
+
+    def draw(s) -> np.ndarray:
+        if s.dtype == "float32":
+            return rng.standard_normal(s.shape).astype(np.float32)
+        if s.dtype == "bool":
+            return rng.integers(0, 2, s.shape).astype(bool)
+        bound = (1 << (s.precision - 1)) - 1
+        return rng.integers(-bound, bound + 1, s.shape).astype(s.dtype)
+
+    return {s.name: draw(s) for s in model.inputs}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -1,9 +1,10 @@
 """The reference interpreter: runs a graph with each op's NumPy `reference` rule.
 
-This is the FORMAL backend, the oracle for every compiled kernel. Values flow as int64;
-after each op the interpreter checks that every result lies inside its inferred
-precision (a failure there is a bug in a precision rule, never user error) and stores
-it in the tensor's storage dtype.
+This is the FORMAL backend, the oracle for every compiled kernel. Integer values flow as
+int64; after each op the interpreter checks that every result lies inside its inferred
+precision (a failure there is a bug in a precision rule, never user error). Float32
+values are rounded to float32 after every op (the rules compute in float64); logical
+values are bool.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from cvmc_runtime.signature import TensorSpec, check_inputs
 
 from cvmc.ir import Graph
 from cvmc.ops import lookup
-from cvmc.ops.common import prec_max
+from cvmc.ops.common import convert_np, prec_max
 from cvmc.ops.registry import Attrs
 from cvmc.passes.precision import check_weight_data, infer_precision
 
@@ -34,26 +35,38 @@ def output_specs(graph: Graph) -> list[TensorSpec]:
 def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
                   saturate: bool = False) -> dict[str, np.ndarray]:
     """Run `graph` on `inputs` (checked against the signature); returns outputs by name."""
-    if any(graph.types[v].precision is None for v in graph.values()):
+    if any(graph.types[v].is_integer and graph.types[v].precision is None
+           for v in graph.values()):
         graph = infer_precision(graph)
-    env: dict[str, np.ndarray] = {k: v.astype(np.int64)
-                                  for k, v in check_inputs(input_specs(graph), inputs,
-                                                           saturate).items()}
     for name, value in graph.constants.items():
         # A graph whose precisions are all set skips inference: check before the int64 cast
         # (uint64 2^64-1 would become -1).
-        check_weight_data(name, value, graph.types[name].precision)
-    env.update({k: np.asarray(v, dtype=np.int64) for k, v in graph.constants.items()})
+        if graph.types[name].is_integer:
+            check_weight_data(name, value, graph.types[name].precision)
+    env = {k: _stored(v, graph.types[k]) for k, v in
+           [*check_inputs(input_specs(graph), inputs, saturate).items(),
+            *graph.constants.items()]}
     for node in graph.nodes:
         opdef = lookup(node.op)
-        outs = opdef.run_reference([env[i] for i in node.inputs], Attrs(node.attrs))
+        # Typed ops see float32 as float64: their rules compute the spec formula in float64
+        # and the result is rounded to float32 once, as a compiled kernel stores it.
+        xs = [env[i].astype(np.float64) if env[i].dtype == np.float32 else env[i]
+              for i in node.inputs]
+        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
+            outs = opdef.run_reference(xs, Attrs(node.attrs))
         for name, value in zip(node.outputs, outs):
             t = graph.types[name]
-            value = np.asarray(value, dtype=np.int64)
+            value = _stored(value, t)
             assert value.shape == t.shape, \
                 f"{node.op} '{node.name}': reference gave shape {value.shape}, rule {t.shape}"
-            bound = prec_max(t.precision)
-            assert np.abs(value).max(initial=0) <= bound, \
+            assert not t.is_integer or np.abs(value).max(initial=0) <= prec_max(t.precision), \
                 f"{node.op} '{node.name}': value outside inferred precision {t.precision}"
             env[name] = value
     return {name: env[name].astype(graph.types[name].dtype) for name in graph.outputs}
+
+
+def _stored(value, t) -> np.ndarray:
+    """A value as the interpreter holds it: integers as int64, others in their dtype
+    (converted by the rule every compiled kernel follows, `convert_np`)."""
+    with np.errstate(all="ignore"):  # float64 -> float32 overflows to inf, as it should
+        return convert_np(value, "int64" if t.is_integer else t.dtype)

@@ -18,22 +18,60 @@ def rand_in_precision(rng: np.random.Generator, shape, p: int) -> np.ndarray:
     return rng.integers(-bound, bound + 1, size=shape, dtype=np.int64)
 
 
-def one_op_graph(op: str, inputs: list[tuple[np.ndarray, int]], attrs: dict | None = None,
-                 weights: tuple[int, ...] = ()) -> Graph:
+def one_op_graph(op: str, inputs: list[tuple[np.ndarray, int | None]],
+                 attrs: dict | None = None, weights: tuple[int, ...] = (),
+                 out_dtype: str = "int32") -> Graph:
     """A graph applying `op` to `inputs` [(array, precision)]; indices in `weights` become
-    weights (constants with that declared precision), the rest graph inputs x0, x1, ..."""
+    weights (constants with that declared precision), the rest graph inputs x0, x1, ...
+    An integer array is a CVM integer tensor of that precision; a float array (precision
+    None) is float32 and a bool array bool. `out_dtype` is what a `cast` converts to."""
     d = lookup(op)
     a = d.normalize_attrs(attrs or {})
     names = [f"w{i}" if i in weights else f"x{i}" for i in range(len(inputs))]
-    types = {n: TensorType(tuple(arr.shape), "int32", p) for n, (arr, p) in zip(names, inputs)}
+    types = {n: TensorType(tuple(arr.shape), _dtype_of(arr), p)
+             for n, (arr, p) in zip(names, inputs)}
     outs = tuple(f"y{i}" for i in range(len(d.outputs))) if not d.outputs[0].startswith("*") \
         else ("y0",)
     shapes = d.infer_shapes([types[n] for n in names], a)
-    types.update({o: TensorType(s, "int32") for o, s in zip(outs, shapes)})
-    consts = {n: arr for n, (arr, _) in zip(names, inputs) if n.startswith("w")}
+    types.update({o: TensorType(s, out_dtype) for o, s in zip(outs, shapes)})
+    consts = {n: arr.astype(types[n].dtype) if not types[n].is_integer else arr
+              for n, (arr, _) in zip(names, inputs) if n.startswith("w")}
     g = Graph("test", [n for n in names if n.startswith("x")], list(outs),
               [Node(d.name, tuple(names), outs, dict(a))], types, consts)
     return infer_precision(g)
+
+
+def _dtype_of(arr: np.ndarray) -> str:
+    return {"f": "float32", "b": "bool"}.get(arr.dtype.kind, "int32")
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Units in the last place between two float32 arrays (0 where both are the same NaN
+    class or equal; +-0 count as equal)."""
+    ia = a.astype(np.float32).view(np.int32).astype(np.int64)
+    ib = b.astype(np.float32).view(np.int32).astype(np.int64)
+    # map the sign-magnitude bit patterns onto a monotonic integer line
+    ia = np.where(ia < 0, -(ia & 0x7FFFFFFF), ia)
+    ib = np.where(ib < 0, -(ib & 0x7FFFFFFF), ib)
+    both_nan = np.isnan(a) & np.isnan(b)
+    return np.where(both_nan, 0, np.abs(ia - ib))
+
+
+def assert_matches(op: str, name: str, ref: np.ndarray, got: np.ndarray, ulp: int = 0) -> None:
+    """Compiled equals reference: bit for bit (ulp=0; NaN matching NaN), or float32 within
+    `ulp` units in the last place."""
+    assert ref.dtype == got.dtype and ref.shape == got.shape, (name, ref.dtype, got.dtype)
+    if ref.dtype.kind == "f" and ulp == 0:  # the same bits (-0 is not 0); any NaN is NaN
+        same = (ref.view(np.int32) == got.view(np.int32)) | (np.isnan(ref) & np.isnan(got))
+        assert same.all(), (f"{op} output {name}: compiled differs from reference at index "
+                            f"{np.argwhere(~same)[0].tolist()}")
+    elif ref.dtype.kind == "f":
+        dist = ulp_distance(ref, got)
+        worst = int(dist.max(initial=0))
+        assert worst <= ulp, (f"{op} output {name}: {worst} ULP from the reference (bound "
+                              f"{ulp}) at index {np.unravel_index(dist.argmax(), dist.shape)}")
+    else:
+        assert np.array_equal(ref, got), f"{op} output {name}: compiled differs from reference"
 
 
 def run_reference(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -57,14 +95,15 @@ def run_compiled_llvm(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
     return [res[o] for o in g.outputs]
 
 
-def check_op(op: str, inputs: list[tuple[np.ndarray, int]], attrs: dict | None = None,
-             weights: tuple[int, ...] = ()) -> list[np.ndarray]:
-    """Reference vs compiled (llvm), bit-exact; returns the reference outputs."""
-    g = one_op_graph(op, inputs, attrs, weights)
+def check_op(op: str, inputs: list[tuple[np.ndarray, int | None]], attrs: dict | None = None,
+             weights: tuple[int, ...] = (), ulp: int = 0,
+             out_dtype: str = "int32") -> list[np.ndarray]:
+    """Reference vs compiled (llvm), bit-exact (floats: within `ulp`); returns the
+    reference outputs."""
+    g = one_op_graph(op, inputs, attrs, weights, out_dtype)
     xs = [arr for arr, _ in inputs]
     ref = run_reference(g, xs)
     got = run_compiled_llvm(g, xs)
     for name, r, c in zip(g.outputs, ref, got):
-        assert r.dtype == c.dtype and r.shape == c.shape, (name, r.dtype, c.dtype)
-        assert np.array_equal(r, c), f"{op} output {name}: compiled differs from reference"
+        assert_matches(op, name, r, c, ulp)
     return ref

@@ -164,7 +164,7 @@ class _Importer:
         if op == "cvm_op":
             op = self.d.field(self.d.field(node, "attrs", dict, what), "func_name", str, what)
         opdef = lookup(re.sub(r"_\d+$", "", op)) or lookup(op)
-        if opdef is None or not opdef.compute:
+        if opdef is None or not opdef.integer_op:
             raise self.d.fail(f"node {i} '{node['name']}': unknown op '{op}'{suggest(op)}")
         return opdef
 

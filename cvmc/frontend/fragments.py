@@ -236,7 +236,8 @@ def show_value(v: Any, limit: int = 80) -> str:
 
 def _show(v: Any) -> str:
     if isinstance(v, Tensor):
-        return f"tensor '{v.name}'"
+        kind = {"float32": "scalar", "bool": "logical"}.get(v.dtype, "integer")
+        return f"tensor '{v.name}' (a tensor<{kind}>)"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):

@@ -113,6 +113,9 @@ class TensorFactory:
         if dtype == "int32" and abs(value) > prec_max(32):  # a Python int: exact
             raise self.err(f"integer literal {value} does not fit int32 (precision 32): "
                            f"|v| <= {prec_max(32)}", where)
+        if dtype == "float32" and not abs(value) <= np.finfo(np.float32).max:
+            raise self.err(f"scalar literal {value} does not fit float32 (|v| <= "
+                           f"{np.finfo(np.float32).max:.8g})", where)
         self.constants[name] = np.array(value, dtype=NP_DTYPE[dtype])
         self.types[name] = TensorType((), dtype)
         return Tensor(name, dtype)

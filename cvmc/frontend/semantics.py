@@ -320,6 +320,18 @@ class GraphBuilder(TensorFactory):
             except OpRuleError as e:
                 first_error = first_error or e
                 continue
+            wrong = [k for k, arg in enumerate(bound[0]) if not _integer_arg(arg)]
+            if opdef.integer_op and wrong:
+                # A CVM op computes on integers only: a scalar or logical operand selects
+                # the NNEF reading (`nnef.abs`, or the stdlib fragment of `relu`, `max`).
+                v = bound[0][wrong[0]].value
+                kind = _ELEM_OF[v.dtype] if isinstance(v, Tensor) else \
+                    "logical" if isinstance(v, bool) else "scalar"
+                slot = opdef.input_names[min(wrong[0], len(opdef.input_names) - 1)]
+                first_error = first_error or OpRuleError(
+                    f"{opdef.name}: input '{slot}' must be a tensor<integer>, got a "
+                    f"tensor<{kind}> (a CVM integer op)")
+                continue
             accepted.append((opdef, bound[0], attrs))
         shape_error = None
         for opdef, inputs, attrs in accepted:
@@ -458,7 +470,7 @@ class GraphBuilder(TensorFactory):
                 if bad:
                     raise OpRuleError(f"{opdef.name}: input '{slots[k][0]}' must be "
                                       f"{bad}, got a tensor<{_ELEM_OF[value.dtype]}>")
-            elif decl is None and opdef.compute and not self.types[name].is_integer:
+            elif decl is None and opdef.integer_op and not self.types[name].is_integer:
                 slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
                 raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor<integer>, "
                                   f"got a tensor<{_ELEM_OF[value.dtype]}>")
@@ -490,7 +502,7 @@ class GraphBuilder(TensorFactory):
         """int32 for CVM ops on integer tensors; an NNEF op's declared result type otherwise
         (so NNEF `relu` on a scalar tensor stays scalar even though CVM's relu computes it)."""
         first = self.types[inputs[0]].dtype if inputs else "float32"
-        if opdef.compute and all(self.types[n].is_integer for n in inputs):
+        if opdef.integer_op:
             return "int32"
         if decl is None:
             return first
@@ -560,6 +572,14 @@ def _tensor_elem(t: tuple) -> str | None:
     while t[0] == "array":
         t = t[1]
     return (t[1] or "") if t[0] == "tensor" else None
+
+
+def _integer_arg(arg: Arg) -> bool:
+    """An integer tensor or integer literal (what a CVM integer op accepts)."""
+    v = arg.value
+    if isinstance(v, Tensor):
+        return v.dtype in ("int8", "int32")
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _tensorish(v: Any) -> bool:

@@ -73,7 +73,7 @@ def _generic(node: Node, types: dict[str, TensorType]) -> str:
     the frontend would otherwise infer the input's type for a generic result."""
     from cvmc.ops import lookup
     opdef, out = lookup(node.op), types[node.outputs[0]].dtype
-    if opdef is None or opdef.compute or (node.inputs and types[node.inputs[0]].dtype == out):
+    if opdef is None or opdef.integer_op or (node.inputs and types[node.inputs[0]].dtype == out):
         return ""
     return f"<{_ELEM[out]}>"
 

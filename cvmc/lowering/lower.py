@@ -1,9 +1,10 @@
 """Graph nodes -> TE -> PrimFuncs, and a whole graph -> IRModule + execution plan.
 
-Kernel inputs and outputs use the tensors' storage dtypes (int8 / int32); an op's
-`lower` rule sees int32 views of its inputs (inlined casts) and returns int32 (or int64)
-tensors, which are cast to the output storage dtype here. The precision rules guarantee
-that the cast never changes a value.
+Kernel inputs and outputs use the tensors' storage dtypes (int8 / int32 / float32 /
+bool); an op's `lower` rule sees int32 views of its integer inputs (inlined casts) and
+float32 / bool inputs as they are, and returns tensors that are cast to the output
+storage dtype here. The precision rules guarantee that an integer cast never changes a
+value.
 """
 from __future__ import annotations
 
@@ -21,17 +22,18 @@ ANCHOR_ATTR = "cvmc.anchor"
 
 def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[str, object]):
     """TE outputs of `node`, reading its inputs from `inputs` (name -> te.Tensor)."""
-    from cvmc.lowering.te_facade import cast
+    from cvmc.lowering.te_facade import cast, convert
 
     views = []
     for name in node.inputs:
         t = inputs[name]
-        views.append(t if t.dtype == "int32" else cast(t, "int32", f"{name}_i32"))
+        integer = types[name].is_integer
+        views.append(cast(t, "int32", f"{name}_i32") if integer and t.dtype != "int32" else t)
     outs = lookup(node.op).run_lower(views, Attrs(node.attrs))
     result = []
     for name, out in zip(node.outputs, outs):
         dtype = types[name].dtype
-        result.append(out if out.dtype == dtype else cast(out, dtype, f"{name}_cast"))
+        result.append(out if out.dtype == dtype else convert(out, dtype, f"{name}_cast"))
     return result
 
 
@@ -45,7 +47,9 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
     """
     from cvmc.lowering.te_facade import te
 
-    env = {n: te.placeholder(types[n].shape, types[n].dtype, name=n) for n in inputs}
+    # `n_`: a value may be named like a C++ keyword (`and`, `new`), which CUDA source cannot
+    # take as a parameter name
+    env = {n: te.placeholder(types[n].shape, types[n].dtype, name=f"{n}_") for n in inputs}
     for node in nodes:
         env.update(zip(node.outputs, node_compute(node, types, env)))
     outs, seen = [], set()
@@ -125,7 +129,8 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
     groups = fuse_groups(graph, absorb_epilogues=not cuda)
     funcs, scratch = {}, {}
     for index, group in enumerate(groups):
-        symbol = f"{prefix}{index}_{'_'.join(dict.fromkeys(group.ops))}"[:60]
+        ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))
+        symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
         funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
                                             graph.types, symbol)
         if cuda and needs_global_memory(funcs[symbol]):

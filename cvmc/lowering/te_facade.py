@@ -11,7 +11,7 @@ from tvm import te, tirx, topi
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as tir_builder
 
-__all__ = ["IRBuilder", "as_int32", "as_int64", "cast", "const", "elementwise", "shape_of", "te",
+__all__ = ["IRBuilder", "as_int32", "as_int64", "cast", "const", "convert", "elementwise", "shape_of", "te",
            "tir_builder", "tirx", "topi", "tvm"]
 
 
@@ -43,3 +43,24 @@ def elementwise(x: te.Tensor, fn, name: str) -> te.Tensor:
 def cast(x: te.Tensor, dtype: str, name: str) -> te.Tensor:
     """`x` converted elementwise to `dtype` (TE lambdas cannot take default arguments)."""
     return te.compute(x.shape, lambda *i: x(*i).astype(dtype), name=name)
+
+
+def convert(x: te.Tensor, dtype: str, name: str) -> te.Tensor:
+    """`x` converted elementwise to `dtype` by the rule of `cvmc.ops.common.convert_np`."""
+    from cvmc.ops.common import INT32_SAT
+
+    source = str(x.dtype)
+
+    def element(*i):
+        v = x(*i)
+        if dtype == "bool":  # NaN is true (TIR's `!=` on floats is an ordered compare)
+            nonzero = v != tirx.const(0, source)
+            return tirx.Or(tirx.isnan(v), nonzero) if source.startswith("float") else nonzero
+        if source.startswith("float") and dtype.startswith("int"):
+            # clamp in float64, where 2^31 - 1 is exact (in float32 it rounds to 2^31)
+            wide, bound = v.astype("float64"), tirx.const(float(INT32_SAT), "float64")
+            clipped = tirx.max(tirx.min(wide, bound), -bound)
+            return tirx.Select(tirx.isnan(v), tirx.const(0, dtype), clipped.astype(dtype))
+        return v.astype(dtype)
+
+    return te.compute(x.shape, element, name=name)

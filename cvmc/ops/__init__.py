@@ -4,6 +4,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     elemwise,
     layout,
     nn,
+    nnef_math,
     nnef_std,
     nnef_std_nn,
     reduce,

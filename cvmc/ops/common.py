@@ -74,3 +74,27 @@ def integer_data_error(values, precision: int | None) -> str | None:
     what = f"precision {precision}" if precision else "int32 (precision 32)"
     return (f"value {int(arr.flat[outside[0]])} at index {index} does not fit {what}: "
             f"|v| <= {limit}")
+
+
+# Conversion between element types (NNEF cast, and every result stored in its tensor's
+# dtype): float -> integer truncates toward zero and saturates to +-(2^31 - 1) (the range
+# of precision 32), NaN -> 0; anything -> logical is `x != 0` (NaN is true); logical ->
+# number is 0 / 1; integer -> float32 rounds to nearest even. C leaves an out-of-range
+# float -> int conversion undefined, so it is spelled out; `te_facade.convert` is the
+# kernels' side of this rule.
+INT32_SAT = (1 << 31) - 1
+
+
+def convert_np(value, dtype: str):
+    """`value` (NumPy) converted to `dtype` by the rule above; integers come back as int64
+    (the interpreter's integer representation)."""
+    import numpy as np
+    x = np.asarray(value)
+    if dtype == "bool":
+        return x != 0
+    if dtype == "float32":
+        return x.astype(np.float32)
+    if x.dtype.kind == "f":
+        return np.nan_to_num(np.trunc(np.clip(x, -INT32_SAT, INT32_SAT)), nan=0.0) \
+            .astype(np.int64)
+    return x.astype(np.int64)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from cvmc.ops.common import require
-from cvmc.ops.registry import REQUIRED, Attr, Attrs, OpDef, op
+from cvmc.ops.registry import REQUIRED, Attr, Attrs, Fusion, OpDef, op
 
 Shape = tuple[int, ...]
 ShapeRule = Callable[[str, list[Shape], Attrs], "Shape | list[Shape]"]
@@ -28,11 +28,14 @@ def fmt(values: Sequence[int]) -> str:
     return "[" + ", ".join(str(v) for v in values) + "]"
 
 
-def declare(name: str, rule: ShapeRule, inputs: Sequence[str], attrs: Sequence[Attr] = (),
-            outputs: Sequence[str] = ("output",)) -> OpDef:
-    """Register a check-only NNEF primitive whose shape rule sees plain input shapes."""
-    d = op(name, family="nnef", seeds=("nnef",), compute=False, inputs=inputs,
-           attrs=attrs, outputs=outputs)
+def declare(name: str, rule: ShapeRule, inputs: Sequence[str], types: str,
+            attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("output",),
+            fusion: Fusion = Fusion.OPAQUE) -> OpDef:
+    """Register an NNEF primitive (`types` as its stdlib declaration has them, see
+    `registry`) whose shape rule sees plain input shapes; its op family's module attaches
+    the reference and lower rules."""
+    d = op(name, family="nnef", seeds=("nnef",), types=types, inputs=inputs, attrs=attrs,
+           outputs=outputs, fusion=fusion)
     label = name.removeprefix("nnef.")  # messages use the name the document spells
 
     @d.shape
@@ -92,17 +95,32 @@ def _select_shape(op_name, shapes, a):
     return broadcast(op_name, ("condition", "true_value", "false_value"), shapes)
 
 
-_UNARY = ("copy", "neg", "rcp", "exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh",
-          "asin", "acos", "atan", "asinh", "acosh", "atanh", "sign", "not",
-          "floor", "ceil", "round")  # abs: the CVM entry has the same signature and shape
-_BINARY = ("add", "sub", "mul", "div", "pow", "lt", "gt", "le", "ge", "eq", "ne", "and", "or")
+# abs on integer tensors is the CVM op (same signature and shape); on scalars, nnef.abs.
+UNARY = ("neg", "rcp", "exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin",
+         "acos", "atan", "asinh", "acosh", "atanh", "sign", "floor", "ceil", "round",
+         "nnef.abs")
+ARITHMETIC = ("add", "sub", "mul", "div", "pow")
+COMPARISON = ("lt", "gt", "le", "ge", "eq", "ne")
 
-for _name in _UNARY:
-    declare(_name, _unary_shape, ("x",), outputs=("y",))
-for _name in _BINARY:
-    declare(_name, _binary_shape, ("x", "y"), outputs=("z",))
-declare("cast", _unary_shape, ("input",))
-declare("select", _select_shape, ("condition", "true_value", "false_value"))
+_ELEMWISE, _BROADCAST = Fusion.ELEMWISE, Fusion.BROADCAST
+for _name in UNARY:
+    declare(_name, _unary_shape, ("x",), "scalar -> scalar", outputs=("y",), fusion=_ELEMWISE)
+declare("copy", _unary_shape, ("x",), "? -> ?", outputs=("y",), fusion=_ELEMWISE)
+declare("not", _unary_shape, ("x",), "logical -> logical", outputs=("y",), fusion=_ELEMWISE)
+for _name in ARITHMETIC:
+    declare(_name, _binary_shape, ("x", "y"), "scalar, scalar -> scalar", outputs=("z",),
+            fusion=_BROADCAST)
+for _name in COMPARISON:
+    declare(_name, _binary_shape, ("x", "y"), "scalar, scalar -> logical", outputs=("z",),
+            fusion=_BROADCAST)
+for _name in ("and", "or"):
+    declare(_name, _binary_shape, ("x", "y"), "logical, logical -> logical", outputs=("z",),
+            fusion=_BROADCAST)
+# cast<?>(input: tensor<>): any input; the result kind is the generic argument, which the
+# frontend records as the output's dtype.
+declare("cast", _unary_shape, ("input",), "any -> ?", fusion=_ELEMWISE)
+declare("select", _select_shape, ("condition", "true_value", "false_value"),
+        "logical, ?, ? -> ?", fusion=_BROADCAST)
 
 
 def _update_shape(op_name, shapes, a):
@@ -112,7 +130,7 @@ def _update_shape(op_name, shapes, a):
     return variable
 
 
-declare("update", _update_shape, ("variable", "value"), outputs=("result",))
+declare("update", _update_shape, ("variable", "value"), "?, ? -> ?", outputs=("result",))
 
 
 # ---- reduce ---------------------------------------------------------------------------
@@ -123,10 +141,12 @@ def _reduce_shape(op_name, shapes, a):
 
 
 _AXES = Attr("axes", "ints")
-declare("sum_reduce", _reduce_shape, ("input",), (_AXES, Attr("normalize", "bool", False)))
-for _name in ("max_reduce", "min_reduce", "argmax_reduce", "argmin_reduce", "any_reduce",
-              "all_reduce"):
-    declare(_name, _reduce_shape, ("input",), (_AXES,))
+declare("sum_reduce", _reduce_shape, ("input",), "scalar -> scalar", (_AXES, Attr("normalize", "bool", False)))
+for _name, _types in (("max_reduce", "scalar -> scalar"), ("min_reduce", "scalar -> scalar"),
+                      ("argmax_reduce", "scalar -> integer"),
+                      ("argmin_reduce", "scalar -> integer"),
+                      ("any_reduce", "logical -> logical"), ("all_reduce", "logical -> logical")):
+    declare(_name, _reduce_shape, ("input",), _types, (_AXES,))
 
 
 # ---- matmul ---------------------------------------------------------------------------
@@ -141,7 +161,7 @@ def _matmul_shape(op_name, shapes, a):
     return broadcast(op_name, ("A batch", "B batch"), (A[:-2], B[:-2])) + (m, n)
 
 
-declare("matmul", _matmul_shape, ("A", "B"),
+declare("matmul", _matmul_shape, ("A", "B"), "scalar, scalar -> scalar",
         (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",))
 
 
@@ -170,7 +190,7 @@ def _reshape_shape(op_name, shapes, a):
     return x[:start] + tuple(new) + x[end:]
 
 
-declare("nnef.reshape", _reshape_shape, ("input",),
+declare("nnef.reshape", _reshape_shape, ("input",), "? -> ?",
         (_ints("shape"), Attr("axis_start", "int", 0, lo=0), Attr("axis_count", "int", -1, lo=-1)))
 
 
@@ -200,11 +220,11 @@ def _transpose_shape(op_name, shapes, a):
     return tuple(x[i] for i in a.axes) + x[n:]
 
 
-declare("unsqueeze", _unsqueeze_shape, ("input",), (_AXES,))
+declare("unsqueeze", _unsqueeze_shape, ("input",), "? -> ?", (_AXES,))
 # The CVM squeeze / transpose read empty axes as "all unit dims" / "reverse" and reject a
 # partial permutation; NNEF reads [] as no change and permutes only the leading axes.
-declare("nnef.squeeze", _squeeze_shape, ("input",), (_AXES,))
-declare("nnef.transpose", _transpose_shape, ("input",), (_AXES,))
+declare("nnef.squeeze", _squeeze_shape, ("input",), "? -> ?", (_AXES,))
+declare("nnef.transpose", _transpose_shape, ("input",), "? -> ?", (_AXES,))
 
 
 # ---- concat, split, stack, unstack ------------------------------------------------------
@@ -246,10 +266,10 @@ def _unstack_shape(op_name, shapes, a):
 
 
 _AXIS = Attr("axis", "int")
-declare("concat", _concat_shape, ("*values",), (_AXIS,), ("value",))
-declare("split", _split_shape, ("value",), (_AXIS, _ints("ratios", lo=1)), ("*values",))
-declare("stack", _stack_shape, ("*values",), (_AXIS,), ("value",))
-declare("unstack", _unstack_shape, ("value",), (_AXIS,), ("*values",))
+declare("concat", _concat_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
+declare("split", _split_shape, ("value",), "? -> ?", (_AXIS, _ints("ratios", lo=1)), ("*values",))
+declare("stack", _stack_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
+declare("unstack", _unstack_shape, ("value",), "? -> ?", (_AXIS,), ("*values",))
 
 
 # ---- slice ------------------------------------------------------------------------------
@@ -280,7 +300,7 @@ def _slice_shape(op_name, shapes, a):
     return tuple(out)
 
 
-declare("nnef.slice", _slice_shape, ("input",),
+declare("nnef.slice", _slice_shape, ("input",), "? -> ?",
         (_ints("axes"), _ints("begin"), _ints("end"), _ints("stride", ())))
 
 
@@ -308,8 +328,8 @@ def _gather_shape(op_name, shapes, a):
 
 
 BORDERS = ("ignore", "constant", "replicate", "reflect", "reflect-even")
-declare("pad", _pad_shape, ("input",),
+declare("pad", _pad_shape, ("input",), "scalar -> scalar",
         (Attr("padding", "int_pairs"), Attr("border", "str", "constant", choices=BORDERS),
          Attr("value", "scalar", 0.0)))
-declare("nnef.tile", _tile_shape, ("input",), (_ints("repeats", lo=1),))
-declare("gather", _gather_shape, ("input", "indices"), (Attr("axis", "int", 0),))
+declare("nnef.tile", _tile_shape, ("input",), "? -> ?", (_ints("repeats", lo=1),))
+declare("gather", _gather_shape, ("input", "indices"), "?, integer -> ?", (Attr("axis", "int", 0),))

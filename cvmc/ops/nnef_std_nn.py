@@ -134,9 +134,9 @@ def _window_attrs(borders: Sequence[str]) -> tuple[Attr, ...]:
 
 _OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
 _GROUPS = Attr("groups", "int", 1, lo=0)
-declare("conv", _conv_shape, ("input", "filter", "bias?"),
+declare("conv", _conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*_window_attrs(CONV_BORDERS), _GROUPS))
-declare("deconv", _deconv_shape, ("input", "filter", "bias?"),
+declare("deconv", _deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*_window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
 
 
@@ -180,14 +180,14 @@ def _desample_shape(op_name, shapes, a):
 
 _SIZE = Attr("size", "ints", lo=1)
 _NORMALIZE = Attr("normalize", "bool", False)
-declare("box", _box_shape, ("input",), (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
-declare("debox", _debox_shape, ("input",),
+declare("box", _box_shape, ("input",), "scalar -> scalar", (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
+declare("debox", _debox_shape, ("input",), "scalar -> scalar",
         (_SIZE, *_window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
-declare("argmax_pool", _box_shape, ("input",), (_SIZE, *_window_attrs(BORDERS)), ("index",))
+declare("argmax_pool", _box_shape, ("input",), "scalar -> integer", (_SIZE, *_window_attrs(BORDERS)), ("index",))
 # sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
 # (alexnet uses 'ignore') to sample through max_pool_with_index.
-declare("sample", _sample_shape, ("input", "index"), (_SIZE, *_window_attrs(BORDERS)))
-declare("desample", _desample_shape, ("input", "index"),
+declare("sample", _sample_shape, ("input", "index"), "scalar, integer -> scalar", (_SIZE, *_window_attrs(BORDERS)))
+declare("desample", _desample_shape, ("input", "index"), "scalar, integer -> scalar",
         (_SIZE, *_window_attrs(("constant",)), _OUTPUT_SHAPE))
 
 
@@ -200,7 +200,7 @@ def _upsample_shape(op_name, shapes, a):
     return x[:2] + tuple(e * f for e, f in zip(x[2:], a.factor))
 
 
-declare("multilinear_upsample", _upsample_shape, ("input",),
+declare("multilinear_upsample", _upsample_shape, ("input",), "scalar -> scalar",
         (Attr("factor", "ints", lo=1),
          Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned")),
          Attr("border", "str", "replicate", choices=CONV_BORDERS)))
@@ -223,9 +223,10 @@ def _roi_shape(op_name, shapes, a):
 
 
 _ROI_INPUTS = ("input", "rois", "batch_index")
+_ROI_TYPES = "scalar, scalar, integer -> scalar"
 _OUTPUT_SIZE = Attr("output_size", "ints", lo=1)
-declare("avg_roi_pool", _roi_shape, _ROI_INPUTS, (_OUTPUT_SIZE,))
-declare("max_roi_pool", _roi_shape, _ROI_INPUTS, (_OUTPUT_SIZE,))
-declare("roi_resample", _roi_shape, _ROI_INPUTS,
+declare("avg_roi_pool", _roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
+declare("max_roi_pool", _roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
+declare("roi_resample", _roi_shape, _ROI_INPUTS, _ROI_TYPES,
         (_OUTPUT_SIZE,
          Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned"))))

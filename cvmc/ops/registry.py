@@ -30,8 +30,18 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
 - cost(ins, outs, a) -> int: base operations per output element (default 1).
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
-Ops with `compute=False` are NNEF standard primitives that cvmc can parse and
-shape-check but not compile (float semantics); they need only a shape rule.
+Two kinds of ops share the registry:
+- CVM integer ops (no `types`): every tensor is a CVM integer with a precision; they need
+  all four rules and a `precision_rule` description.
+- Typed ops (`types="scalar, scalar -> logical"`, NNEF's element kinds `scalar` = float32,
+  `logical` = bool, `integer` = a CVM integer, `?` = generic, `?[]` = a tensor array,
+  `any`: any kind):
+  NNEF standard primitives. Their results have the declared kind (`?`: the kind of the
+  `?` inputs); an integer result's precision comes from the `precision` rule, or for a
+  generic op that only moves values, from its inputs. `reference` sees float32 inputs as
+  float64 (the better oracle; the interpreter rounds results to float32) and `lower` sees
+  float32 / bool tensors as they are. A typed op with a shape rule only is check-only:
+  cvmc parses and shape-checks it but cannot compile it.
 """
 from __future__ import annotations
 
@@ -191,7 +201,7 @@ class OpDef:
                  outputs: Sequence[str] = ("out",), attrs: Sequence[Attr] = (),
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
-                 compute: bool = True):
+                 types: str = ""):
         self.name = name
         self.family = family
         self.inputs = tuple(inputs)
@@ -201,7 +211,8 @@ class OpDef:
         self.fusion = fusion
         self.precision_rule = precision_rule
         self.seeds = tuple(seeds)
-        self.compute = compute
+        self.types = types
+        self.in_kinds, self.out_kind = _parse_types(name, types)
         self.rules: dict[str, Callable[..., Any]] = {}
         self._attr_by_name = {}
         for at in self.attrs:
@@ -227,6 +238,20 @@ class OpDef:
     lower = _rule("lower")
     cost = _rule("cost")
     del _rule
+
+    @property
+    def integer_op(self) -> bool:
+        """True for a CVM integer op (every tensor an integer with a precision)."""
+        return not self.types
+
+    @property
+    def compute(self) -> bool:
+        """True if cvmc can run and compile the op (it has reference and lower rules)."""
+        return "lower" in self.rules
+
+    def in_kind(self, k: int) -> str:
+        """The declared element kind of input `k` (typed ops; a variadic array repeats)."""
+        return self.in_kinds[min(k, len(self.in_kinds) - 1)].removesuffix("[]")
 
     # -- inputs ------------------------------------------------------------------------
     @property
@@ -323,8 +348,27 @@ class OpDef:
 
     def missing_rules(self) -> list[str]:
         """Rules this entry still lacks."""
-        needed = ("shape", "precision", "reference", "lower") if self.compute else ("shape",)
+        if self.integer_op:
+            needed: tuple[str, ...] = ("shape", "precision", "reference", "lower")
+        else:  # typed: shape only (check-only) or shape, reference and lower together
+            needed = ("shape", "reference", "lower") if set(self.rules) & {
+                "reference", "lower"} else ("shape",)
         return [r for r in needed if r not in self.rules]
+
+
+# NNEF element kinds and the dtype each is stored in ("?": generic, "any": cast's input)
+KINDS = {"scalar": "float32", "logical": "bool", "integer": "int32", "?": None, "any": None}
+
+
+def _parse_types(name: str, types: str) -> tuple[tuple[str, ...], str | None]:
+    """`"scalar, ?[] -> logical"` as (input kinds, result kind); ((), None) for ""."""
+    if not types:
+        return (), None
+    ins, _, out = types.partition("->")
+    kinds = tuple(k.strip() for k in ins.split(",") if k.strip())
+    assert out.strip() in KINDS and out.strip() != "any" and all(k.removesuffix("[]") in KINDS for k in kinds), \
+        f"{name}: bad types {types!r}"
+    return kinds, out.strip()
 
 
 _REGISTRY: dict[str, OpDef] = {}
@@ -363,7 +407,7 @@ def check_registry() -> None:
     problems = [f"{d.name}: missing {', '.join(d.missing_rules())}"
                 for d in _REGISTRY.values() if d.missing_rules()]
     for d in _REGISTRY.values():
-        if d.compute and not d.precision_rule:
+        if d.integer_op and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
         optional = [i.endswith("?") for i in d.inputs]
         if any(o and not later for o, later in itertools.pairwise(optional)):

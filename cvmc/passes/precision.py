@@ -1,8 +1,10 @@
-"""Precision inference: the static proof that int32 arithmetic never overflows.
+"""Type and precision inference: the static proof that int32 arithmetic never overflows.
 
 Every integer tensor gets a precision in 1..32 from its op's rule
 (cvm-semantics.md); a result outside that range rejects the graph with the chain of ops
-that grew it. Storage dtypes follow from precisions (int8 for <= 8 bits).
+that grew it. Storage dtypes follow from precisions (int8 for <= 8 bits). Typed (NNEF)
+ops check their inputs' element kinds and give their results the declared kind; float32
+and bool tensors carry no precision.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ir import Graph, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.common import data_precision, integer_data_error
-from cvmc.ops.registry import Attrs
+from cvmc.ops.registry import KINDS, Attrs
 
 # NNEF arithmetic (`add(x, y)`, `x + y`, ...) and the CVM integer ops that compute it.
 INTEGER_COUNTERPARTS = {
@@ -29,53 +31,95 @@ def check_weight_data(name: str, data, precision: int | None) -> None:
 
 
 def infer_precision(graph: Graph) -> Graph:
-    """Return the graph with every tensor's precision (and storage dtype) inferred."""
+    """Return the graph with every tensor's precision (and storage dtype) inferred:
+    integer tensors get a precision, scalar (float32) and logical (bool) tensors none."""
     types = dict(graph.types)
     for name in graph.inputs:
         t = types[name]
-        if not t.is_integer or t.precision is None:
-            raise CvmcError(f"graph input '{name}' must be an integer tensor with a declared "
+        if t.is_integer and t.precision is None:
+            raise CvmcError(f"graph input '{name}' is an integer tensor without a declared "
                             f"precision (external<integer>(..., precision = P))")
-        types[name] = t.with_precision(t.precision)
+        types[name] = t.with_precision(t.precision) if t.is_integer else t
     for name in graph.weights():
         if name not in graph.constants:
             raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "
-                            f"not found beside the graph; integer inference needs the values",
+                            f"not found beside the graph; compiling needs the values",
                             graph.spans.get(name))
         data, t = graph.constants[name], types[name]
-        if not t.is_integer:
-            raise CvmcError(f"weight '{name}' has type {t.dtype}; cvmc computes on integers only")
-        # The frontends check values as they read them (with file positions); graphs built
-        # in Python reach this check only.
-        check_weight_data(name, data, t.precision)
-        types[name] = t.with_precision(t.precision or data_precision(data))
+        if t.is_integer:
+            # The frontends check values as they read them (with file positions); graphs
+            # built in Python reach this check only.
+            check_weight_data(name, data, t.precision)
+            types[name] = t.with_precision(t.precision or data_precision(data))
     producers = graph.producers()
     for node in graph.nodes:
         opdef = lookup(node.op)
-        if not opdef.compute:
-            hint = INTEGER_COUNTERPARTS.get(node.op.removeprefix("nnef."))
-            hint = f"; on integer tensors use {hint}" if hint else ""
-            raise CvmcError(f"{node.op} '{node.name}': NNEF standard op with floating-point "
-                            f"semantics; cvmc can check it but not compile or run it{hint}",
-                            node.span)
-        ins = [types[i] for i in node.inputs]
-        for i, t in zip(node.inputs, ins):
-            if not t.is_integer:
-                raise CvmcError(f"{node.op} '{node.name}': input '{i}' is {t.dtype}, "
-                                f"not an integer tensor", node.span)
         try:
-            precs = opdef.infer_precisions(ins, Attrs(node.attrs))
+            if not opdef.compute:
+                raise OpRuleError("NNEF standard op that cvmc can check but not yet compile "
+                                  "or run")
+            ins = [types[i] for i in node.inputs]
+            if opdef.integer_op:
+                _check_integer_inputs(node, ins)
+                precs = opdef.infer_precisions(ins, Attrs(node.attrs))
+                outs = [TensorType(types[o].shape, "int32", p) for o, p in
+                        zip(node.outputs, precs)]
+            else:
+                outs = _typed_results(opdef, node, ins, [types[o] for o in node.outputs])
         except OpRuleError as e:
             raise CvmcError(f"{node.op} '{node.name}': {e.message.removeprefix(node.op + ': ')}",
                             node.span) from None
-        for out, p in zip(node.outputs, precs):
-            if not 1 <= p <= 32:
-                chain = _growth_chain(node, types, producers, p)
-                raise CvmcError(f"{node.op} '{node.name}': precision of '{out}' would be {p} "
-                                f"bits, outside 1..32 (int32 could overflow); grown by {chain}",
-                                node.span)
-            types[out] = TensorType(types[out].shape, "int32", p).with_precision(p)
+        for out, t in zip(node.outputs, outs):
+            if t.is_integer and not 1 <= t.precision <= 32:
+                chain = _growth_chain(node, types, producers, t.precision)
+                raise CvmcError(f"{node.op} '{node.name}': precision of '{out}' would be "
+                                f"{t.precision} bits, outside 1..32 (int32 could overflow); "
+                                f"grown by {chain}", node.span)
+            types[out] = t.with_precision(t.precision) if t.is_integer else t
     return graph.replace(types=types)
+
+
+def _check_integer_inputs(node, ins: list[TensorType]) -> None:
+    """A CVM op computes on integer tensors only."""
+    for i, t in zip(node.inputs, ins):
+        if not t.is_integer:
+            hint = INTEGER_COUNTERPARTS.get(node.op.removeprefix("nnef."))
+            raise OpRuleError(f"input '{i}' is {t.dtype}, not an integer tensor (CVM integer "
+                              f"op){f'; for scalars use {hint}' if hint else ''}")
+
+
+def _typed_results(opdef, node, ins: list[TensorType], outs: list[TensorType]
+                   ) -> list[TensorType]:
+    """Result types of a typed (NNEF) op: inputs must have their declared kinds; `?`
+    inputs share one kind, which a `?` result takes (cast: the recorded result dtype)."""
+    generic = []
+    for k, (name, t) in enumerate(zip(node.inputs, ins)):
+        kind = opdef.in_kind(k)
+        if kind == "?":
+            generic.append(t)
+        elif kind != "any" and _kind(t) != kind:
+            hint = INTEGER_COUNTERPARTS.get(node.op) if t.is_integer else None
+            raise OpRuleError(f"input '{name}' must be a tensor<{kind}>, got a "
+                              f"tensor<{_kind(t)}>{f'; on integer tensors use {hint}' if hint else ''}")
+    if len({_kind(t) for t in generic}) > 1:
+        found = ", ".join(f"'{n}' {_kind(t)}" for n, t in zip(node.inputs, ins))
+        raise OpRuleError(f"generic inputs must all have one element type, found {found}")
+    kind = opdef.out_kind if opdef.out_kind != "?" else \
+        _kind(generic[0]) if generic else _kind(outs[0])
+    if kind != "integer":
+        return [TensorType(t.shape, KINDS[kind]) for t in outs]
+    if "precision" in opdef.rules:
+        precs = opdef.infer_precisions(ins, Attrs(node.attrs))
+    elif generic:  # an op that only moves (selects, copies) integer values
+        precs = [max(t.precision for t in generic)] * len(outs)
+    else:  # cast to integer: any int32 value
+        precs = [32] * len(outs)
+    return [TensorType(t.shape, "int32", p) for t, p in zip(outs, precs)]
+
+
+def _kind(t: TensorType) -> str:
+    """The NNEF element kind of a tensor type."""
+    return "integer" if t.is_integer else "scalar" if t.dtype == "float32" else "logical"
 
 
 def _growth_chain(node, types, producers, p) -> str:

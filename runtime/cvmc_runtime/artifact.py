@@ -33,7 +33,9 @@ def write_artifact(path: str | Path, plan: dict, library: bytes,
             z.writestr(LIBRARY, library)
             for index, spec in enumerate(plan["weights"]):
                 buf = io.BytesIO()
-                np.save(buf, np.ascontiguousarray(weights[spec["name"]]), allow_pickle=False)
+                # np.require keeps a rank-0 weight rank 0 (ascontiguousarray makes it [1])
+                np.save(buf, np.require(weights[spec["name"]], requirements="C"),
+                        allow_pickle=False)
                 z.writestr(f"weights/{index}.npy", buf.getvalue())
     # A temporary file renamed into place: an interrupted compile never leaves a
     # half-written artifact, nor destroys the one that was there.

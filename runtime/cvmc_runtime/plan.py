@@ -14,7 +14,8 @@ import numpy as np
 
 from cvmc_runtime.signature import ModelError
 
-DTYPES = ("int8", "int32")
+INT_DTYPES = ("int8", "int32")  # CVM integers, with a precision
+DTYPES = (*INT_DTYPES, "float32", "bool")  # NNEF scalar and logical tensors: no precision
 DEVICES = ("cpu", "cuda")
 MAX_DIM = 1 << 24  # the compiler's limits (CVM-Runtime's): dims 1..2^24, 2^30 elements
 MAX_VOLUME = 1 << 30
@@ -37,9 +38,12 @@ def _check_spec(where: str, spec: object) -> tuple[tuple[int, ...], str]:
     if int(np.prod(shape, dtype=object)) > MAX_VOLUME:
         raise _fail(f"{where} '{spec['name']}': shape {shape} has more than {MAX_VOLUME} "
                     f"elements")
-    if dtype not in DTYPES or type(precision) is not int or not 1 <= precision <= 32:
-        raise _fail(f"{where} '{spec['name']}': dtype must be one of {', '.join(DTYPES)} and "
-                    f"precision in 1..32, got {dtype!r:.20} and {precision!r:.20}")
+    integer = dtype in INT_DTYPES
+    if dtype not in DTYPES or (type(precision) is int and 1 <= precision <= 32) != integer \
+            or (not integer and precision is not None):
+        raise _fail(f"{where} '{spec['name']}': dtype must be one of {', '.join(DTYPES)}, "
+                    f"with a precision in 1..32 for an integer dtype and none otherwise, got "
+                    f"{dtype!r:.20} and {precision!r:.20}")
     return tuple(shape), dtype
 
 
@@ -164,6 +168,8 @@ def check_weights(plan: Mapping, weights: Mapping[str, np.ndarray]) -> None:
             got = "nothing" if value is None else f"{value.dtype} {list(value.shape)}"
             raise _fail(f"weight '{spec['name']}': stored array is {got}, the plan declares "
                         f"{spec['dtype']} {spec['shape']}")
+        if spec["dtype"] not in INT_DTYPES:
+            continue
         # The compiler proved int32 never overflows from the declared precisions: a weight
         # outside its precision would void that proof.
         bound = (1 << (spec["precision"] - 1)) - 1

@@ -3,7 +3,9 @@
 A CVM tensor of precision p holds integers with |v| <= 2^(p-1) - 1. Inputs are checked
 against that before anything runs: a violation is an error naming the input, the first
 offending index and value; with saturate=True values are clipped instead (as
-CVM-Runtime does for its data input).
+CVM-Runtime does for its data input). A float32 input (NNEF scalar) takes any float array
+(float64 values are rounded to float32, as NumPy's astype rounds); a bool input (NNEF
+logical) takes bool arrays only.
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ class ModelError(Exception):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape, storage dtype (int8/int32) and precision of a model input or output."""
+    """Name, shape, storage dtype (int8/int32/float32/bool) and precision (integers only)
+    of a model input or output."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
-    precision: int
+    precision: int | None
 
     def to_json(self) -> dict:
         """A JSON-serialisable dict."""
@@ -34,8 +37,9 @@ class TensorSpec:
     @staticmethod
     def from_json(d: Mapping) -> TensorSpec:
         """Inverse of to_json."""
+        p = d["precision"]
         return TensorSpec(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]),
-                          int(d["precision"]))
+                          None if p is None else int(p))
 
 
 def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.ndarray:
@@ -44,11 +48,15 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
         arr = np.asarray(value)
     except (ValueError, TypeError) as e:  # ragged nested lists, objects with a bad __array__
         raise ModelError(f"input '{spec.name}': not an array ({e})") from None
-    if arr.dtype.kind not in "iu":
-        raise ModelError(f"input '{spec.name}': expected an integer array, got dtype {arr.dtype}")
+    kinds, what = {"float32": ("f", "a float"), "bool": ("b", "a bool")}.get(
+        spec.dtype, ("iu", "an integer"))
+    if arr.dtype.kind not in kinds:
+        raise ModelError(f"input '{spec.name}': expected {what} array, got dtype {arr.dtype}")
     if tuple(arr.shape) != spec.shape:
         raise ModelError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                          f"got {list(arr.shape)}")
+    if spec.precision is None:
+        return arr.astype(spec.dtype)
     bound = (1 << (spec.precision - 1)) - 1
     # Compare in the input's own dtype (NumPy compares with Python ints exactly): casting
     # first would wrap uint64 values >= 2^63, and |int64 min| overflows to a negative.

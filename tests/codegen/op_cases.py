@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cvmc.ops.nnef_math import TRANSCENDENTAL, TRANSCENDENTAL_ULP
 from tests.oputil import rand_in_precision
 
 
@@ -19,12 +20,15 @@ def rand(shape: tuple[int, ...], precision: int, seed: int = 0) -> tuple[np.ndar
 
 @dataclass
 class OpCase:
-    """A one-op graph: inputs [(array, precision)], attributes, indices of weights."""
+    """A one-op graph: inputs [(array, precision)] (precision None for float32 and bool
+    arrays), attributes, indices of weights."""
 
     op: str
-    inputs: list[tuple[np.ndarray, int]]
+    inputs: list[tuple[np.ndarray, int | None]]
     attrs: dict = field(default_factory=dict)
     weights: tuple[int, ...] = ()
+    ulp: int = 0  # float results: units in the last place allowed from the reference
+    out_dtype: str = "int32"  # what a `cast` converts to
 
 
 _BOXES = np.array([[[0, 90, 0, 0, 10, 10], [0, 80, 1, 1, 11, 11], [1, 70, 0, 0, 10, 10],
@@ -111,6 +115,57 @@ CASES: list[OpCase] = [
     *[OpCase("non_max_suppression", [(_BOXES, 8), (np.array([v]), 8)],
              {"iou_threshold": 50, "top_k": 3, "max_output_size": 2}) for v in (9, -3)],
 ]
+
+
+# ---- NNEF element-wise ops (float32 / bool) ----------------------------------------------
+def frand(shape: tuple[int, ...], seed: int = 0, scale: float = 3.0,
+          lo: float | None = None) -> tuple[np.ndarray, None]:
+    """Random float32 values (normal, times `scale`; uniform in [lo, lo + scale) with lo)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * scale if lo is None else lo + rng.random(shape) * scale
+    return x.astype(np.float32), None
+
+
+def brand(shape: tuple[int, ...], seed: int = 0) -> tuple[np.ndarray, None]:
+    """Random logical values."""
+    return np.random.default_rng(seed).random(shape) < 0.5, None
+
+
+# Values where float kernels go wrong: signed zeros, infinities, NaN, halves (round),
+# the largest float32 and values just below 0.5 (0.49999997 + 0.5 rounds to 1 in float32).
+EDGES = (np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 0.5, -0.5, 1.5, -2.5, 0.49999997,
+                   -0.49999997, 3.4028235e38, -1e-45, 2.5e9, -2.5e9, 7.0], np.float32), None)
+# Domains of the transcendental functions (inside, so results are finite).
+_DOMAIN = {"log": (1e-3, 50.0), "asin": (-1.0, 2.0), "acos": (-1.0, 2.0),
+           "acosh": (1.0, 20.0), "atanh": (-1.0, 2.0), "tan": (-1.5, 3.0)}
+
+NNEF_CASES: list[OpCase] = [
+    *[OpCase(name, [frand((3, 17), 20, *((_DOMAIN[name][1], _DOMAIN[name][0])
+                                        if name in _DOMAIN else (3.0,)))],
+             ulp=TRANSCENDENTAL_ULP) for name in TRANSCENDENTAL],
+    *[OpCase(name, [EDGES]) for name in ("neg", "rcp", "nnef.abs", "sign", "floor", "ceil",
+                                         "round")],
+    OpCase("round", [frand((4, 33), 21)]),
+    *[OpCase(name, [frand((2, 3, 4), 22), frand((2, 3), 23)])
+      for name in ("add", "sub", "mul", "div", "lt", "gt", "le", "ge", "eq", "ne")],
+    OpCase("div", [EDGES, (EDGES[0][::-1].copy(), None)]),
+    *[OpCase(name, [EDGES, (EDGES[0][::-1].copy(), None)])
+      for name in ("eq", "ne", "lt", "ge")],
+    OpCase("pow", [frand((3, 5), 24, 4.0, 0.0), frand((3, 1), 25, 4.0, -2.0)],
+           ulp=TRANSCENDENTAL_ULP),
+    *[OpCase(name, [brand((2, 3), 26), brand((2, 1), 27)]) for name in ("and", "or")],
+    OpCase("not", [brand((5,), 28)]),
+    OpCase("copy", [frand((2, 3), 29)]),
+    OpCase("copy", [rand((2, 3), 12, 30)]),
+    OpCase("select", [brand((2, 3, 4), 31), frand((2, 3), 32), frand((1,), 33)]),
+    OpCase("select", [brand((2, 3), 34), rand((2, 3), 8, 35), rand((2, 3), 12, 36)]),
+    OpCase("cast", [EDGES], out_dtype="int32"),
+    OpCase("cast", [EDGES], out_dtype="bool"),
+    OpCase("cast", [rand((7,), 20, 37)], out_dtype="float32"),
+    OpCase("cast", [brand((7,), 38)], out_dtype="float32"),
+    OpCase("cast", [(np.array([3, -3, 0, 1]), 3)], out_dtype="bool"),
+]
+CASES += NNEF_CASES
 
 
 def case_id(case: OpCase) -> str:

@@ -51,7 +51,7 @@ def shuffle_op():
     """`shuffle` (the Khronos sample's body-less custom fragment) as a registry op with an
     identity shape rule, like the sample's own custom shape function; removed afterwards."""
     d = op("shuffle", family="custom", inputs=("input",), attrs=(Attr("groups", "int"),),
-           compute=False, seeds=("test",))
+           types="? -> ?", seeds=("test",))
     d.shape(lambda ins, a: ins[0].shape)
     yield d
     del registry._REGISTRY["shuffle"]
@@ -155,11 +155,19 @@ def test_weights_load_from_dat_files(tmp_path):
         load_nnef(tmp_path, None)
 
 
-def test_cvm_op_on_scalar_tensor_keeps_the_nnef_result_type():
-    g = parse_nnef("version 1.0;\ngraph G(x, i) -> (y, j) { x = external(shape = [2]); "
-                   "i = external<integer>(shape = [2], precision = 8); y = relu(x); j = relu(i); }")
-    assert (g.nodes[0].op, g.types["y"].dtype) == ("relu", "float32")
-    assert g.types["j"].dtype == "int32"
+def test_a_name_shared_by_a_cvm_op_takes_the_nnef_reading_on_scalar_tensors():
+    """relu / abs / max on scalar tensors are NNEF's (stdlib fragment or nnef. entry), on
+    integer tensors CVM's; a CVM-only op on a scalar tensor is an error naming the rule."""
+    g = parse_nnef("version 1.0;\ngraph G(x, i) -> (y, j, a, b) { x = external(shape = [2]); "
+                   "i = external<integer>(shape = [2], precision = 8); y = relu(x); j = relu(i);"
+                   " a = abs(x); b = abs(i); }")
+    ops = {n.outputs[0]: n.op for n in g.nodes}
+    assert [g.types[v].dtype for v in ("y", "j", "a", "b")] == ["float32", "int32"] * 2
+    assert (ops["j"], ops["a"], ops["b"]) == ("relu", "nnef.abs", "abs")
+    assert ops["y"] == "select"  # relu(x) = max(x, 0.0) = select(x > 0.0, x, 0.0)
+    with pytest.raises(CvmcError, match="cvm_clip.*tensor<integer>"):
+        parse_nnef("version 1.0;\ngraph G(x) -> (y) { x = external(shape = [2]); "
+                   "y = cvm_clip(x, precision = 8); }")
 
 
 @requires_shared

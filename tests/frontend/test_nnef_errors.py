@@ -84,8 +84,8 @@ CASES = {
                                    "    y = cvm_clip(x, 4);\n}\n",
     "logical_for_numeric": "version 1.0;\ngraph G(x) -> (y)\n{\n"
                            "    x = external<logical>(shape = [2]);\n"
-                           "# expected-error: relu 'y': input 'x' must be a tensor<scalar>, got a "
-                           "tensor<logical>\n    y = relu(x);\n}\n",
+                           "# expected-error: relu: argument 'x' must be a tensor<scalar>, got "
+                           "tensor 'x' (a tensor<logical>)\n    y = relu(x);\n}\n",
     "logical_for_cvm_op": "version 1.0;\ngraph G(x) -> (y)\n{\n"
                           "    x = external<logical>(shape = [2]);\n"
                           "# expected-error: cvm_clip 'y': input 'data' must be a "

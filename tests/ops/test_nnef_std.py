@@ -32,7 +32,7 @@ def entry(name: str):
 def ours(name: str, inputs: list, attrs: dict) -> list[tuple[int, ...]]:
     """Output shapes from the registry; inputs are shapes or (shape, nnef type) pairs."""
     d = entry(name.split("<")[0])  # cast<integer>: the generic type is the frontend's
-    assert d is not None and not d.compute, name
+    assert d is not None and not d.integer_op, name
     types = [TensorType(tuple(s), _DTYPE[t]) for s, t in map(_typed, inputs)]
     return d.infer_shapes(types, d.normalize_attrs(attrs))
 
@@ -404,12 +404,14 @@ def test_stdlib_primitive_has_matching_entry(decl):
     name, params, results = decl.group(1), _params(decl.group(2)), _params(decl.group(3))
     d = entry(name)
     assert d is not None, f"no registry entry for NNEF primitive {name}"
-    if d.compute:  # a CVM op with the same signature (abs): only arity must agree
-        assert len(d.inputs) == sum(t.startswith("tensor") for _, t, _ in params)
-        return
     inputs = [("*" if t.endswith("[]") else "") + n + ("?" if dflt else "")
               for n, t, dflt in params if t.startswith("tensor")]
     assert list(d.inputs) == inputs
+    # element kinds: `tensor<scalar>` -> scalar, `tensor<?>[]` -> ?[], `tensor<>` -> any
+    kinds = [re.sub(r"tensor<(\w*|\?)>", lambda m: m.group(1) or "any", t.replace(" ", ""))
+             for _, t, _ in params if t.startswith("tensor")]
+    result = re.sub(r"tensor<(\w*|\?)>(\[\])?", r"\1", results[0][1].replace(" ", ""))
+    assert (list(d.in_kinds), d.out_kind) == (kinds, result), d.types
     attrs = [(n, t, dflt) for n, t, dflt in params if not t.startswith("tensor")]
     assert [a.name for a in d.attrs] == [n for n, _, _ in attrs]
     for (n, t, dflt), at in zip(attrs, d.attrs):

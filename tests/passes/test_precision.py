@@ -50,7 +50,7 @@ def test_weight_precision_inferred_from_data():
 
 
 def test_input_without_precision_is_rejected():
-    with pytest.raises(CvmcError, match="graph input 'x' must be an integer tensor with a "
+    with pytest.raises(CvmcError, match="graph input 'x' is an integer tensor without a "
                                         "declared precision"):
         infer_precision(relu_graph(None))
 
@@ -62,8 +62,32 @@ def test_weight_without_data_is_rejected():
         infer_precision(g)
 
 
-def test_float_graph_is_rejected_by_name():
+def test_cvm_op_on_a_float_tensor_is_rejected_by_name():
     g = relu_graph(8)
     g.types["x"] = TensorType((2, 3), "float32")
-    with pytest.raises(CvmcError, match="graph input 'x' must be an integer tensor"):
+    with pytest.raises(CvmcError, match="relu 'y': input 'x' is float32, not an integer "
+                                        "tensor"):
         infer_precision(g)
+
+
+def test_typed_op_checks_kinds_and_types_its_results():
+    """NNEF ops: inputs of the declared kinds; results of the declared kind; a generic op
+    on integers passes the widest precision on (select), a cast to integer gets 32."""
+    f, b = TensorType((2,), "float32"), TensorType((2,), "bool")
+    i8, i12 = TensorType((2,), "int32", 8), TensorType((2,), "int32", 12)
+
+    def infer(op, ins, out=f):
+        names = [f"x{k}" for k in range(len(ins))]
+        g = Graph("g", names, ["y"], [Node(op, tuple(names), ("y",), {})],
+                  {**dict(zip(names, ins)), "y": out})
+        return infer_precision(g).types["y"]
+
+    assert infer("add", [f, f]) == f
+    assert infer("lt", [f, f]) == b
+    assert infer("select", [b, i8, i12]) == TensorType((2,), "int32", 12)
+    assert infer("cast", [f], TensorType((2,), "int32")) == TensorType((2,), "int32", 32)
+    with pytest.raises(CvmcError, match="add 'y': input 'x0' must be a tensor<scalar>, got a "
+                                        "tensor<integer>; on integer tensors use"):
+        infer("add", [i8, f])
+    with pytest.raises(CvmcError, match="select 'y': generic inputs must all have one"):
+        infer("select", [b, i8, f])
