@@ -154,6 +154,23 @@ def fragments() -> ModelProto:
                     "soft": [1, 4, 16]})
 
 
+def elementwise() -> ModelProto:
+    """Element-wise ops only: Add (broadcast over a [1, 8] weight), Sub, Mul, Div, Neg,
+    Abs, Sqrt, Exp, Sigmoid, Tanh, Relu, Greater + Where, Clip."""
+    b = _Builder(seed=8)
+    x = b.node("Add", ["x", b.weight("bias", [1, 8])], "shifted")
+    y = b.node("Mul", [x, "y"], "prod")
+    y = b.node("Sub", [y, b.node("Tanh", ["y"], "tanh")], "diff")
+    d = b.node("Div", [b.node("Sigmoid", [x], "sig"),
+                       b.node("Sqrt", [b.node("Exp", [b.node("Abs", ["y"], "abs")], "exp")],
+                              "root")], "ratio")
+    w = b.node("Where", [b.node("Greater", [x, "y"], "gt"), b.node("Relu", [y], "relu"),
+                         b.node("Neg", [d], "neg")], "picked")
+    b.node("Clip", [w, b.const("lo", np.array(-0.5, np.float32)),
+                    b.const("hi", np.array(1.5, np.float32))], "out")
+    return b.model("elementwise", {"x": [2, 8], "y": [2, 8]}, {"out": [2, 8]})
+
+
 def lstm() -> ModelProto:
     """A one-layer LSTM over 3 steps (NNEF-Tools writes it as the recursive fragment
     `lstm_loop`; it needs initial_h and initial_c and no sequence_lens)."""
@@ -178,7 +195,7 @@ def unsupported() -> ModelProto:
 
 
 MODELS = {"cnn": cnn, "mlp": mlp, "shapes": shapes, "residual": residual,
-          "fragments": fragments, "lstm": lstm}
+          "fragments": fragments, "lstm": lstm, "elementwise": elementwise}
 
 
 def random_inputs(model: ModelProto, seed: int = 0) -> dict[str, np.ndarray]:

@@ -348,9 +348,8 @@ def test_force_replaces_a_model_folder_and_a_failure_keeps_it(tmp_path):
 
 
 # ---- the round trip: convert, compile with cvmc, compare with ONNX Runtime -------------------
-@pytest.mark.xfail(strict=False, reason="float compile lands with issue 10")
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_compiled_model_matches_onnx_runtime(tmp_path, name):
+def test_compiled_model_matches_onnx_runtime(tmp_path, name, capsys):
     import cvmc_runtime
 
     import cvmc
@@ -358,8 +357,11 @@ def test_compiled_model_matches_onnx_runtime(tmp_path, name):
     feeds = random_inputs(model)
     want = _ort(model, feeds)
     onnx_file = _save(model, tmp_path / f"{name}.onnx")
-    assert main(["compile", str(onnx_file), "--target", "llvm", "-o",
-                 str(tmp_path / "m.cvmx")]) == 0
+    rc = main(["compile", str(onnx_file), "--target", "llvm", "-o", str(tmp_path / "m.cvmx")])
+    err = capsys.readouterr().err
+    if rc and "NNEF standard op that cvmc can check but not yet compile or run" in err:
+        pytest.xfail(f"issue 10: {err.strip().splitlines()[0]}")  # only this may fail
+    assert rc == 0, err
     got = cvmc_runtime.load(tmp_path / "m.cvmx").run(feeds)
     ref = cvmc.reference_run(load_graph(convert_onnx(onnx_file, tmp_path / "nnef")), feeds)
     for out, value in want.items():
