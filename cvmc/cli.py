@@ -30,15 +30,23 @@ def _fmt_shape(shape) -> str:
 
 
 # ---- check ----------------------------------------------------------------------------
-def cmd_check(args: argparse.Namespace) -> int:
-    """Parse, type and shape-check a model; print its signature and tensor table."""
+def _checked_graph(model, quant=None, params=None):
+    """Load and check a model; graphs of compiled ops get their precisions inferred too."""
     from cvmc.frontend import load_graph
     from cvmc.ops import lookup
     from cvmc.passes.precision import infer_precision
 
-    graph = load_graph(args.model, quant=args.quant, params=args.params)
+    graph = load_graph(model, quant=quant, params=params)
     if all(lookup(n.op).compute for n in graph.nodes):
         graph = infer_precision(graph)
+    return graph
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Parse, type and shape-check a model; print its signature and tensor table."""
+    from cvmc.ops import lookup
+
+    graph = _checked_graph(args.model, args.quant, args.params)
     producers = graph.producers()
     kinds = {**{n: "input" for n in graph.inputs}, **{n: "weight" for n in graph.weights()}}
 
@@ -226,11 +234,74 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- convert --------------------------------------------------------------------------
+def _is_onnx(model: str) -> bool:
+    """ONNX models are recognised by their `.onnx` suffix (protobuf has no magic bytes)."""
+    return Path(model).suffix.lower() == ".onnx"
+
+
+def _shape_arg(text: str) -> tuple[str, list[int]]:
+    """An argparse type: NAME=D1,D2,... (dimensions >= 1)."""
+    name, sep, dims = text.rpartition("=")
+    parts = dims.split(",")
+    if not sep or not name or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected NAME=D1,D2,... with dimensions >= 1, "
+                                         f"got '{text}'")
+    return name, [int(p) for p in parts]
+
+
+def _input_shapes(args: argparse.Namespace) -> dict[str, list[int]]:
+    shapes = dict(args.input_shape)
+    if len(shapes) < len(args.input_shape):
+        raise CvmcError("--input-shape names one input twice")
+    return shapes
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    """Convert an ONNX model to an NNEF folder with NNEF-Tools, then check it."""
+    from cvmc.frontend.onnx_convert import convert_onnx
+
+    out = convert_onnx(args.model, args.output, input_shapes=_input_shapes(args),
+                       force=args.force)
+    try:
+        graph = _checked_graph(out)
+    except CvmcError:
+        print(f"wrote {out}, but cvmc refuses what NNEF-Tools made of {args.model}:",
+              file=sys.stderr)
+        raise
+
+    def sig(names):
+        return ", ".join(f"{n} {_fmt_shape(graph.types[n].shape)}" for n in names)
+    console.print(f"converted {args.model} -> {out}: inputs {sig(graph.inputs)}; outputs "
+                  f"{sig(graph.outputs)}; {len(graph.nodes)} ops, {len(graph.weights())} "
+                  f"weights; checked")
+    return 0
+
+
 # ---- compile --------------------------------------------------------------------------
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Compile a model to a .cvmx artifact."""
+    """Compile a model (an ONNX one converted into a temporary NNEF folder first)."""
     from cvmc.codegen import compile_cli
-    return compile_cli(args, console)
+    if not _is_onnx(args.model):
+        if args.input_shape:
+            raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")
+        return compile_cli(args, console)
+    if args.quant or args.params:
+        raise CvmcError("--quant/--params do not apply to ONNX models")
+    import tempfile
+
+    from cvmc.frontend.onnx_convert import convert_onnx
+    onnx_model = args.model
+    with tempfile.TemporaryDirectory(prefix="cvmc-onnx-") as tmp:
+        args.model = str(convert_onnx(onnx_model, Path(tmp) / "nnef",
+                                      input_shapes=_input_shapes(args)))
+        try:
+            return compile_cli(args, console)
+        except CvmcError as e:
+            if e.span is not None and Path(e.span.file).is_relative_to(tmp):
+                e.message += (f" (in the NNEF that NNEF-Tools made of {onnx_model}; "
+                              f"`cvmc convert {onnx_model} -o DIR` keeps it)")
+            raise
 
 
 # ---- export ---------------------------------------------------------------------------
@@ -292,8 +363,24 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     sp.set_defaults(fn=cmd_bench)
 
-    sp = sub.add_parser("compile", help="compile a model to a .cvmx artifact")
-    model_args(sp)
+    input_shape = {"action": "append", "default": [], "type": _shape_arg,
+                   "metavar": "NAME=D1,D2,...",
+                   "help": "static shape of an ONNX input with symbolic dimensions"}
+    sp = sub.add_parser("convert", help="convert an ONNX model to NNEF (Khronos NNEF-Tools), "
+                        "then check it")
+    sp.add_argument("model", metavar="MODEL.onnx", help="an ONNX model")
+    sp.add_argument("-o", "--output", required=True, metavar="DIR",
+                    help="the NNEF folder to write (graph.nnef + .dat files); must not exist "
+                         "or be empty")
+    sp.add_argument("--force", action="store_true",
+                    help="replace DIR if it holds a previous model (a graph.nnef)")
+    sp.add_argument("--input-shape", **input_shape)
+    sp.set_defaults(fn=cmd_convert)
+
+    sp = sub.add_parser("compile", help="compile a model to a .cvmx artifact (a MODEL.onnx "
+                        "is converted to NNEF first, as by `cvmc convert`)")
+    model_args(sp, "model: NNEF file, folder or tar(.gz), CVM-Runtime JSON, or MODEL.onnx")
+    sp.add_argument("--input-shape", **input_shape)
     sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
     sp.add_argument("--arch", default="sm_80", help="CUDA arch, e.g. sm_80, sm_90 (default sm_80)")

@@ -24,6 +24,9 @@ def load_graph(path: str | Path, quant: str | Path | None = None,
     path = Path(path)
     if not path.exists():
         raise CvmcError(f"{path}: no such file or folder")
+    if path.suffix.lower() == ".onnx":  # the NNEF parser would only say it is no NNEF text
+        raise CvmcError(f"{path}: an ONNX model; convert it to NNEF first with `cvmc convert "
+                        f"{path} -o DIR` (`cvmc compile` converts it itself)")
     if _is_cvm_json(path):
         from cvmc.frontend.cvm_json import read_cvm_model
         if quant is not None:

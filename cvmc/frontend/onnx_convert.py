@@ -1,0 +1,332 @@
+"""ONNX -> NNEF with the Khronos NNEF-Tools converter (`pip install 'cvmc[convert]'`).
+
+NNEF-Tools 1.0.11 is used as a library: its ONNX reader, ONNX -> NNEF converter and NNEF
+writer, composed as its `nnef_tools.convert.main` composes them for
+`--input-format onnx --output-format nnef --keep-io-names` (that function takes its
+argparse namespace and prints its errors instead of raising them, so cvmc calls the
+same three steps itself and gets the converter's exceptions). Not `--optimize`: its NNEF
+optimizer crashes under NumPy >= 2.4 (`np.reshape(newshape=)`) when it merges a batch
+normalization into a convolution, and cvmc's own passes do such rewrites. Not
+`--fold-constants`: that needs onnx-simplifier, another native package.
+
+NNEF-Tools reads the ONNX graph without its opset, and some of its rules are those of one
+opset only. Before converting, cvmc therefore adjusts the converter's input graph where
+the converter would refuse a valid model or, worse, give it another meaning (README,
+"ONNX models (cvmc convert)", lists each case):
+- reductions whose `axes` come as an input (ReduceSum from opset 13, every reduction
+  from opset 18) or are absent (reduce everything) get an explicit `axes` attribute, made
+  non-negative (with `keepdims = 0` the converter would write `squeeze(axes = [-1])`);
+- `Softmax` without `axis` gets the default of the model's opset (-1 from opset 13, 1
+  before); before opset 13, `Softmax` over a non-last axis of a tensor with more
+  dimensions (a flattened softmax) is refused;
+- attributes the converter ignores (Elu and Selu `alpha`, `gamma`; LpPool `p`) must
+  hold the default it assumes, and variadic Min and Max must have two inputs;
+- nearest `Resize` must pick the same source pixels as NNEF's nearest up/down-sampling
+  (the converter ignores `nearest_mode` and the coordinate mode): otherwise refused;
+- `Round` converts with a warning: NNEF rounds halves up, ONNX to even;
+- input and output names that are not NNEF identifiers after the converter's own
+  renaming (a leading digit, a keyword, two names made equal) are renamed.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from fractions import Fraction
+from math import ceil, floor
+from pathlib import Path
+from types import SimpleNamespace
+
+from cvmc.errors import CvmcError
+from cvmc.frontend.syntax import KEYWORDS
+
+MISSING = "cvmc convert needs the Khronos NNEF-Tools: pip install 'cvmc[convert]'"
+MAX_ONNX_BYTES = 2 << 30  # protobuf's own limit on one message
+MAX_DIM = 1 << 24         # cvmc's dimension limit (README, Limits)
+_STANDARD_DOMAINS = ("", "ai.onnx")
+_REDUCTIONS = ("ReduceMin", "ReduceMax", "ReduceMean", "ReduceSum", "ReduceL1", "ReduceL2")
+# Attributes NNEF-Tools' rules never read, with the ONNX default they silently assume.
+_ASSUMED = {"Elu": {"alpha": 1.0}, "LpPool": {"p": 2},
+            "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}}
+
+
+def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
+                 input_shapes: dict[str, list[int]] | None = None, force: bool = False) -> Path:
+    """Convert an ONNX model into the NNEF folder `out_dir` (graph.nnef + .dat files).
+
+    `input_shapes` fixes inputs whose ONNX shape has symbolic dimensions. `out_dir` must
+    not exist or be empty; with `force`, a previous model folder (one holding graph.nnef)
+    is replaced. The folder is written beside `out_dir` first and renamed into place, so a
+    failed or interrupted conversion leaves no partial folder and keeps the previous one.
+    """
+    onnx_path, out_dir = Path(onnx_path), Path(out_dir)
+    tools = _import_tools()
+    opset = _read_onnx(onnx_path, input_shapes or {})
+    _check_destination(out_dir, force)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        folder = tmp / "nnef"  # made by mkdir: the user's umask, not mkdtemp's 0700
+        folder.mkdir()
+        _run_converter(tools, onnx_path, folder, opset, input_shapes)
+        _move_into_place(folder, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _import_tools() -> SimpleNamespace:
+    """The NNEF-Tools parts cvmc uses (imported on first use: an optional extra)."""
+    try:
+        from nnef_tools import convert
+        from nnef_tools.conversion.converter import ConversionError
+        from nnef_tools.io.onnx import Reader  # imports onnx
+    except ImportError:
+        raise CvmcError(MISSING) from None
+    return SimpleNamespace(convert=convert, ConversionError=ConversionError, Reader=Reader)
+
+
+def _read_onnx(path: Path, input_shapes: dict[str, list[int]]) -> int:
+    """Check that `path` is an ONNX model NNEF-Tools can be given; return its opset."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if not path.is_file():
+        raise CvmcError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if path.stat().st_size > MAX_ONNX_BYTES:
+        raise CvmcError(f"{path}: larger than {MAX_ONNX_BYTES} bytes, the most one ONNX "
+                        f"protobuf can hold")
+    try:
+        model = onnx.load_model(path, load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as e:  # what onnx raises for non-models
+        raise CvmcError(f"{path}: not an ONNX model ({e or type(e).__name__})") from None
+    opsets = [o.version for o in model.opset_import if o.domain in _STANDARD_DOMAINS]
+    if not model.HasField("graph") or not model.graph.node or not opsets:
+        raise CvmcError(f"{path}: not an ONNX model (no graph with nodes and an opset)")
+    for node in model.graph.node:  # the reader drops domains: a custom op would pass as
+        if node.domain not in _STANDARD_DOMAINS:  # a standard one of the same name
+            raise CvmcError(f"{path}: node '{node.name or node.output[0]}' is the op "
+                            f"'{node.op_type}' of domain '{node.domain}'; only standard "
+                            f"ONNX ops (domain ai.onnx) can be converted")
+    _check_input_shapes(path, model.graph, input_shapes)
+    return max(opsets)
+
+
+def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -> None:
+    """Every input gets a static shape: from the model or from `input_shapes`."""
+    weights = {t.name for t in graph.initializer}
+    inputs = {i.name: i for i in graph.input if i.name not in weights}
+    for name, info in inputs.items():  # NNEF-Tools can fix dimensions, not a missing rank
+        if not info.type.tensor_type.HasField("shape"):
+            raise CvmcError(f"{path}: input '{name}' declares no shape (not even its rank), "
+                            f"which NNEF-Tools needs")
+    for name, shape in input_shapes.items():
+        if name not in inputs:
+            raise CvmcError(f"--input-shape {name}: the model has no input '{name}' "
+                            f"(inputs: {', '.join(inputs)})")
+        dims = inputs[name].type.tensor_type.shape.dim
+        if len(dims) != len(shape) or any(d.HasField("dim_value") and d.dim_value != s
+                                          for d, s in zip(dims, shape)):
+            raise CvmcError(f"--input-shape {name}: {shape} does not fit the model's shape "
+                            f"{_onnx_shape(dims)}")
+        if not all(1 <= s <= MAX_DIM for s in shape):
+            raise CvmcError(f"--input-shape {name}: every dimension must be 1..{MAX_DIM}")
+    for name, info in inputs.items():
+        dims = info.type.tensor_type.shape.dim
+        if name not in input_shapes and not all(d.HasField("dim_value") for d in dims):
+            raise CvmcError(f"{path}: input '{name}' has the dynamic shape "
+                            f"{_onnx_shape(dims)}: give it with --input-shape "
+                            f"{name}=D1,D2,...")
+
+
+def _onnx_shape(dims) -> str:
+    return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?"
+                           for d in dims) + "]"
+
+
+def _check_destination(out_dir: Path, force: bool) -> None:
+    """`out_dir` is new, an empty folder, or (with --force) a previous model folder."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if not out_dir.is_dir() or out_dir.is_symlink():
+        raise CvmcError(f"-o {out_dir}: exists and is not a folder")
+    if not any(out_dir.iterdir()):
+        return
+    if not force:
+        raise CvmcError(f"-o {out_dir}: folder is not empty (--force replaces a previous "
+                        f"model folder)")
+    if not (out_dir / "graph.nnef").is_file():  # never delete a folder that is no model
+        raise CvmcError(f"-o {out_dir}: --force replaces only a model folder (one holding "
+                        f"graph.nnef), and this folder holds none")
+
+
+def _move_into_place(folder: Path, out_dir: Path) -> None:
+    """Rename the written folder to `out_dir` (an empty one is replaced); a previous model
+    folder is moved into the temporary folder first, removed with it afterwards."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        out_dir.rename(folder.parent / "previous")
+    folder.rename(out_dir)
+
+
+def _run_converter(tools: SimpleNamespace, onnx_path: Path, folder: Path, opset: int,
+                   input_shapes: dict[str, list[int]] | None) -> None:
+    """Read, adjust, convert and write the model into `folder` (see the module docstring)."""
+    converter = tools.convert.get_converter(
+        "onnx", "nnef", io_transpose=False, custom_transforms=None, custom_functions=None,
+        custom_shapes={}, mirror_unsupported=False, keep_io_names=True)
+    writer = tools.convert.get_writer(
+        "nnef", fragments=converter.defined_operations(),
+        fragment_dependencies=converter.defined_operation_dependencies(),
+        generate_fragments=False, annotate_shapes=False, compression=None)
+    shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
+    try:
+        graph = tools.Reader(simplify=False)(str(onnx_path), input_shapes=shapes)
+        graph = tools.convert.get_optimizer("onnx")(graph, only_required=True)
+        _adjust(graph, opset)
+        graph.sort()
+        graph = converter(graph)
+        _nnef_names(graph)
+        writer(graph, str(folder))
+    except CvmcError as e:
+        raise CvmcError(f"{onnx_path}: {e.message}") from None
+    except tools.ConversionError as e:
+        lines = [*str(e).strip().splitlines(), *(e.details or [])]
+        raise CvmcError(f"{onnx_path}: NNEF-Tools cannot convert this model: "
+                        + "\n  ".join(lines)) from None
+    except Exception as e:  # noqa: BLE001 - third-party code: any failure is the model's
+        raise CvmcError(f"{onnx_path}: NNEF-Tools failed on this model "
+                        f"({type(e).__name__}: {e})") from None
+
+
+# ---- adjustments of the converter's input graph ------------------------------------------
+def _adjust(graph, opset: int) -> None:
+    """Fix what NNEF-Tools would refuse or mistranslate (module docstring)."""
+    for op in graph.operations:
+        for attr, default in _ASSUMED.get(op.type, {}).items():
+            if op.attribs.get(attr, default) != default:
+                raise CvmcError(f"{op.type} '{_label(op)}': {attr} = {op.attribs[attr]}, but "
+                                f"NNEF-Tools ignores {attr} and assumes {default}")
+        if op.type in ("Min", "Max") and len(op.inputs) != 2:
+            raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools "
+                            f"converts it with exactly two (a third one would be dropped)")
+        if op.type in _REDUCTIONS:
+            _reduction_axes(op)
+        elif op.type == "Softmax":
+            _softmax_axis(op, opset)
+        elif op.type == "Resize" and op.attribs.get("mode", "nearest") == "nearest":
+            _check_nearest_resize(op)
+        elif op.type == "Round":  # exact ties are rare in float models: warn, not refuse
+            warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
+                          f"(which NNEF-Tools converts it to) rounds them up: the results "
+                          f"differ where a value lies exactly halfway", stacklevel=2)
+
+
+def _label(op) -> str:
+    """How an error names an ONNX node: its name, else its first output."""
+    return op.name or op.outputs[0].name
+
+
+def _constant(tensor) -> list | None:
+    """The values of a constant tensor (an initializer or a Constant node's), else None."""
+    if tensor.producer is None:
+        data = tensor.data
+    elif tensor.producer.type == "Constant":
+        data = tensor.producer.attribs["value"]
+    else:
+        return None
+    return None if data is None else data.reshape(-1).tolist()
+
+
+def _reduction_axes(op) -> None:
+    """Move `axes` from an input into the attribute; absent axes reduce every axis. Axes
+    are made non-negative: the converter squeezes a dropped dimension by the raw axis, and
+    NNEF's squeeze takes no negative one."""
+    rank = op.inputs[0].rank
+    if len(op.inputs) > 1 and op.inputs[1].name:
+        axes = _constant(op.inputs[1])
+        if axes is None:
+            raise CvmcError(f"{op.type} '{_label(op)}': its axes must be a constant")
+        op.attribs["axes"] = axes
+        op.inputs = op.inputs[:1]
+    if not op.attribs.get("axes"):
+        if op.attribs.get("noop_with_empty_axes"):
+            raise CvmcError(f"{op.type} '{_label(op)}': noop_with_empty_axes without axes "
+                            f"(an identity) is not supported")
+        op.attribs["axes"] = list(range(rank))
+    op.attribs["axes"] = [int(a) % rank if -rank <= a < rank else int(a)
+                          for a in op.attribs["axes"]]
+    op.attribs.pop("noop_with_empty_axes", None)
+
+
+def _softmax_axis(op, opset: int) -> None:
+    """Spell out the opset's default axis; refuse the flattened softmax of opset < 13."""
+    shape = op.inputs[0].shape
+    axis = op.attribs.setdefault("axis", -1 if opset >= 13 else 1)
+    axis += len(shape) if axis < 0 else 0
+    if opset < 13 and any(s != 1 for s in shape[axis + 1:]):
+        raise CvmcError(f"Softmax '{_label(op)}' (opset {opset}) normalizes the dimensions "
+                        f"{axis}.. of its {list(shape)} input together, which NNEF-Tools "
+                        f"converts as a softmax over dimension {axis} alone; export the "
+                        f"model with opset >= 13")
+
+
+def _onnx_nearest(out_len: int, in_len: int, scale: Fraction, mode: str, rounding: str) -> list:
+    """ONNX Resize's nearest source index of every output index (operator spec)."""
+    def source(i):
+        x = {"half_pixel": (i + Fraction(1, 2)) / scale - Fraction(1, 2),
+             "pytorch_half_pixel": (i + Fraction(1, 2)) / scale - Fraction(1, 2)
+             if out_len > 1 else Fraction(0),
+             "asymmetric": i / scale,
+             "align_corners": Fraction(i * (in_len - 1), out_len - 1) if out_len > 1
+             else Fraction(0)}[mode]
+        j = {"round_prefer_floor": ceil(x - Fraction(1, 2)),
+             "round_prefer_ceil": floor(x + Fraction(1, 2)),
+             "floor": floor(x), "ceil": ceil(x)}[rounding]
+        return min(max(j, 0), in_len - 1)
+    return [source(i) for i in range(out_len)]
+
+
+def _check_nearest_resize(op) -> None:
+    """The converter turns a nearest Resize into NNEF's nearest up/down-sampling (source
+    index i // f, resp. i * f) whatever its rounding and coordinate modes: refuse it where
+    ONNX picks other pixels."""
+    mode = op.attribs.get("coordinate_transformation_mode", "half_pixel")
+    rounding = op.attribs.get("nearest_mode", "round_prefer_floor")
+    x, y = op.inputs[0].shape, op.outputs[0].shape
+    if None in x or None in y or mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric",
+                                              "align_corners"):
+        return  # the converter refuses these itself
+    for axis in range(2, len(x)):
+        n, m = x[axis], y[axis]
+        if m % n and n % m:
+            return  # not an integer factor: the converter refuses it
+        nnef = [i // (m // n) for i in range(m)] if m >= n else [i * (n // m) for i in range(m)]
+        # the exact ratio: a float scale like 1/3 means it (ONNX Runtime computes in float32,
+        # where 9 * float32(1/3) rounds to 3; the exact reals agree with it, not float64)
+        if _onnx_nearest(m, n, Fraction(m, n), mode, rounding) != nnef:
+            raise CvmcError(f"Resize '{_label(op)}': nearest resizing of dimension {axis} from "
+                            f"{n} to {m} with coordinate_transformation_mode '{mode}' and "
+                            f"nearest_mode '{rounding}' picks other pixels than NNEF's nearest "
+                            f"{'up' if m >= n else 'down'}-sampling, which NNEF-Tools would "
+                            f"convert it to")
+
+
+# ---- the converter's output -------------------------------------------------------------
+def _nnef_names(graph) -> None:
+    """Make every tensor name an NNEF identifier that is no keyword, all distinct.
+
+    The converter replaces characters outside [A-Za-z0-9_] by '_' but keeps a leading digit
+    or a keyword (an ONNX input '0' or 'graph') and merges names ('a.b' and 'a_b')."""
+    used = set()
+    for tensor in graph.tensors:
+        if tensor.name is None:
+            continue
+        name = tensor.name if tensor.name[:1].isalpha() or tensor.name[:1] == "_" \
+            else "_" + tensor.name
+        name = name + "_" if name in KEYWORDS else name
+        base, k = name, 1
+        while name in used:
+            k += 1
+            name = f"{base}_{k}"
+        used.add(name)
+        tensor.name = name
