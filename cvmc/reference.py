@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 from cvmc_runtime.signature import TensorSpec, check_inputs
 
+from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import convert_np, prec_max
@@ -48,6 +49,9 @@ def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
             *graph.constants.items()]}
     for node in graph.nodes:
         opdef = lookup(node.op)
+        if not opdef.compute:
+            raise CvmcError(f"{node.op} '{node.name}': NNEF standard op that cvmc can check "
+                            f"but not yet compile or run", node.span)
         # Typed ops see float32 as float64: their rules compute the spec formula in float64
         # and the result is rounded to float32 once, as a compiled kernel stores it.
         xs = [env[i].astype(np.float64) if env[i].dtype == np.float32 else env[i]
