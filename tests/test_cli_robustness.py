@@ -147,6 +147,23 @@ def slow_model(tmp_path_factory) -> Path:
     return path
 
 
+def _wait_for_signal_handlers(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Wait until `proc` catches SIGINT and SIGTERM (the CLI installs its handlers after
+    its imports): the caught-signal mask in /proc/PID/status has both bits."""
+    wanted = (1 << (signal.SIGINT - 1)) | (1 << (signal.SIGTERM - 1))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except FileNotFoundError:  # it has exited meanwhile
+            return
+        caught = int(next(line.split()[1] for line in status.splitlines()
+                          if line.startswith("SigCgt:")), 16)
+        if caught & wanted == wanted:
+            return
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130),
                                        (signal.SIGKILL, -9)])
 def test_interrupted_compile_keeps_the_old_artifact(tmp_path, artifact, slow_model, sig, code):
@@ -154,7 +171,8 @@ def test_interrupted_compile_keeps_the_old_artifact(tmp_path, artifact, slow_mod
     shutil.copy(artifact, target)
     before = target.read_bytes()
     proc = _compile_process(slow_model, target)
-    time.sleep(2.5)  # past the imports, inside the build; the artifact is written last
+    _wait_for_signal_handlers(proc)  # past the imports (even on a loaded machine)
+    time.sleep(0.5)  # inside the passes or the build; the artifact is written last
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     if proc.returncode == 0:

@@ -100,13 +100,19 @@ class Graph:
     quant: dict[str, dict[str, Any]] = field(default_factory=dict)  # graph.quant entries
     # Where each weight is declared in the source text, for errors found after parsing.
     spans: dict[str, SourceSpan] = field(default_factory=dict)
+    # The kernel partition the fusion pass chose: node names (first outputs) per kernel, in
+    # execution order; empty until the pass has run.
+    kernels: list[list[str]] = field(default_factory=list)
 
     def replace(self, **changes: Any) -> Graph:
         """A shallow copy with some fields replaced (containers are copied)."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         fields.update(changes)
+        if "nodes" in changes and "kernels" not in changes:
+            fields["kernels"] = []  # new nodes: the old partition no longer applies
         for k in ("inputs", "outputs", "nodes"):
             fields[k] = list(fields[k])
+        fields["kernels"] = [list(k) for k in fields["kernels"]]
         for k in ("types", "constants", "labels", "quant", "spans"):
             fields[k] = dict(fields[k])
         return Graph(**fields)
@@ -154,3 +160,7 @@ class Graph:
         for name in list(self.outputs) + list(defined):
             assert name in defined, f"output {name!r} is not defined"
             assert name in self.types, f"value {name!r} has no type"
+        if self.kernels:
+            order = [n.name for n in self.nodes]
+            assert [name for k in self.kernels for name in k] == order, \
+                "the kernels must hold every node once, in order"

@@ -26,7 +26,13 @@ def print_graph(graph: Graph) -> str:
                      f"({_decl_args(graph.types[name])});")
     for name in graph.weights():
         lines.append(f"    {name} = {_weight(graph, name)};")
-    lines.extend(f"    {_node(n, graph.types)};" for n in graph.nodes)
+    first = {k[0]: (i, k) for i, k in enumerate(graph.kernels)}
+    ops = {n.name: n.op for n in graph.nodes}
+    for n in graph.nodes:
+        if n.name in first:  # the fusion pass's partition, as a comment
+            index, names = first[n.name]
+            lines.append(f"    # kernel {index}: {', '.join(ops[m] for m in names)}")
+        lines.append(f"    {_node(n, graph.types)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@ import numpy as np
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
-from cvmc.passes.fusion import Group, fuse_groups
+from cvmc.passes.fusion import Group, fuse_kernels, kernel_groups
 
 ANCHOR_ATTR = "cvmc.anchor"
 
@@ -126,7 +126,8 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
     import tvm
 
     cuda = target == "cuda"
-    groups = fuse_groups(graph, absorb_epilogues=not cuda)
+    # A graph straight from a frontend has no partition yet: the fusion pass makes it.
+    groups = kernel_groups(graph if graph.kernels else fuse_kernels(graph, target))
     funcs, scratch = {}, {}
     for index, group in enumerate(groups):
         ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))

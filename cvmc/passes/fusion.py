@@ -1,13 +1,15 @@
-"""Fusion planning: partition a graph's nodes into kernels (one PrimFunc per group).
+"""Fusion: partition a graph's nodes into kernels (one PrimFunc per group).
 
-This is a planning function called by codegen, not a Graph -> Graph pass: the graph
-stays unchanged and the groups decide which values become buffers between kernels.
+`fuse_kernels` is the pipeline's last pass (Graph -> Graph): it records the partition in
+`Graph.kernels`, which `--dump-ir` prints (a `# kernel N: ...` line before each group)
+and lowering compiles, one kernel per group.
 
 Rule (simple and safe): a node whose op is elementwise or broadcast (or injective,
 onto an injective-or-lighter group) joins the group that produced one of its inputs
 when that value has exactly this one consumer, is not a graph output, and that group
 is the most recent one, so every other input is already computed when the group runs.
-conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues;
+conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues (on
+the CPU; CUDA kernels keep them apart: dlight schedules a conv without an epilogue);
 reductions and opaque ops stand alone (their consumers start a new group).
 """
 from __future__ import annotations
@@ -43,6 +45,23 @@ class Group:
     def ops(self) -> list[str]:
         """Op names of the member nodes, in order."""
         return [n.op for n in self.nodes]
+
+
+def fuse_kernels(graph: Graph, target: str | None = None) -> Graph:
+    """The graph with its kernel partition for `target` recorded in `Graph.kernels`."""
+    groups = fuse_groups(graph, absorb_epilogues=target != "cuda")
+    return graph.replace(kernels=[[n.name for n in g.nodes] for g in groups])
+
+
+def kernel_groups(graph: Graph) -> list[Group]:
+    """The groups of a graph the fusion pass has partitioned, with their interfaces."""
+    by_name = {n.name: n for n in graph.nodes}
+    groups = [Group([by_name[name] for name in names], lookup(by_name[names[0]].op).fusion)
+              for names in graph.kernels]
+    consumers, outputs = graph.consumers(), set(graph.outputs)
+    for g in groups:
+        _set_interface(g, consumers, outputs)
+    return groups
 
 
 def fuse_groups(graph: Graph, absorb_epilogues: bool = True) -> list[Group]:

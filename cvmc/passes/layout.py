@@ -35,9 +35,10 @@ def _packable(graph: Graph, node: Node) -> bool:
         int(np.prod(w[1:], dtype=np.int64)) <= MAX_PACKED_REDUCTION
 
 
-def pack_conv_weights(graph: Graph) -> Graph:
+def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
     """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
-    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes."""
+    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes. (The
+    pipeline runs it for llvm only; `target` is that.)"""
     types, nodes = dict(graph.types), []
     taken = set(graph.values())
 

@@ -6,13 +6,15 @@ from pathlib import Path
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
+from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import pack_conv_weights
 from cvmc.passes.precision import infer_precision
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
 # (name, pass, targets): a pass with targets runs only when compiling for one of them
-# (`cvmc check` and the reference interpreter see the graph as written).
-PASSES: list[tuple[str, Callable[[Graph], Graph], tuple[str, ...]]] = [
+# (`cvmc check` and the reference interpreter see the graph as written) and is given
+# the target: `fn(graph, target)`.
+PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # Shapes are inferred as the frontend builds the graph; precisions need the whole
     # graph (weights' data), and prove int32 never overflows.
     ("infer-precision", infer_precision, ()),
@@ -23,6 +25,9 @@ PASSES: list[tuple[str, Callable[[Graph], Graph], tuple[str, ...]]] = [
     ("fold-constants", fold_constants, ()),
     # Nodes (and weights) that no output depends on are dropped.
     ("eliminate-dead-code", eliminate_dead_code, ()),
+    # The kernel partition: epilogues into their conv / dense, element-wise chains into one
+    # kernel (Graph.kernels; lowering builds one kernel per group).
+    ("fuse-kernels", fuse_kernels, ("llvm", "cuda")),
 ]
 
 
@@ -41,7 +46,7 @@ def run_pipeline(graph: Graph, stop_after: str | None = None,
     for index, (name, fn, targets) in enumerate(PASSES):
         if targets and target not in targets:
             continue
-        graph = fn(graph)
+        graph = fn(graph, target) if targets else fn(graph)
         graph.verify()
         if dump_dir is not None:
             from cvmc.ir.printer import print_graph

@@ -76,6 +76,30 @@ def test_shared_values_outputs_and_reductions_end_groups():
     assert groups[3].inputs == ["z", "c"] and groups[3].outputs == ["e"]
 
 
+def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path):
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.ir.printer import print_graph
+    from cvmc.passes.fusion import fuse_kernels
+    from cvmc.passes.pipeline import run_pipeline
+
+    fused = fuse_kernels(diamond(), "llvm")
+    assert fused.kernels == [["a"], ["b"], ["c"], ["d", "e"], ["t"], ["u"]]
+    assert len(lower_graph(fused)[1]) == 6
+    # lowering builds the partition the graph carries, not one of its own
+    merged = fused.replace(kernels=[["a", "b", "c"], ["d", "e"], ["t", "u"]])
+    assert [g.ops for g in lower_graph(merged)[1]] == \
+        [["relu", "abs", "negative"], ["abs", "elemwise_add"], ["sum", "relu"]]
+    # a pass that rewrites the nodes drops the stale partition
+    assert fused.replace(nodes=fused.nodes[:1], outputs=["a"]).kernels == []
+    # --dump-ir: each kernel is a comment before its first node; the text parses back
+    run_pipeline(diamond(), dump_dir=tmp_path, target="llvm")
+    text = (tmp_path / "04-fuse-kernels.nnef").read_text()
+    assert "    # kernel 3: abs, elemwise_add\n    d = abs(z);\n    e = elemwise_add(c, d);" \
+        in text
+    assert infer_precision(parse_nnef(text, "dump.nnef")) == diamond()
+    assert print_graph(diamond()).count("# kernel") == 0
+
+
 def test_plan_buffers_and_peak_memory():
     _, _, plan = lower_graph(diamond())
     assert [b["name"] for b in plan["buffers"]] == ["a", "c", "e", "t"]
