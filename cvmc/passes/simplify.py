@@ -5,23 +5,32 @@ import numpy as np
 
 from cvmc.ir import Graph
 from cvmc.ops import lookup
+from cvmc.ops.common import convert_np
 from cvmc.ops.registry import Attrs
 
 
 def fold_constants(graph: Graph) -> Graph:
-    """Evaluate every node whose inputs are all weights; its outputs become weights."""
+    """Evaluate every node whose inputs are all weights (or that has none, as
+    `cinn.const_scalar`); its outputs become weights."""
     constants = dict(graph.constants)
     kept = []
     for node in graph.nodes:
-        if node.inputs and all(i in constants for i in node.inputs):
-            outs = lookup(node.op).run_reference(
-                [np.asarray(constants[i], dtype=np.int64) for i in node.inputs],
-                Attrs(node.attrs))
+        if all(i in constants for i in node.inputs):
+            # The reference rules' operands: integers as int64, float32 as float64 (see
+            # cvmc.reference); results are stored by the one conversion rule.
+            xs = [np.asarray(constants[i], dtype=_OPERAND[np.asarray(constants[i]).dtype.kind])
+                  for i in node.inputs]
+            with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
+                outs = lookup(node.op).run_reference(xs, Attrs(node.attrs))
             for name, value in zip(node.outputs, outs):
-                constants[name] = np.asarray(value).astype(graph.types[name].dtype)
+                dtype = graph.types[name].dtype
+                constants[name] = np.asarray(convert_np(value, dtype)).astype(dtype)
         else:
             kept.append(node)
     return graph.replace(nodes=kept, constants=constants)
+
+
+_OPERAND = {"i": np.int64, "u": np.int64, "f": np.float64, "b": np.bool_}
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:

@@ -24,6 +24,20 @@ def test_fold_constants_evaluates_weight_only_nodes():
     assert g.constants["a"].dtype == np.int8
 
 
+def test_fold_constants_keeps_float_values():
+    # 2.5 * 1.5 = 3.75 and 3.75 > 3.5 by hand (folding once read float weights as int64:
+    # 2 * 1 = 2)
+    t, b = TensorType((), "float32"), TensorType((), "bool")
+    g = Graph("g", [], ["p", "q"], [Node("mul", ("a", "c"), ("p",)),
+                                    Node("gt", ("p", "d"), ("q",))],
+              {"a": t, "c": t, "d": t, "p": t, "q": b},
+              {"a": np.float32(2.5), "c": np.float32(1.5), "d": np.float32(3.5)})
+    g = fold_constants(infer_precision(g))
+    assert not g.nodes
+    assert g.constants["p"] == np.float32(3.75) and g.constants["p"].dtype == np.float32
+    assert g.constants["q"] == np.True_
+
+
 def test_dead_code_removes_unused_nodes_and_weights():
     g = eliminate_dead_code(fold_constants(infer_precision(graph())))
     assert [n.name for n in g.nodes] == ["b"]
