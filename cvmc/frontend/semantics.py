@@ -276,6 +276,12 @@ class GraphBuilder(TensorFactory):
                                scope.where(tree.meta))
             return self.introduce(name, generic or None, pos, named, scope.where(tree.meta),
                                   dest if isinstance(dest, str) else self.fresh())
+        if name.startswith("nnef."):
+            # `nnef.max` is the registry's internal spelling; documents (and print_graph)
+            # call NNEF operations by their standard names.
+            raise self.err(f"unknown operation '{name}'; call NNEF standard operations by "
+                           f"their names ('{name.removeprefix('nnef.')}')",
+                           scope.where(tree.meta))
         if name == "update" and pos and not (isinstance(pos[0].value, Tensor)
                                              and pos[0].value.name in self.labels):
             raise self.err("the first argument of 'update' must be a variable",
@@ -441,7 +447,7 @@ class GraphBuilder(TensorFactory):
             raise self.err(self.prefix(scope, _bare(opdef.name), dest, e.message),
                            where) from None
         outs = self.output_names(opdef, len(shapes), dest, where)
-        dtype = self.result_dtype(opdef, decl, generic, names)
+        dtype = self.result_dtype(opdef, decl, generic, names, attrs)
         for out, shape in zip(outs, shapes):
             self.check_shape(out, shape, where)
             self.types[out] = TensorType(shape, dtype)
@@ -498,14 +504,16 @@ class GraphBuilder(TensorFactory):
         return [d if isinstance(d, str) else self.fresh() for d in dest]
 
     def result_dtype(self, opdef: OpDef, decl: Fragment | None, generic: str | None,
-                     inputs: list[str]) -> str:
+                     inputs: list[str], attrs: Attrs) -> str:
         """int32 for CVM ops on integer tensors; an NNEF op's declared result type otherwise
-        (so NNEF `relu` on a scalar tensor stays scalar even though CVM's relu computes it)."""
+        (so NNEF `relu` on a scalar tensor stays scalar even though CVM's relu computes it);
+        for a typed op without an NNEF declaration (CINN's), the registry's result kind."""
         first = self.types[inputs[0]].dtype if inputs else "float32"
         if opdef.integer_op:
             return "int32"
         if decl is None:
-            return first
+            kind = opdef.result_kind([_ELEM_OF[self.types[n].dtype] for n in inputs], attrs)
+            return DTYPE_OF[kind] if kind else DTYPE_OF[generic] if generic else first
         elem = _tensor_elem(decl.results[0][1])
         if elem != "?":
             return DTYPE_OF.get(elem or "", first)

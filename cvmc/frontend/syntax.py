@@ -23,7 +23,7 @@ _TOKEN_WORDS = {
     "SEMICOLON": "';'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
     "COMMA": "','", "EQUAL": "'='", "IDENT": "an identifier", "NUMBER": "a number",
     "STRING": "a string", "RBRACE": "'}'", "LBRACE": "'{'", "COLON": "':'",
-    "GENERIC_NAME": "an invocation", "__ANON_0": "'->'", "MORETHAN": "'>'",
+    "GENERIC_NAME": "an invocation", "QUALIFIED_NAME": "an invocation", "__ANON_0": "'->'", "MORETHAN": "'>'",
     "LESSTHAN": "'<'", "$END": "end of file",
 }
 

@@ -75,13 +75,15 @@ def _node(node: Node, types: dict[str, TensorType]) -> str:
 
 
 def _generic(node: Node, types: dict[str, TensorType]) -> str:
-    """`<T>` where an NNEF op's result type is not that of its first input (cast<integer>):
-    the frontend would otherwise infer the input's type for a generic result."""
+    """`<T>` where a typed op's result type does not follow from its inputs and attributes
+    (cast<integer>): the frontend would otherwise infer another type for the result."""
     from cvmc.ops import lookup
-    opdef, out = lookup(node.op), types[node.outputs[0]].dtype
-    if opdef is None or opdef.integer_op or (node.inputs and types[node.inputs[0]].dtype == out):
+    from cvmc.ops.registry import Attrs
+    opdef, out = lookup(node.op), _ELEM[types[node.outputs[0]].dtype]
+    if opdef is None or opdef.integer_op or opdef.result_kind(
+            [_ELEM[types[i].dtype] for i in node.inputs], Attrs(node.attrs)) == out:
         return ""
-    return f"<{_ELEM[out]}>"
+    return f"<{out}>"
 
 
 def _value(v: Any, pairs: bool = False) -> str:

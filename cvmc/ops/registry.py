@@ -28,6 +28,8 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   result to the storage dtype. Import TVM inside the rule (`cvmc.lowering.te_facade`),
   never at module level, so checking a graph never loads TVM.
 - cost(ins, outs, a) -> int: base operations per output element (default 1).
+- kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
+  (`cinn.const_scalar`): the kind, given the input kinds.
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
 Two kinds of ops share the registry:
@@ -35,10 +37,11 @@ Two kinds of ops share the registry:
   all four rules and a `precision_rule` description.
 - Typed ops (`types="scalar, scalar -> logical"`, NNEF's element kinds `scalar` = float32,
   `logical` = bool, `integer` = a CVM integer, `?` = generic, `?[]` = a tensor array,
-  `any`: any kind):
-  NNEF standard primitives. Their results have the declared kind (`?`: the kind of the
-  `?` inputs); an integer result's precision comes from the `precision` rule, or for a
-  generic op that only moves values, from its inputs. `reference` sees float32 inputs as
+  `any`: any kind, and cvmc's `numeric`: generic over scalar and integer, not logical):
+  NNEF standard primitives and CINN's. Their results have the declared kind (`?` or
+  `numeric`: the kind of the generic inputs, which must agree; a `kind` rule where
+  attributes decide); an integer result's precision comes from the `precision` rule, or
+  for a generic op that only moves values, from its inputs. `reference` sees float32 inputs as
   float64 (the better oracle; the interpreter rounds results to float32) and `lower` sees
   float32 / bool tensors as they are. A typed op with a shape rule only is check-only:
   cvmc parses and shape-checks it but cannot compile it.
@@ -78,15 +81,16 @@ REQUIRED: Any = _Required()
 
 _NNEF_TYPE = {"int": "integer", "bool": "logical", "ints": "integer[]", "int?": "integer",
               "str": "string", "scalar": "scalar", "scalars": "scalar[]",
-              "int_pairs": "(integer,integer)[]"}
+              "int_pairs": "(integer,integer)[]", "literal": "scalar|integer|logical"}
 
 
 @dataclass(frozen=True)
 class Attr:
     """A typed attribute with default and inclusive range [lo, hi] (checked per element).
 
-    kind: "int", "bool", "ints" (list of ints), "int?" (int or None), "str", and for
-    NNEF standard ops "scalar" (a number), "scalars" and "int_pairs" ([(p, q), ...]).
+    kind: "int", "bool", "ints" (list of ints), "int?" (int or None), "str", for NNEF
+    standard ops "scalar" (a number), "scalars" and "int_pairs" ([(p, q), ...]), and
+    "literal" (a number or a logical, kept as given: `cinn.const_scalar`'s value).
     length: required list length for "ints" (a single int is broadcast to it when
     scalar_ok). aliases: other spellings accepted on input (CVM-Runtime, spec variants).
     """
@@ -135,6 +139,10 @@ class Attr:
         if self.kind == "scalar":
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise OpRuleError(f"{where} must be a number, got {_fmt(value)}")
+            return value
+        if self.kind == "literal":
+            if not isinstance(value, (int, float)):
+                raise OpRuleError(f"{where} must be a number or a logical, got {_fmt(value)}")
             return value
         if self.kind == "scalars":
             if not isinstance(value, (list, tuple)) or not all(
@@ -191,7 +199,7 @@ class Attrs(dict):
             raise AttributeError(name) from None
 
 
-_RULES = ("shape", "precision", "reference", "lower", "cost")
+_RULES = ("shape", "precision", "reference", "lower", "cost", "kind")
 
 
 class OpDef:
@@ -237,6 +245,7 @@ class OpDef:
     reference = _rule("reference")
     lower = _rule("lower")
     cost = _rule("cost")
+    kind = _rule("kind")
     del _rule
 
     @property
@@ -252,6 +261,16 @@ class OpDef:
     def in_kind(self, k: int) -> str:
         """The declared element kind of input `k` (typed ops; a variadic array repeats)."""
         return self.in_kinds[min(k, len(self.in_kinds) - 1)].removesuffix("[]")
+
+    def result_kind(self, kinds: Sequence[str], a: Attrs) -> str | None:
+        """The element kind of a typed op's results for inputs of `kinds`: the `kind`
+        rule's, the declared one, or that of the first generic input; None for a generic
+        result without generic inputs (cast: its generic argument decides)."""
+        if "kind" in self.rules:
+            return self.rules["kind"](list(kinds), a)
+        if self.out_kind not in GENERIC:
+            return self.out_kind
+        return next((kd for k, kd in enumerate(kinds) if self.in_kind(k) in GENERIC), None)
 
     # -- inputs ------------------------------------------------------------------------
     @property
@@ -356,8 +375,11 @@ class OpDef:
         return [r for r in needed if r not in self.rules]
 
 
-# NNEF element kinds and the dtype each is stored in ("?": generic, "any": cast's input)
-KINDS = {"scalar": "float32", "logical": "bool", "integer": "int32", "?": None, "any": None}
+# NNEF element kinds and the dtype each is stored in ("?": generic, "any": cast's input,
+# "numeric": generic over scalar and integer, for ops that have no logical reading)
+KINDS = {"scalar": "float32", "logical": "bool", "integer": "int32", "?": None, "any": None,
+         "numeric": None}
+GENERIC = ("?", "numeric")
 
 
 def _parse_types(name: str, types: str) -> tuple[tuple[str, ...], str | None]:

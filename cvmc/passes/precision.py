@@ -12,7 +12,7 @@ from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ir import Graph, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.common import data_precision, integer_data_error
-from cvmc.ops.registry import KINDS, Attrs
+from cvmc.ops.registry import GENERIC, KINDS, Attrs
 
 # NNEF arithmetic (`add(x, y)`, `x + y`, ...) and the CVM integer ops that compute it.
 INTEGER_COUNTERPARTS = {
@@ -53,30 +53,37 @@ def infer_precision(graph: Graph) -> Graph:
             types[name] = t.with_precision(t.precision or data_precision(data))
     producers = graph.producers()
     for node in graph.nodes:
-        opdef = lookup(node.op)
-        try:
-            if not opdef.compute:
-                raise OpRuleError("NNEF standard op that cvmc can check but not yet compile "
-                                  "or run")
-            ins = [types[i] for i in node.inputs]
-            if opdef.integer_op:
-                _check_integer_inputs(node, ins)
-                precs = opdef.infer_precisions(ins, Attrs(node.attrs))
-                outs = [TensorType(types[o].shape, "int32", p) for o, p in
-                        zip(node.outputs, precs)]
-            else:
-                outs = _typed_results(opdef, node, ins, [types[o] for o in node.outputs])
-        except OpRuleError as e:
-            raise CvmcError(f"{node.op} '{node.name}': {e.message.removeprefix(node.op + ': ')}",
-                            node.span) from None
-        for out, t in zip(node.outputs, outs):
-            if t.is_integer and not 1 <= t.precision <= 32:
-                chain = _growth_chain(node, types, producers, t.precision)
-                raise CvmcError(f"{node.op} '{node.name}': precision of '{out}' would be "
-                                f"{t.precision} bits, outside 1..32 (int32 could overflow); "
-                                f"grown by {chain}", node.span)
-            types[out] = t.with_precision(t.precision) if t.is_integer else t
+        infer_node(node, types, producers)
     return graph.replace(types=types)
+
+
+def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
+    """Add the types of `node`'s outputs to `types`, which holds its inputs' (inferred)
+    types; `producers` (value -> node) names the ops that grew a precision too far.
+    `cvmc.GraphBuilder` calls it per node, to reject a bad call where it is made."""
+    opdef = lookup(node.op)
+    try:
+        if not opdef.compute:
+            raise OpRuleError("NNEF standard op that cvmc can check but not yet compile "
+                              "or run")
+        ins = [types[i] for i in node.inputs]
+        if opdef.integer_op:
+            _check_integer_inputs(node, ins)
+            precs = opdef.infer_precisions(ins, Attrs(node.attrs))
+            outs = [TensorType(types[o].shape, "int32", p) for o, p in
+                    zip(node.outputs, precs)]
+        else:
+            outs = _typed_results(opdef, node, ins, [types[o] for o in node.outputs])
+    except OpRuleError as e:
+        raise CvmcError(f"{node.op} '{node.name}': {e.message.removeprefix(node.op + ': ')}",
+                        node.span) from None
+    for out, t in zip(node.outputs, outs):
+        if t.is_integer and not 1 <= t.precision <= 32:
+            chain = _growth_chain(node, types, producers, t.precision)
+            raise CvmcError(f"{node.op} '{node.name}': precision of '{out}' would be "
+                            f"{t.precision} bits, outside 1..32 (int32 could overflow); "
+                            f"grown by {chain}", node.span)
+        types[out] = t.with_precision(t.precision) if t.is_integer else t
 
 
 def _check_integer_inputs(node, ins: list[TensorType]) -> None:
@@ -90,12 +97,16 @@ def _check_integer_inputs(node, ins: list[TensorType]) -> None:
 
 def _typed_results(opdef, node, ins: list[TensorType], outs: list[TensorType]
                    ) -> list[TensorType]:
-    """Result types of a typed (NNEF) op: inputs must have their declared kinds; `?`
-    inputs share one kind, which a `?` result takes (cast: the recorded result dtype)."""
+    """Result types of a typed (NNEF, CINN) op: inputs must have their declared kinds;
+    generic (`?`, `numeric`) inputs share one kind, which a generic result takes (cast:
+    the recorded result dtype)."""
     generic = []
     for k, (name, t) in enumerate(zip(node.inputs, ins)):
         kind = opdef.in_kind(k)
-        if kind == "?":
+        if kind == "numeric" and _kind(t) == "logical":
+            raise OpRuleError(f"input '{name}' must be a tensor<scalar> or tensor<integer>, "
+                              f"got a tensor<logical>")
+        if kind in GENERIC:
             generic.append(t)
         elif kind != "any" and _kind(t) != kind:
             hint = INTEGER_COUNTERPARTS.get(node.op) if t.is_integer else None
@@ -104,8 +115,7 @@ def _typed_results(opdef, node, ins: list[TensorType], outs: list[TensorType]
     if len({_kind(t) for t in generic}) > 1:
         found = ", ".join(f"'{n}' {_kind(t)}" for n, t in zip(node.inputs, ins))
         raise OpRuleError(f"generic inputs must all have one element type, found {found}")
-    kind = opdef.out_kind if opdef.out_kind != "?" else \
-        _kind(generic[0]) if generic else _kind(outs[0])
+    kind = opdef.result_kind([_kind(t) for t in ins], Attrs(node.attrs)) or _kind(outs[0])
     if kind != "integer":
         return [TensorType(t.shape, KINDS[kind]) for t in outs]
     if "precision" in opdef.rules:
