@@ -57,11 +57,18 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(both_nan, 0, np.abs(ia - ib))
 
 
-def assert_matches(op: str, name: str, ref: np.ndarray, got: np.ndarray, ulp: int = 0) -> None:
-    """Compiled equals reference: bit for bit (ulp=0; NaN matching NaN), or float32 within
-    `ulp` units in the last place."""
+def assert_matches(op: str, name: str, ref: np.ndarray, got: np.ndarray, ulp: int = 0,
+                   atol: np.ndarray | None = None) -> None:
+    """Compiled equals reference: bit for bit (ulp=0; NaN matching NaN), float32 within
+    `ulp` units in the last place, or within the absolute bounds `atol` (sums)."""
     assert ref.dtype == got.dtype and ref.shape == got.shape, (name, ref.dtype, got.dtype)
-    if ref.dtype.kind == "f" and ulp == 0:  # the same bits (-0 is not 0); any NaN is NaN
+    if atol is not None:
+        ok = (np.abs(ref.astype(np.float64) - got) <= atol) | (ref == got) | \
+            (np.isnan(ref) & np.isnan(got))
+        assert ok.all(), (f"{op} output {name}: compiled {got[~ok][0]} vs reference "
+                          f"{ref[~ok][0]} exceeds the bound {np.broadcast_to(atol, ok.shape)[~ok][0]}"
+                          f" at index {np.argwhere(~ok)[0].tolist()}")
+    elif ref.dtype.kind == "f" and ulp == 0:  # the same bits (-0 is not 0); any NaN is NaN
         same = (ref.view(np.int32) == got.view(np.int32)) | (np.isnan(ref) & np.isnan(got))
         assert same.all(), (f"{op} output {name}: compiled differs from reference at index "
                             f"{np.argwhere(~same)[0].tolist()}")
@@ -97,13 +104,14 @@ def run_compiled_llvm(g: Graph, inputs: list[np.ndarray]) -> list[np.ndarray]:
 
 def check_op(op: str, inputs: list[tuple[np.ndarray, int | None]], attrs: dict | None = None,
              weights: tuple[int, ...] = (), ulp: int = 0,
-             out_dtype: str = "int32") -> list[np.ndarray]:
-    """Reference vs compiled (llvm), bit-exact (floats: within `ulp`); returns the
-    reference outputs."""
+             out_dtype: str = "int32", tolerance=None) -> list[np.ndarray]:
+    """Reference vs compiled (llvm), bit-exact (floats: within `ulp`, or within the bounds
+    `tolerance(input arrays)` gives per output); returns the reference outputs."""
     g = one_op_graph(op, inputs, attrs, weights, out_dtype)
     xs = [arr for arr, _ in inputs]
     ref = run_reference(g, xs)
     got = run_compiled_llvm(g, xs)
-    for name, r, c in zip(g.outputs, ref, got):
-        assert_matches(op, name, r, c, ulp)
+    bounds = tolerance(xs) if tolerance else [None] * len(ref)
+    for name, r, c, atol in zip(g.outputs, ref, got, bounds):
+        assert_matches(op, name, r, c, ulp, atol)
     return ref

@@ -1,6 +1,7 @@
 """All operators. Importing this package registers every op and runs the self-check."""
 from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     broadcast,
+    cinn,
     elemwise,
     layout,
     nn,

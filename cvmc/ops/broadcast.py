@@ -17,39 +17,48 @@ from cvmc.ops.registry import Fusion, OpDef, op
 
 def broadcast_shape(name: str, lhs: tuple[int, ...], rhs: tuple[int, ...]) -> tuple[int, ...]:
     """The output shape of a broadcast op, or an OpRuleError naming the clashing dimension."""
-    q = max(len(lhs), len(rhs))
-    em = (1,) * (q - len(lhs)) + tuple(lhs)
-    en = (1,) * (q - len(rhs)) + tuple(rhs)
-    for i, (m, n) in enumerate(zip(em, en)):
-        require(m == n or m == 1 or n == 1,
-                f"{name}: lhs shape {tuple(lhs)} and rhs shape {tuple(rhs)} do not broadcast: "
-                f"aligned on the right, dimension {i} is {m} vs {n} (expected equal or 1)")
-    return tuple(max(m, n) for m, n in zip(em, en))
+    return broadcast_shapes(name, ("lhs", "rhs"), (lhs, rhs))
 
 
-def _np_operands(xs) -> tuple[np.ndarray, np.ndarray]:
-    """Both inputs expanded to the output shape: leading axes of extent 1 are prepended
+def broadcast_shapes(name: str, names, shapes) -> tuple[int, ...]:
+    """NumPy broadcasting of any number of shapes (`names` for the message): aligned on the
+    right, missing leading dimensions count as 1, per dimension equal extents or 1."""
+    q = max(len(s) for s in shapes)
+    aligned = [(1,) * (q - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for i, dims in enumerate(zip(*aligned)):
+        big = {d for d in dims if d != 1}
+        require(len(big) <= 1,
+                f"{name}: {' and '.join(f'{n} shape {tuple(s)}' for n, s in zip(names, shapes))}"
+                f" do not broadcast: aligned on the right, dimension {i} is "
+                f"{' vs '.join(str(d) for d in dims)} (expected equal or 1)")
+        out.append(big.pop() if big else 1)
+    return tuple(out)
+
+
+def np_operands(xs) -> list[np.ndarray]:
+    """Every input expanded to the output shape: leading axes of extent 1 are prepended
     (em_i = 1 for i < Q - M) and an axis of extent 1 is always read at index 0."""
-    a, b = xs
-    out = broadcast_shape("broadcast", a.shape, b.shape)
+    out = broadcast_shapes("broadcast", [f"input {k}" for k in range(len(xs))],
+                           [x.shape for x in xs])
 
     def expand(x: np.ndarray) -> np.ndarray:
         aligned = x.reshape((1,) * (len(out) - x.ndim) + x.shape)
         return np.broadcast_to(aligned, out)
-    return expand(a), expand(b)
+    return [expand(x) for x in xs]
 
 
-def _te_broadcast(xs, fn: Callable, name: str):
-    """`te.compute` of `fn(A[a...], B[b...])` over the broadcast output shape."""
+def te_broadcast(xs, fn: Callable, name: str):
+    """`te.compute` of `fn(X0[...], X1[...], ...)` over the broadcast output shape."""
     from cvmc.lowering.te_facade import shape_of, te
-    a, b = xs
-    out = broadcast_shape(name, shape_of(a), shape_of(b))
+    out = broadcast_shapes(name, [f"input {k}" for k in range(len(xs))],
+                           [shape_of(x) for x in xs])
 
     def read(t, idx):
         dims = shape_of(t)
         off = len(idx) - len(dims)
         return t(*[0 if m == 1 else idx[off + j] for j, m in enumerate(dims)])
-    return te.compute(out, lambda *idx: fn(read(a, idx), read(b, idx)), name=name)
+    return te.compute(out, lambda *idx: fn(*[read(x, idx) for x in xs]), name=name)
 
 
 def _declare(name: str, precision_rule: str, precision: Callable, ref: Callable,
@@ -59,19 +68,20 @@ def _declare(name: str, precision_rule: str, precision: Callable, ref: Callable,
            precision_rule=precision_rule, seeds=seeds)
     d.shape(lambda ins, a: broadcast_shape(name, ins[0].shape, ins[1].shape))
     d.precision(lambda ins, a: precision(ins[0].precision, ins[1].precision))
-    d.reference(lambda xs, a: ref(*_np_operands(xs)))
-    d.lower(lambda xs, a: _te_broadcast(xs, expr, name))
+    d.reference(lambda xs, a: ref(*np_operands(xs)))
+    d.lower(lambda xs, a: te_broadcast(xs, expr, name))
     return d
 
 
-def _np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Quotient truncated toward zero; x / 0 = 0."""
     nonzero = np.where(b == 0, 1, b)
     q = np.abs(a) // np.abs(nonzero) * np.sign(a) * np.sign(nonzero)
     return np.where(b == 0, 0, q)
 
 
-def _te_div(u, v):
+def te_div(u, v):
+    """u / v truncated toward zero; x / 0 = 0."""
     from cvmc.lowering.te_facade import const, tirx
     # divide by 1 where v = 0: a zero divisor would trap (x86 idiv) even in a dead branch
     q = tirx.truncdiv(u, tirx.Select(v == 0, const(1), v))
@@ -94,7 +104,7 @@ broadcast_sub = _declare("broadcast_sub", "max(p_a, p_b) + 1", _add_precision,
 broadcast_mul = _declare("broadcast_mul", "p_a + p_b", lambda pa, pb: pa + pb,
                          np.multiply, lambda u, v: u * v)
 broadcast_div = _declare("broadcast_div", "p_a (truncating; x / 0 = 0)", lambda pa, pb: pa,
-                         _np_div, _te_div)
+                         np_div, te_div)
 broadcast_max = _declare("broadcast_max", "max(p_a, p_b)", max, np.maximum, _te_max)
 
 

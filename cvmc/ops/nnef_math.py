@@ -36,7 +36,7 @@ TRANSCENDENTAL: dict[str, tuple[Callable, str]] = {
 }
 
 
-def _exact_unary() -> dict[str, tuple[Callable, Callable]]:
+def exact_unary() -> dict[str, tuple[Callable, Callable]]:
     """NumPy formula and TE expression of the unary ops computed exactly in float32."""
     from cvmc.lowering.te_facade import tirx
 
@@ -66,7 +66,7 @@ _BINARY: dict[str, tuple[Callable, Callable]] = {
     "mul": (np.multiply, lambda x, y: x * y), "div": (np.divide, lambda x, y: x / y),
     "lt": (np.less, lambda x, y: x < y), "gt": (np.greater, lambda x, y: x > y),
     "le": (np.less_equal, lambda x, y: x <= y), "ge": (np.greater_equal, lambda x, y: x >= y),
-    "eq": (np.equal, lambda x, y: x == y), "ne": (np.not_equal, lambda x, y: _ne(x, y)),
+    "eq": (np.equal, lambda x, y: x == y), "ne": (np.not_equal, lambda x, y: te_ne(x, y)),
     "and": (np.logical_and, lambda x, y: x & y), "or": (np.logical_or, lambda x, y: x | y),
 }
 
@@ -102,7 +102,7 @@ def _attach(name: str, ref: Callable, expr: Callable) -> None:
     d.lower(lambda xs, a: te_broadcast(xs, expr, label))
 
 
-def _extern(fname: str) -> Callable:
+def extern(fname: str) -> Callable:
     """A TE expression calling the C math library's float function `fname`."""
     def call(*args):
         from cvmc.lowering.te_facade import tirx
@@ -110,13 +110,14 @@ def _extern(fname: str) -> Callable:
     return call
 
 
-def _ne(x, y):
-    """x != y, true when either is NaN (TIR's `!=` on floats is an ordered compare)."""
+def te_ne(x, y):
+    """TE x != y, true when either is NaN (TIR's `!=` on floats is an ordered compare)."""
     from cvmc.lowering.te_facade import tirx
     return tirx.Or(tirx.Or(tirx.isnan(x), tirx.isnan(y)), x != y)
 
 
-def _select(c, t, f):
+def te_select(c, t, f):
+    """TE select (c ? t : f)."""
     from cvmc.lowering.te_facade import tirx
     return tirx.Select(c, t, f)
 
@@ -124,20 +125,20 @@ def _select(c, t, f):
 def _lazy_exact(name: str, which: int) -> Callable:
     """The NumPy (0) or TE (1) rule of an exact unary op, built when first used (the TE
     one needs TVM, which checking a graph never loads)."""
-    return lambda *xs: _exact_unary()[name][which](*xs)
+    return lambda *xs: exact_unary()[name][which](*xs)
 
 
 for _name in UNARY:
     if _name in TRANSCENDENTAL:
-        _attach(_name, TRANSCENDENTAL[_name][0], _extern(TRANSCENDENTAL[_name][1]))
+        _attach(_name, TRANSCENDENTAL[_name][0], extern(TRANSCENDENTAL[_name][1]))
     else:
         _attach(_name, _lazy_exact(_name, 0), _lazy_exact(_name, 1))
 for _name, (_ref, _expr) in _BINARY.items():
     _attach(_name, _ref, _expr)
-_attach("pow", np.power, _extern("powf"))
+_attach("pow", np.power, extern("powf"))
 _attach("not", np.logical_not, lambda x: ~x)
 _attach("copy", lambda x: x.copy(), lambda x: x)
-_attach("select", np.where, _select)
+_attach("select", np.where, te_select)
 # cast<T>: the value itself; the interpreter and the lowering convert every result to its
 # tensor's dtype by one rule (`cvmc.ops.common.convert_np` / `te_facade.convert`).
 _attach("cast", lambda x: x.copy(), lambda x: x)

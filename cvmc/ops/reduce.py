@@ -37,23 +37,29 @@ def reduced_shape(shape: tuple[int, ...], r: tuple[int, ...], keepdims: bool) ->
     return tuple(n for i, n in enumerate(shape) if i not in r) or (1,)
 
 
-def _te_reduce(x, a, name: str, reducer_name: str):
-    """TE reduction of `x` over R with `te.sum` / `te.max`."""
+def te_reduce(x, r: tuple[int, ...], keepdims: bool, reducer, name: str):
+    """TE reduction of `x` over axes `r` (not empty) with `reducer` (`te.sum`, `te.max`, a
+    `te.comm_reducer`); the output shape is `reduced_shape`."""
     from cvmc.lowering.te_facade import shape_of, te
     shape = shape_of(x)
-    r = reduced_axes(name, len(shape), a)
-    if not r:
-        return te.compute(shape, lambda *i: x(*i), name=name)
-    reducer = getattr(te, reducer_name)
     raxes = {ax: te.reduce_axis((0, shape[ax]), name=f"k{ax}") for ax in r}
     kept = [i for i in range(len(shape)) if i not in r]
 
     def fcompute(*idx):
         # keepdims: the kept axes keep their positions; otherwise they come first, in order
-        outer = [idx[i] for i in kept] if a.keepdims else idx[:len(kept)]
+        outer = [idx[i] for i in kept] if keepdims else idx[:len(kept)]
         coords = {**dict(zip(kept, outer)), **raxes}
         return reducer(x(*[coords[i] for i in range(len(shape))]), axis=list(raxes.values()))
-    return te.compute(reduced_shape(shape, r, a.keepdims), fcompute, name=name)
+    return te.compute(reduced_shape(shape, r, keepdims), fcompute, name=name)
+
+
+def _te_reduce(x, a, name: str, reducer_name: str):
+    """TE reduction of `x` over R with `te.sum` / `te.max`."""
+    from cvmc.lowering.te_facade import shape_of, te
+    r = reduced_axes(name, len(shape_of(x)), a)
+    if not r:
+        return te.compute(x.shape, lambda *i: x(*i), name=name)
+    return te_reduce(x, r, a.keepdims, getattr(te, reducer_name), name)
 
 
 def _reduction_size(name: str, t, a) -> int:

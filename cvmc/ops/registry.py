@@ -431,6 +431,10 @@ def check_registry() -> None:
     for d in _REGISTRY.values():
         if d.integer_op and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
+        if d.out_kind == "numeric" and d.compute and not (
+                "precision" in d.rules and d.precision_rule):
+            problems.append(f"{d.name}: a numeric result needs a precision rule and its "
+                            f"precision_rule words (integer results)")
         optional = [i.endswith("?") for i in d.inputs]
         if any(o and not later for o, later in itertools.pairwise(optional)):
             problems.append(f"{d.name}: optional inputs must come last")

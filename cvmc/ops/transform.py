@@ -45,7 +45,7 @@ def _input_precision(ins, a):
     return ins[0].precision
 
 
-def _types_of(xs) -> list[TensorType]:
+def types_of(xs) -> list[TensorType]:
     """Input types (shapes only) of TE tensors or arrays, to rerun a shape rule."""
     return [TensorType(tuple(int(d) for d in x.shape)) for x in xs]
 
@@ -62,15 +62,15 @@ def _te_gather(x, out_shape: tuple[int, ...], index_map: IndexMap, name: str):
     return te.compute(out_shape, lambda *d: x(*index_map(d)), name=name)
 
 
-def _gather_rules(d: OpDef, make_map: Callable[[list[TensorType], tuple, object], IndexMap]):
+def gather_rules(d: OpDef, make_map: Callable[[list[TensorType], tuple, object], IndexMap]):
     """Attach reference and lower rules computing Y[d] = data[make_map(ins, out, a)(d)]."""
     def reference(xs, a):
-        ins = _types_of(xs)
+        ins = types_of(xs)
         out = d.rules["shape"](ins, a)
         return _np_gather(xs[0], out, make_map(ins, out, a))
 
     def lower(xs, a):
-        ins = _types_of(xs)
+        ins = types_of(xs)
         out = d.rules["shape"](ins, a)
         return _te_gather(xs[0], out, make_map(ins, out, a), d.name)
 
@@ -104,14 +104,14 @@ def _te_clamp(v, lo: int, hi: int):
 # ---- reshape-like ops: flatten, reshape, expand_dims, squeeze ------------------------------
 # All four keep the row-major element order (the spec defines each through flatten_index
 # or by inserting / dropping unit axes), so one reference and one lowering serve them.
-def _reshape_like(d: OpDef) -> None:
+def reshape_like(d: OpDef) -> None:
     """Attach the reference and lower rules of an op whose output is a row-major reshape."""
     def reference(xs, a):
-        return xs[0].reshape(d.rules["shape"](_types_of(xs), a))
+        return xs[0].reshape(d.rules["shape"](types_of(xs), a))
 
     def lower(xs, a):
-        in_shape = _types_of(xs)[0].shape
-        out = d.rules["shape"](_types_of(xs), a)
+        in_shape = types_of(xs)[0].shape
+        out = d.rules["shape"](types_of(xs), a)
         return _te_gather(xs[0], out, lambda i: _unravel(_ravel(i, out), in_shape), d.name)
 
     d.reference(reference)
@@ -130,7 +130,7 @@ def _flatten_shape(ins, a):
     return _limited("flatten", (shape[0], int(np.prod(shape[1:], dtype=np.int64))))
 
 
-_reshape_like(flatten)
+reshape_like(flatten)
 
 reshape = op("reshape", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
              precision_rule="p_x",
@@ -155,7 +155,7 @@ def _reshape_shape(ins, a):
     return _limited("reshape", target)
 
 
-_reshape_like(reshape)
+reshape_like(reshape)
 
 expand_dims = op("expand_dims", family="transform", inputs=("data",),
                  fusion=Fusion.INJECTIVE, precision_rule="p_x",
@@ -175,7 +175,7 @@ def _expand_dims_shape(ins, a):
     return _limited("expand_dims", (*shape[:axis], *(1,) * a.num_newaxis, *shape[axis:]))
 
 
-_reshape_like(expand_dims)
+reshape_like(expand_dims)
 
 squeeze = op("squeeze", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
              precision_rule="p_x",
@@ -198,7 +198,7 @@ def _squeeze_shape(ins, a):
     return _limited("squeeze", kept or (1,))
 
 
-_reshape_like(squeeze)
+reshape_like(squeeze)
 
 
 # ---- repeat ----------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def _repeat_map(ins, out, a) -> IndexMap:
     return lambda d: (*d[:axis], d[axis] // r, *d[axis + 1:])
 
 
-_gather_rules(repeat, _repeat_map)
+gather_rules(repeat, _repeat_map)
 
 
 # ---- tile ------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ def _tile_map(ins, out, a) -> IndexMap:
     return lambda d: tuple(d[offset + j] % n for j, n in enumerate(shape))
 
 
-_gather_rules(tile, _tile_map)
+gather_rules(tile, _tile_map)
 
 
 # ---- transpose -------------------------------------------------------------------------
@@ -283,7 +283,7 @@ def _transpose_map(ins, out, a) -> IndexMap:
     return lambda d: tuple(d[j] for j in inverse)
 
 
-_gather_rules(transpose, _transpose_map)
+gather_rules(transpose, _transpose_map)
 
 
 # ---- slice (strided_slice) -------------------------------------------------------------
@@ -338,7 +338,7 @@ def _slice_map(ins, out, a) -> IndexMap:
     return lambda d: tuple(b + s * i for (b, s, _), i in zip(axes, d))
 
 
-_gather_rules(slice_op, _slice_map)
+gather_rules(slice_op, _slice_map)
 
 
 # ---- slice_like ------------------------------------------------------------------------
@@ -369,7 +369,7 @@ def _slice_like_shape(ins, a):
     return tuple(shape)
 
 
-_gather_rules(slice_like, lambda ins, out, a: lambda d: tuple(d))  # Y[d] = X[d]
+gather_rules(slice_like, lambda ins, out, a: lambda d: tuple(d))  # Y[d] = X[d]
 
 
 # ---- take, cvm_lut ---------------------------------------------------------------------
@@ -398,7 +398,7 @@ def _take_reference(x: np.ndarray, indices: np.ndarray, axis: int | None) -> np.
 def _take_lower(x, indices, axis: int | None, name: str):
     """TE take with clipped indices (axis None: into the flattened data)."""
     from cvmc.lowering.te_facade import te
-    shape = _types_of([x])[0].shape
+    shape = types_of([x])[0].shape
     m = len(indices.shape)
     if axis is None:
         def element(*d):
@@ -486,15 +486,19 @@ def _concatenate_precision(ins, a):
 
 @concatenate.reference
 def _concatenate_reference(xs, a):
-    return np.concatenate(xs, axis=_concat_axis(_types_of(xs), a))
+    return np.concatenate(xs, axis=_concat_axis(types_of(xs), a))
 
 
 @concatenate.lower
 def _concatenate_lower(xs, a):
+    ins = types_of(xs)
+    return te_concat(xs, _concat_axis(ins, a), _concatenate_shape(ins, a), "concatenate")
+
+
+def te_concat(xs, axis: int, out: tuple[int, ...], name: str):
+    """TE stage joining `xs` along `axis` into shape `out`."""
     from cvmc.lowering.te_facade import te, tirx
-    ins = _types_of(xs)
-    axis, out = _concat_axis(ins, a), _concatenate_shape(ins, a)
-    starts = np.cumsum([0] + [t.shape[axis] for t in ins]).tolist()
+    starts = np.cumsum([0] + [int(x.shape[axis]) for x in xs]).tolist()
 
     def element(*d):
         def read(k):
@@ -505,7 +509,7 @@ def _concatenate_lower(xs, a):
         for k in reversed(range(len(xs) - 1)):
             value = tirx.if_then_else(d[axis] < starts[k + 1], read(k), value)
         return value
-    return te.compute(out, element, name="concatenate")
+    return te.compute(out, element, name=name)
 
 
 # ---- where -----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ weights; arrays are random inside the precision unless the op needs structured d
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +30,8 @@ class OpCase:
     weights: tuple[int, ...] = ()
     ulp: int = 0  # float results: units in the last place allowed from the reference
     out_dtype: str = "int32"  # what a `cast` converts to
+    # float sums: (input arrays) -> absolute bound per output (see `sum_tolerance`)
+    tolerance: Callable[[list[np.ndarray]], list[np.ndarray]] | None = None
 
 
 _BOXES = np.array([[[0, 90, 0, 0, 10, 10], [0, 80, 1, 1, 11, 11], [1, 70, 0, 0, 10, 10],
@@ -171,3 +174,136 @@ CASES += NNEF_CASES
 def case_id(case: OpCase) -> str:
     """Test id of a case: the op name."""
     return case.op
+
+
+# ---- CINN primitives (cvmc/ops/cinn.py) ---------------------------------------------------
+def sum_tolerance(k: int, abs_sum: np.ndarray) -> np.ndarray:
+    """The bound of a float32 sum of k terms against the reference's float64 one:
+    (k + 2) * 2^-24 * sum(|terms|) (k - 1 additions and one rounding of each term's
+    product by the kernel, one rounding of the reference result to float32)."""
+    return (k + 2) * 2.0**-24 * abs_sum
+
+
+def _sum_bound(axes: tuple[int, ...] | None, keep: bool = False):
+    """Tolerance of a reduce sum of input 0 over `axes` (None: all)."""
+    def bound(xs):
+        x = np.abs(xs[0].astype(np.float64))
+        k = x.size // np.sum(x, axis=axes, keepdims=True).size
+        return [sum_tolerance(k, np.sum(x, axis=axes, keepdims=keep))]
+    return bound
+
+
+def _prod_bound(axes: tuple[int, ...]):
+    """Tolerance of a reduce prod: each of the k - 1 products rounds once (relative)."""
+    def bound(xs):
+        x = np.abs(xs[0].astype(np.float64))
+        return [sum_tolerance(x.shape[axes[0]], np.prod(x, axis=axes))]
+    return bound
+
+
+def _dot_bound(xs):
+    x, y = (np.abs(v.astype(np.float64)) for v in xs)
+    return [sum_tolerance(x.shape[-1], np.reshape(np.dot(x, y), -1 if x.ndim + y.ndim == 2
+                                                   else np.dot(x, y).shape))]
+
+
+def _bn_mean_variance_bound(xs):
+    x = xs[0].astype(np.float64)
+    axes = (0, 2, 3)
+    k = x.size // x.shape[1]
+    return [sum_tolerance(k, np.sum(np.abs(x), axis=axes)), sum_tolerance(k, np.sum(x * x, axis=axes))]
+
+
+def _bn_grad_bound(xs):
+    x, grad, mean = (v.astype(np.float64) for v in xs)
+    axes = (0, 2, 3)
+    k = x.size // x.shape[1]
+    terms = np.abs(grad * (x - mean.reshape(1, -1, 1, 1)))
+    # x - mean rounds once more per term: k + 1
+    return [sum_tolerance(k, np.sum(np.abs(grad), axis=axes)),
+            sum_tolerance(k + 1, np.sum(terms, axis=axes))]
+
+
+_FLOAT_DOMAIN = {**_DOMAIN, "log10": (1e-3, 50.0), "log2": (1e-3, 50.0), "sqrt": (0.0, 40.0),
+                 "rsqrt": (1e-3, 40.0)}
+# Divisors for the integer division family: zeros, both signs (x / 0 = 0 is a decision).
+_DIVISORS = (np.array([[0], [3], [-5]]), 4)
+_FLOAT_ZEROS = (np.array([[0.0, -0.0, 1.0, np.nan], [-0.0, -0.0, -0.0, 2.0],
+                          [-0.0, 0.0, -1.0, -np.inf]], np.float32), None)
+_REV = (EDGES[0][::-1].copy(), None)
+
+CINN_CASES: list[OpCase] = [
+    *[OpCase(f"cinn.{name}", [frand((3, 17), 40, *((_FLOAT_DOMAIN[name][1], _FLOAT_DOMAIN[name][0])
+                                                    if name in _FLOAT_DOMAIN else (3.0,)))],
+             ulp=TRANSCENDENTAL_ULP) for name in (*TRANSCENDENTAL, "erf", "log10", "log2")],
+    *[OpCase(f"cinn.{name}", [EDGES]) for name in ("sqrt", "rsqrt", "floor", "ceil", "trunc",
+                                                   "round", "abs", "negative", "sign",
+                                                   "is_finite", "is_inf", "is_nan", "identity")],
+    OpCase("cinn.round", [frand((4, 33), 41)]),
+    OpCase("cinn.rsqrt", [frand((4, 33), 42, 40.0, 1e-3)]),
+    *[OpCase(f"cinn.{name}", [rand((3, 17), 12, 43)])
+      for name in ("abs", "negative", "sign", "is_finite", "is_inf", "is_nan", "identity",
+                   "bitwise_not")],
+    OpCase("cinn.sign", [(np.zeros((4,), np.int64), 1)]),
+    OpCase("cinn.identity", [brand((2, 3), 44)]),
+    OpCase("cinn.logical_not", [brand((5,), 45)]),
+    *[OpCase(f"cinn.{name}", [frand((2, 3, 4), 46), frand((3, 1), 47)])
+      for name in ("add", "sub", "mul", "div", "floor_div", "floor_mod", "mod", "max", "min")],
+    *[OpCase(f"cinn.{name}", [EDGES, _REV])
+      for name in ("div", "floor_div", "floor_mod", "mod", "max", "min")],
+    *[OpCase(f"cinn.{name}", [_FLOAT_ZEROS, (_FLOAT_ZEROS[0][::-1].copy(), None)])
+      for name in ("floor_div", "floor_mod", "max", "min")],
+    *[OpCase(f"cinn.{name}", [rand((3, 4), 8, 48), rand((3, 1), 6, 49)])
+      for name in ("add", "sub", "mul", "max", "min", "bitwise_and", "bitwise_or", "bitwise_xor")],
+    *[OpCase(f"cinn.{name}", [rand((3, 4), 8, 50), _DIVISORS])
+      for name in ("div", "floor_div", "floor_mod", "mod")],
+    OpCase("cinn.power", [frand((3, 5), 51, 4.0, 0.0), frand((3, 1), 52, 4.0, -2.0)],
+           ulp=TRANSCENDENTAL_ULP),
+    OpCase("cinn.power", [(np.array([[-7, -2, -1, 0, 1, 2, 7]]), 4),
+                          (np.array([[0], [1], [2], [3], [-1], [-2]]), 3)]),
+    OpCase("cinn.power", [(np.array([[-1, 0, 1]]), 2),
+                          (np.array([[0], [1], [31], [2**30 + 1], [-(2**31 - 1)]]), 32)]),
+    OpCase("cinn.left_shift", [rand((3, 4), 8, 53), (np.array([[-2], [0], [3]]), 3)]),
+    OpCase("cinn.right_shift", [rand((4, 3), 12, 54),
+                                (np.array([[-3], [0], [5], [40]]), 7)]),
+    *[OpCase(f"cinn.{name}", [brand((2, 3), 55), brand((2, 1), 56)])
+      for name in ("logical_and", "logical_or", "logical_xor")],
+    *[OpCase("cinn.compare", [EDGES, _REV], {"kind": kind})
+      for kind in ("eq", "ne", "ge", "gt", "le", "lt")],
+    OpCase("cinn.compare", [rand((3, 4), 8, 57), rand((4,), 8, 58)], {"kind": "le"}),
+    OpCase("cinn.select", [brand((2, 3, 4), 59), frand((3, 4), 60), frand((1,), 61)]),
+    OpCase("cinn.select", [brand((2, 3), 62), rand((2, 3), 8, 63), rand((3,), 12, 64)]),
+    OpCase("cinn.dot", [frand((4, 5), 65), frand((5, 3), 66)], tolerance=_dot_bound),
+    OpCase("cinn.dot", [frand((5,), 67), frand((5, 3), 68)], tolerance=_dot_bound),
+    OpCase("cinn.dot", [frand((4, 5), 69), frand((5,), 70)], tolerance=_dot_bound),
+    OpCase("cinn.dot", [frand((5,), 71), frand((5,), 72)], tolerance=_dot_bound),
+    OpCase("cinn.dot", [rand((3, 4), 8, 73), rand((4, 2), 8, 74)]),
+    OpCase("cinn.reduce", [frand((3, 4, 5), 75)], {"kind": "sum", "dim": [1]},
+           tolerance=_sum_bound((1,))),
+    OpCase("cinn.reduce", [frand((3, 4, 5), 76)], {"kind": "sum", "dim": [], "keep_dim": True},
+           tolerance=_sum_bound(None, True)),
+    OpCase("cinn.reduce", [frand((3, 4), 77, 2.0, 0.5)], {"kind": "prod", "dim": [1]},
+           tolerance=_prod_bound((1,))),
+    *[OpCase("cinn.reduce", [_FLOAT_ZEROS], {"kind": kind, "dim": [1]}) for kind in ("max", "min")],
+    *[OpCase("cinn.reduce", [frand((3, 4, 5), 78)], {"kind": kind, "dim": [0, 2],
+                                                     "keep_dim": True}) for kind in ("max", "min")],
+    *[OpCase("cinn.reduce", [rand((3, 4, 5), 6, 79)], {"kind": kind, "dim": [2]})
+      for kind in ("sum", "prod", "max", "min")],
+    OpCase("cinn.bn_mean_variance", [frand((2, 3, 4, 5), 80)], tolerance=_bn_mean_variance_bound),
+    OpCase("cinn.bn_grad_bias_scale", [frand((2, 3, 4, 5), 81), frand((2, 3, 4, 5), 82),
+                                       frand((3,), 83)], tolerance=_bn_grad_bound),
+    OpCase("cinn.broadcast_to", [frand((3, 1), 84)], {"out_shape": [2, 3, 4],
+                                                      "broadcast_axes": [1, 2]}),
+    OpCase("cinn.broadcast_to", [rand((4,), 8, 85)], {"out_shape": [2, 4, 3],
+                                                      "broadcast_axes": [1]}),
+    OpCase("cinn.concat", [frand((2, 3), 86), frand((2, 1), 87), frand((2, 2), 88)], {"axis": 1}),
+    OpCase("cinn.concat", [rand((1, 3), 8, 89), rand((2, 3), 12, 90)]),
+    OpCase("cinn.reshape", [frand((2, 3, 4), 91)], {"shape": [4, -1]}),
+    OpCase("cinn.reverse", [rand((2, 3, 4), 8, 92)], {"axis": [0, 2]}),
+    OpCase("cinn.slice", [frand((5, 6, 2), 93)], {"axes": [1, 0], "starts": [2, 1],
+                                                  "ends": [6, 4]}),
+    OpCase("cinn.transpose", [rand((2, 3, 4), 8, 94)], {"axis": [2, 0, 1]}),
+    OpCase("cinn.transpose", [brand((2, 3, 4), 95)], {"axis": [1, 0]}),
+    *[OpCase("cinn.const_scalar", [], {"value": v}) for v in (-5, 0.25, True)],
+]
+CASES += CINN_CASES

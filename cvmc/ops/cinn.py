@@ -1,0 +1,801 @@
+"""Paddle CINN's builder primitives as `cinn.<name>` ops (spec:
+../shared/spec/cinn-builder-primitives.txt); `cvmc.GraphBuilder` has one method per op.
+
+Element types. Each op's `types` says what it takes: `scalar` (float32), `integer` (a CVM
+integer: int32 or int8 storage, with a precision), `logical` (bool), `numeric` (scalar or
+integer, the same for all such inputs) and `?` (anything, the same for all). Integer
+results get a precision rule that keeps the int32 proof sound (cvmc/passes/precision.py);
+a result that could need more than 32 bits is rejected where the op is called, naming the
+op and its rule. Float results follow nnef_math's accuracy statement: bit-exact where
+IEEE rounds one float32 operation correctly, the C math library's float function (within
+TRANSCENDENTAL_ULP) for transcendental ones, and for sums (reduce, dot, bn_*)
+|got - ref| <= K * 2^-24 * sum(|terms|) for K terms (the order of a float32 sum is the
+kernel's; the reference sums in float64).
+
+Shapes. Binary ops, compare and select broadcast as NumPy does (aligned on the right,
+extents equal or 1: so `add(x, const_scalar(0.5))` works; CINN's builder leaves implicit
+broadcasting out and has broadcast_to for it). Axes are in [0, rank) as the spec writes
+(no negative axes). No tensor is empty (every extent is >= 1), so no reduction ever runs
+over zero elements.
+
+Edge decisions (the spec is silent; README "Python GraphBuilder (CINN primitives)" has the
+same table, tests/ops/test_cinn.py a hand-computed case for each):
+- integer div truncates (C), floor_div floors, mod is C's remainder (sign of x), floor_mod
+  takes the sign of y; by zero all four give 0 (CVM's broadcast_div: x / 0 = 0; NumPy's
+  integer rule). Float div/mod/floor_div/floor_mod by zero are IEEE (inf or NaN).
+- float floor_div and floor_mod are NumPy's (Python's) float32 divmod, so x = y *
+  floor_div + floor_mod up to rounding; mod is C's fmodf (exact).
+- shift counts: a negative count shifts by 0; right_shift is arithmetic, floor(x / 2^y),
+  also for y >= 31 (0 or -1); left_shift's precision rule p_x + 2^(p_y-1) - 1 keeps every
+  count below 32 and the result exact (x * 2^y).
+- integer pow: x^y exactly for y >= 0 (0^0 = 1); for y < 0 it is trunc(1 / x^|y|): 1 or
+  -1 for x = +-1, else 0 (0^-k = 0, as x / 0 = 0).
+- round: halves away from zero, copysign(floor(|x| + 0.5), x) (the spec's formula, whose
+  `+` after sgn(x) is a typo for a product; -0.3 rounds to -0); trunc rounds toward zero.
+- max/min (binary and reduce) on floats are IEEE 754-2019 maximum/minimum: NaN if any
+  operand is NaN, and -0 < +0; every combining order gives the same bits.
+- reduce: `dim = []` reduces every axis (CINN's and CVM's reading); reducing every axis
+  without keep_dim gives shape [1].
+- reshape: at most one -1 (inferred); 0 and other negatives are errors.
+- slice: 0 <= start < end <= extent per sliced axis, as the spec says (no clamping).
+- broadcast_to: broadcast_axes maps input axis i to output axis broadcast_axes[i]; the map
+  is strictly increasing and each input extent is 1 or the output's.
+- transpose: `axis` permutes the leading len(axis) axes (a full permutation when it has
+  the input's rank); [] is the identity. reverse: `axis` lists distinct axes; [] is the
+  identity.
+- dot: NumPy's dot for ranks 1 and 2 ([M, K] x [K, N] -> [M, N], [M, K] x [K] -> [M],
+  [K] x [K, N] -> [N]), and [K] x [K] -> [1] (CINN has no rank-0 results).
+- bn_mean_variance(x) = (sum x, sum x^2) and bn_grad_bias_scale(x, grad, save_mean) =
+  (sum grad, sum grad * (x - save_mean)) over every axis but the channel axis 1 (CINN
+  fixes NCHW: axes 0, 2, 3), float32 only as in CINN; results have shape [C].
+- compare kinds are eq, ne, ge, gt, le, lt (the spec's kEq ... kLt); on NaN every kind is
+  false except ne.
+- const_scalar: a Python int is an integer (its precision the smallest that holds it), a
+  float a float32, a bool a logical; shape [] (rank 0).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from cvmc.ops.broadcast import broadcast_shapes, np_div, np_operands, te_broadcast, te_div
+from cvmc.ops.common import bitlen, prec_max, require
+from cvmc.ops.nnef_math import TRANSCENDENTAL, exact_unary, extern, te_ne, te_select
+from cvmc.ops.nnef_std import check_axes, fmt
+from cvmc.ops.reduce import reduced_shape, te_reduce
+from cvmc.ops.registry import Attr, Fusion, OpDef, op
+from cvmc.ops.transform import gather_rules, reshape_like, te_concat, types_of
+
+_ELEMWISE, _BROADCAST, _INJECTIVE = Fusion.ELEMWISE, Fusion.BROADCAST, Fusion.INJECTIVE
+_REDUCTION = Fusion.REDUCTION
+
+
+def _declare(name: str, inputs: Sequence[str], types: str, fusion: Fusion,
+             attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("out",),
+             precision_rule: str = "", aliases: Sequence[str] = ()) -> OpDef:
+    """Register `cinn.<name>` (the spec's primitive, snake_case)."""
+    return op(f"cinn.{name}", family="cinn", seeds=("cinn",), inputs=inputs, types=types,
+              attrs=attrs, outputs=outputs, fusion=fusion, precision_rule=precision_rule,
+              aliases=tuple(f"cinn.{a}" for a in aliases))
+
+
+def holding(r: int) -> int:
+    """The smallest precision p holding every integer in [-r, r]: r <= 2^(p-1) - 1."""
+    return bitlen(r) + 1
+
+
+def _power_precision(m: int, n: int) -> int:
+    """Precision of x^y for |x| <= m, 0 <= y <= n (y = 0 gives 1). Exact while the power is
+    small enough to compute; beyond, log2 gives the (already too large) bit count."""
+    if m <= 1 or n == 0:
+        return 2
+    if n * m.bit_length() <= 4096:
+        return holding(m ** n)
+    return int(n * math.log2(m)) + 2
+
+
+def _p(ins, k: int) -> int:
+    """The precision of integer input k."""
+    return ins[k].precision
+
+
+def _is_float(x) -> bool:
+    """True for a float array (reference) or float TE tensor / expression (lower)."""
+    return str(x.dtype).startswith("float")
+
+
+def _f32(v: float):
+    from cvmc.lowering.te_facade import tirx
+    return tirx.const(v, "float32")
+
+
+# ---- element-wise rules ------------------------------------------------------------------
+# One entry per op: (NumPy formula, TE expression) for float operands and for integer (or
+# logical) ones. NumPy formulas see float32 values as float64 and integers as int64 (the
+# interpreter rounds a float result to float32 once); TE ones see float32 / int32 / bool.
+Rule = tuple[Callable, Callable]
+
+
+def _attach(d: OpDef, float_rule: Rule | None, other_rule: Rule | None, name: str) -> None:
+    """Attach the shape rule (binary ops broadcast) and reference and lower rules that
+    choose by the first input's element type."""
+    def pick(x) -> Rule:
+        rule = float_rule if _is_float(x) else other_rule
+        assert rule is not None, f"{d.name}: no rule for {x.dtype}"  # `types` rejects it
+        return rule
+
+    if len(d.inputs) == 1:
+        d.shape(lambda ins, a: ins[0].shape)
+        d.reference(lambda xs, a: pick(xs[0])[0](xs[0]))
+
+        def lower(xs, a):
+            from cvmc.lowering.te_facade import elementwise
+            return elementwise(xs[0], pick(xs[0])[1], name)
+    else:
+        d.shape(lambda ins, a: broadcast_shapes(d.name, d.input_names, [t.shape for t in ins]))
+        d.reference(lambda xs, a: pick(xs[0])[0](*np_operands(xs)))
+
+        def lower(xs, a):
+            return te_broadcast(xs, pick(xs[0])[1], name)
+    d.lower(lower)
+
+
+def _te(fn: Callable) -> Callable:
+    """A TE expression built by `fn(tirx, *operands)` (tirx imported when lowering)."""
+    def expr(*xs):
+        from cvmc.lowering.te_facade import tirx
+        return fn(tirx, *xs)
+    return expr
+
+
+def _exact(name: str) -> Callable:
+    """nnef_math's exact float32 TE expression `name` (built when lowering)."""
+    return lambda *xs: exact_unary()[name][1](*xs)
+
+
+# -- unary ----------------------------------------------------------------------------------
+def _np_erf(x):
+    return np.frompyfunc(math.erf, 1, 1)(x).astype(np.float64)
+
+
+def _np_rsqrt(x):
+    # 1 / sqrt(x) as a kernel computes it: two float32 operations, each rounded once
+    return np.float32(1) / np.sqrt(x.astype(np.float32))
+
+
+def _np_round(x):
+    # |x| + 0.5 in float64 is exact for float32 x (see nnef_math's round)
+    return np.copysign(np.floor(np.abs(x) + 0.5), x)
+
+
+def _te_round(t, x):
+    half_up = t.floor(t.abs(x).astype("float64") + t.const(0.5, "float64")).astype("float32")
+    return t.copysign(half_up, x)
+
+
+def _te_int_sign(t, x):
+    return t.Select(x > 0, t.const(1, "int32"), t.Select(x < 0, t.const(-1, "int32"),
+                                                         t.const(0, "int32")))
+
+
+FLOAT_ONLY: dict[str, Rule] = {
+    **{n: (f, extern(c)) for n, (f, c) in TRANSCENDENTAL.items()},
+    "erf": (_np_erf, extern("erff")), "log10": (np.log10, extern("log10f")),
+    "log2": (np.log2, extern("log2f")),
+    # IEEE rounds sqrt correctly, so the float64 result rounded to float32 is the kernel's
+    "sqrt": (np.sqrt, _te(lambda t, x: t.sqrt(x))),
+    "rsqrt": (_np_rsqrt, _te(lambda t, x: _f32(1.0) / t.sqrt(x))),
+    "floor": (np.floor, _te(lambda t, x: t.floor(x))),
+    "ceil": (np.ceil, _te(lambda t, x: t.ceil(x))),
+    "trunc": (np.trunc, _te(lambda t, x: t.trunc(x))),
+    "round": (_np_round, _te(_te_round)),
+}
+for _name, _rule in FLOAT_ONLY.items():
+    _attach(_declare(_name, ("x",), "scalar -> scalar", _ELEMWISE), _rule, None, _name)
+
+# name: (float rule, integer rule, precision rule text, precision)
+NUMERIC_UNARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
+    "abs": ((np.abs, _exact("nnef.abs")), (np.abs, _te(lambda t, x: t.abs(x))), "p_x",
+            lambda ins, a: _p(ins, 0)),
+    "negative": ((np.negative, _exact("neg")), (np.negative, lambda x: -x), "p_x",
+                 lambda ins, a: _p(ins, 0)),
+    # values -1, 0, 1: precision 2, or 1 when x is all zeros (precision 1)
+    "sign": ((np.sign, _exact("sign")), (np.sign, _te(_te_int_sign)), "min(p_x, 2)",
+             lambda ins, a: min(_p(ins, 0), 2)),
+}
+for _name, (_float, _int, _words, _prec) in NUMERIC_UNARY.items():
+    _d = _declare(_name, ("x",), "numeric -> numeric", _ELEMWISE, precision_rule=_words)
+    _d.precision(_prec)
+    _attach(_d, _float, _int, _name)
+
+def _classify(np_fn: Callable, tir_name: str, integer_value: bool) -> tuple[Rule, Rule]:
+    """Float and integer rules of is_finite / is_inf / is_nan."""
+    return ((np_fn, _te(lambda t, x: getattr(t, tir_name)(x))),
+            (lambda x: np.full(x.shape, integer_value),
+             _te(lambda t, x: t.const(integer_value, "bool"))))
+
+
+# An integer is always finite, never infinite nor NaN.
+CLASSIFY = {"is_finite": (np.isfinite, "isfinite", True), "is_inf": (np.isinf, "isinf", False),
+            "is_nan": (np.isnan, "isnan", False)}
+for _name, _how in CLASSIFY.items():
+    _attach(_declare(_name, ("x",), "numeric -> logical", _ELEMWISE), *_classify(*_how), _name)
+
+_identity = _declare("identity", ("x",), "? -> ?", _ELEMWISE)
+_attach(_identity, (np.copy, lambda x: x), (np.copy, lambda x: x), "identity")
+_attach(_declare("logical_not", ("x",), "logical -> logical", _ELEMWISE), None,
+        (np.logical_not, lambda x: ~x), "logical_not")
+# ~x = -x - 1 reaches -2^(p-1), one past precision p's range
+_bitwise_not = _declare("bitwise_not", ("x",), "integer -> integer", _ELEMWISE,
+                        precision_rule="p_x + 1")
+_bitwise_not.precision(lambda ins, a: _p(ins, 0) + 1)
+_attach(_bitwise_not, None, (np.invert, lambda x: ~x), "bitwise_not")
+
+
+# -- binary ---------------------------------------------------------------------------------
+def _nonzero(t, v):
+    """v with 0 replaced by 1: a zero divisor would trap (x86 idiv) even in a dead branch."""
+    return t.Select(v == 0, t.const(1, "int32"), v)
+
+
+def _np_int_by_nonzero(fn: Callable) -> Callable:
+    """NumPy `fn(a, b)` on integers where b != 0, else 0."""
+    return lambda a, b: np.where(b == 0, 0, fn(a, np.where(b == 0, 1, b)))
+
+
+def _te_int_by_nonzero(fn_name: str) -> Callable:
+    """TE `tirx.<fn_name>(u, v)` on integers where v != 0, else 0."""
+    return _te(lambda t, u, v: t.Select(v == 0, t.const(0, "int32"),
+                                        getattr(t, fn_name)(u, _nonzero(t, v))))
+
+
+def _te_xor(p, q):
+    """TE p xor q on logicals (TVM 0.27's LLVM codegen emits a float compare for != on
+    bool, which LLVM rejects)."""
+    return p.astype("int8") != q.astype("int8")
+
+
+def _np_float_divmod(which: int) -> Callable:
+    """NumPy's float32 floor_divide (0) / remainder (1): the algorithm `_te_float_divmod`
+    follows, computed by NumPy in float32 (the inputs are float32 values)."""
+    fn = (np.floor_divide, np.remainder)[which]
+    return lambda a, b: fn(a.astype(np.float32), b.astype(np.float32))
+
+
+def _te_float_divmod(which: int) -> Callable:
+    """NumPy's npy_divmod in float32 (floor quotient 0, remainder 1): every step one
+    correctly rounded float32 operation, so the kernel matches NumPy bit for bit."""
+    def expr(t, a, b):
+        zero = _f32(0.0)
+
+        def truthy(v):  # C's `if (v)`: NaN is true (TIR's != on floats is ordered)
+            return t.Or(t.isnan(v), v != zero)
+
+        mod = t.call_pure_extern("float32", "fmodf", a, b)
+        div = (a - mod) / b
+        adjust = t.And(truthy(mod), _te_xor((b < zero), (mod < zero)))
+        mod = t.Select(adjust, mod + b, t.Select(truthy(mod), mod, t.copysign(zero, b)))
+        div = t.Select(adjust, div - _f32(1.0), div)
+        floor = t.floor(div)
+        floor = t.Select(div - floor > _f32(0.5), floor + _f32(1.0), floor)
+        floor = t.Select(truthy(div), floor, t.copysign(zero, a / b))
+        # b = 0: the quotient is a / b (inf or NaN); the remainder stays fmodf's NaN
+        return t.Select(b == zero, a / b, floor) if which == 0 else mod
+    return _te(expr)
+
+
+def _np_fmax(a, b):
+    """IEEE 754-2019 maximum: NaN wins, then the larger, +0 over -0."""
+    big = np.where(a > b, a, np.where(b > a, b, np.where(np.signbit(a), b, a)))
+    return np.where(np.isnan(a), a, np.where(np.isnan(b), b, big))
+
+
+def _np_fmin(a, b):
+    """IEEE 754-2019 minimum: NaN wins, then the smaller, -0 under +0."""
+    small = np.where(a < b, a, np.where(b < a, b, np.where(np.signbit(a), a, b)))
+    return np.where(np.isnan(a), a, np.where(np.isnan(b), b, small))
+
+
+def _te_fmaxmin(t, a, b, is_max: bool):
+    """TE IEEE 754-2019 maximum / minimum (`_np_fmax` / `_np_fmin`)."""
+    neg_a = t.reinterpret("int32", a) < t.const(0, "int32")  # sign bit (also of -0)
+    if is_max:
+        pick = t.Select(a > b, a, t.Select(b > a, b, t.Select(neg_a, b, a)))
+    else:
+        pick = t.Select(a < b, a, t.Select(b < a, b, t.Select(neg_a, a, b)))
+    return t.Select(t.isnan(a), a, t.Select(t.isnan(b), b, pick))
+
+
+def _np_ipow(x, y):
+    """Integer x^y: exact for y >= 0 (0^0 = 1); trunc(1 / x^|y|) for y < 0."""
+    negative = np.where(np.abs(x) == 1, np.power(x, np.abs(y) % 2), 0)
+    return np.where(y >= 0, np.power(x, np.maximum(y, 0)), negative)
+
+
+def _te_ipow(t, x, y):
+    """Integer x^y by the rule of `_np_ipow`, in int64 with every product clamped to 2^31
+    (no overflow for any operands). |x| <= 1 is closed-form for any y; for |x| >= 2 the
+    precision rule bounds y below 20, so five square-and-multiply steps reach it."""
+    i64 = "int64"
+    cap = t.const(1 << 31, i64)
+    base = t.abs(x).astype(i64)
+    acc = t.const(1, i64)
+    for bit in range(5):
+        take = ((y >> bit) & 1) == 1
+        acc = t.Select(take, t.min(acc * base, cap), acc)
+        base = t.min(base * base, cap)
+    small = t.abs(x) <= 1
+    mag = t.Select(y < 0, t.Select(t.abs(x) == 1, t.const(1, i64), t.const(0, i64)),
+                   t.Select(small, t.Select(y == 0, t.const(1, i64), t.abs(x).astype(i64)),
+                            t.Select(y >= 32, cap, acc)))
+    odd_negative = t.And(x < 0, (y & 1) == 1)
+    return t.Select(odd_negative, -mag, mag).astype("int32")
+
+
+def _pow_precision(ins, a):
+    return _power_precision(prec_max(_p(ins, 0)), prec_max(_p(ins, 1)))
+
+
+def _te_left_shift(t, u, v):
+    # x * 2^s in int64: shifting a negative int32 left is undefined in C
+    s = t.max(v, t.const(0, "int32")).astype("int64")
+    return (u.astype("int64") * (t.const(1, "int64") << s)).astype("int32")
+
+
+def _te_right_shift(t, u, v):
+    return u >> t.min(t.max(v, t.const(0, "int32")), t.const(31, "int32"))
+
+
+def _shift_left_precision(ins, a):
+    # |x| <= M, 0 <= y <= N: |x * 2^y| <= M * 2^N
+    m, n = prec_max(_p(ins, 0)), prec_max(_p(ins, 1))
+    return _p(ins, 0) + n if m else 1
+
+
+def _max_plus_1(ins, a):
+    return max(_p(ins, 0), _p(ins, 1)) + 1
+
+
+def _max_p(ins, a):
+    return max(_p(ins, 0), _p(ins, 1))
+
+
+# name: (float rule, integer rule, precision words, precision)
+NUMERIC_BINARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
+    "add": ((np.add, lambda x, y: x + y), (np.add, lambda x, y: x + y), "max(p_x, p_y) + 1",
+            _max_plus_1),
+    "sub": ((np.subtract, lambda x, y: x - y), (np.subtract, lambda x, y: x - y),
+            "max(p_x, p_y) + 1", _max_plus_1),
+    "mul": ((np.multiply, lambda x, y: x * y), (np.multiply, lambda x, y: x * y),
+            "p_x + p_y", lambda ins, a: _p(ins, 0) + _p(ins, 1)),
+    "div": ((np.divide, lambda x, y: x / y), (np_div, te_div),
+            "p_x (truncating; x / 0 = 0)", lambda ins, a: _p(ins, 0)),
+    "floor_div": ((_np_float_divmod(0), _te_float_divmod(0)),
+                  (_np_int_by_nonzero(np.floor_divide), _te_int_by_nonzero("floordiv")),
+                  "p_x (floor; x / 0 = 0)", lambda ins, a: _p(ins, 0)),
+    "floor_mod": ((_np_float_divmod(1), _te_float_divmod(1)),
+                  (_np_int_by_nonzero(np.remainder), _te_int_by_nonzero("floormod")),
+                  "p_y (sign of y, |r| < |y|; x mod 0 = 0)", lambda ins, a: _p(ins, 1)),
+    "mod": ((np.fmod, extern("fmodf")),
+            (_np_int_by_nonzero(np.fmod), _te_int_by_nonzero("truncmod")),
+            "min(p_x, p_y) (sign of x; x mod 0 = 0)", lambda ins, a: min(_p(ins, 0), _p(ins, 1))),
+    "max": ((_np_fmax, _te(lambda t, x, y: _te_fmaxmin(t, x, y, True))),
+            (np.maximum, _te(lambda t, x, y: t.max(x, y))), "max(p_x, p_y)", _max_p),
+    "min": ((_np_fmin, _te(lambda t, x, y: _te_fmaxmin(t, x, y, False))),
+            (np.minimum, _te(lambda t, x, y: t.min(x, y))), "max(p_x, p_y)", _max_p),
+    "power": ((np.power, extern("powf")), (_np_ipow, _te(_te_ipow)),
+              "bits of (2^(p_x-1) - 1)^(2^(p_y-1) - 1), at least 2", _pow_precision),
+}
+for _name, (_float, _int, _words, _prec) in NUMERIC_BINARY.items():
+    _d = _declare(_name, ("x", "y"), "numeric, numeric -> numeric", _BROADCAST,
+                  precision_rule=_words, aliases=("pow",) if _name == "power" else ())
+    _d.precision(_prec)
+    _attach(_d, _float, _int, _name)
+
+# name: (NumPy, TE, precision words, precision). Two's complement: and / xor of values in
+# [-(2^(p-1) - 1), 2^(p-1) - 1] reach -2^(p-1) (e.g. -3 & -2 = -4 at p = 3); or stays inside.
+INTEGER_BINARY: dict[str, tuple[Callable, Callable, str, Callable]] = {
+    "bitwise_and": (np.bitwise_and, lambda x, y: x & y, "max(p_x, p_y) + 1", _max_plus_1),
+    "bitwise_or": (np.bitwise_or, lambda x, y: x | y, "max(p_x, p_y)", _max_p),
+    "bitwise_xor": (np.bitwise_xor, lambda x, y: x ^ y, "max(p_x, p_y) + 1", _max_plus_1),
+    "left_shift": (lambda x, y: x << np.maximum(y, 0), _te(_te_left_shift),
+                   "p_x + 2^(p_y-1) - 1 (counts < 0 shift by 0)", _shift_left_precision),
+    "right_shift": (lambda x, y: x >> np.clip(y, 0, 31), _te(_te_right_shift),
+                    "p_x (arithmetic; counts < 0 shift by 0)", lambda ins, a: _p(ins, 0)),
+}
+for _name, (_np_fn, _te_fn, _words, _prec) in INTEGER_BINARY.items():
+    _d = _declare(_name, ("x", "y"), "integer, integer -> integer", _BROADCAST,
+                  precision_rule=_words)
+    _d.precision(_prec)
+    _attach(_d, None, (_np_fn, _te_fn), _name)
+
+LOGICAL_BINARY: dict[str, Rule] = {
+    "logical_and": (np.logical_and, lambda x, y: x & y),
+    "logical_or": (np.logical_or, lambda x, y: x | y),
+    "logical_xor": (np.logical_xor, lambda x, y: _te_xor(x, y)),
+}
+for _name, _rule in LOGICAL_BINARY.items():
+    _attach(_declare(_name, ("x", "y"), "logical, logical -> logical", _BROADCAST), None,
+            _rule, _name)
+
+
+# ---- compare, select ------------------------------------------------------------------
+COMPARE_KINDS: dict[str, tuple[Callable, Callable]] = {
+    "eq": (np.equal, lambda x, y: x == y), "ne": (np.not_equal, lambda x, y: x != y),
+    "ge": (np.greater_equal, lambda x, y: x >= y), "gt": (np.greater, lambda x, y: x > y),
+    "le": (np.less_equal, lambda x, y: x <= y), "lt": (np.less, lambda x, y: x < y),
+}
+compare = _declare("compare", ("x", "y"), "numeric, numeric -> logical", _BROADCAST,
+                   attrs=(Attr("kind", "str", choices=tuple(COMPARE_KINDS)),))
+compare.shape(lambda ins, a: broadcast_shapes("cinn.compare", ("x", "y"),
+                                              [t.shape for t in ins]))
+compare.reference(lambda xs, a: COMPARE_KINDS[a.kind][0](*np_operands(xs)))
+
+
+@compare.lower
+def _compare_lower(xs, a):
+    # ne is true on NaN: TIR's != on floats is an ordered compare
+    fn = te_ne if a.kind == "ne" and _is_float(xs[0]) else COMPARE_KINDS[a.kind][1]
+    return te_broadcast(xs, fn, "compare")
+
+
+select = _declare("select", ("condition", "true_value", "false_value"), "logical, ?, ? -> ?",
+                  _BROADCAST)
+select.shape(lambda ins, a: broadcast_shapes("cinn.select", select.inputs,
+                                             [t.shape for t in ins]))
+select.reference(lambda xs, a: np.where(*np_operands(xs)))
+select.lower(lambda xs, a: te_broadcast(xs, te_select, "select"))
+
+
+
+# ---- dot, reduce, batch-norm statistics -----------------------------------------------------
+def _dot_k(ins) -> int:
+    """K, the length of the summed axis, after checking both operands."""
+    x, y = ins[0].shape, ins[1].shape
+    require(len(x) in (1, 2) and len(y) in (1, 2),
+            f"cinn.dot: operands must have rank 1 or 2, got x {fmt(x)} and y {fmt(y)}")
+    require(x[-1] == y[0], f"cinn.dot: x {fmt(x)} and y {fmt(y)} do not agree: x's last "
+                           f"extent {x[-1]} must equal y's first {y[0]} (x^T y)")
+    return x[-1]
+
+
+dot = _declare("dot", ("x", "y"), "numeric, numeric -> numeric", _REDUCTION,
+               precision_rule="bits of K * (2^(p_x-1) - 1) * (2^(p_y-1) - 1)")
+
+
+@dot.shape
+def _dot_shape(ins, a):
+    _dot_k(ins)
+    return ins[0].shape[:-1] + ins[1].shape[1:] or (1,)
+
+
+@dot.precision
+def _dot_precision(ins, a):
+    return holding(_dot_k(ins) * prec_max(_p(ins, 0)) * prec_max(_p(ins, 1)))
+
+
+dot.reference(lambda xs, a: np.reshape(np.dot(xs[0], xs[1]), _dot_shape(types_of(xs), a)))
+
+
+@dot.lower
+def _dot_lower(xs, a):
+    from cvmc.lowering.te_facade import te
+    x, y = xs
+    k = te.reduce_axis((0, int(x.shape[-1])), name="k")
+    rows = len(x.shape) - 1  # output axes taken from x (0 or 1), then from y
+
+    def element(*i):
+        xi, yi = i[:rows], i[rows:][:len(y.shape) - 1]
+        return te.sum(x(*xi, k) * y(k, *yi), axis=k)
+    return te.compute(_dot_shape(types_of(xs), a), element, name="dot")
+
+
+REDUCE_KINDS = ("sum", "prod", "max", "min")
+reduce = _declare("reduce", ("x",), "numeric -> numeric", _REDUCTION, attrs=(
+    Attr("kind", "str", choices=REDUCE_KINDS), Attr("dim", "ints", ()),
+    Attr("keep_dim", "bool", False)),
+    precision_rule="sum: bits of K * (2^(p_x-1) - 1); prod: bits of (2^(p_x-1) - 1)^K; "
+                   "max, min: p_x (K: elements per result)")
+
+
+def _reduce_axes(ndim: int, a) -> tuple[int, ...]:
+    """The reduced axes: `dim`, or every axis when it is empty."""
+    check_axes("cinn.reduce", "'dim'", a.dim, ndim)
+    return tuple(sorted(a.dim)) or tuple(range(ndim))
+
+
+@reduce.shape
+def _reduce_shape(ins, a):
+    r = _reduce_axes(ins[0].ndim, a)
+    return reduced_shape(ins[0].shape, r, a.keep_dim) if r else ins[0].shape
+
+
+@reduce.precision
+def _reduce_precision(ins, a):
+    m = prec_max(_p(ins, 0))
+    k = math.prod(ins[0].shape[i] for i in _reduce_axes(ins[0].ndim, a))
+    return {"sum": holding(k * m), "prod": _power_precision(m, k)}.get(a.kind, _p(ins, 0))
+
+
+def _np_extreme(x, r: tuple[int, ...], is_max: bool):
+    """IEEE 754-2019 maximum / minimum over axes r: NaN if any, and a zero result is +0 for
+    max when any +0 is there (for min: -0 when any -0 is), whatever the order."""
+    out = (np.max if is_max else np.min)(x, axis=r)
+    if x.dtype.kind != "f":
+        return out
+    wanted_sign = np.any((x == 0) & (np.signbit(x) != is_max), axis=r)
+    zero = np.where(wanted_sign == is_max, 0.0, -0.0)
+    return np.where(out == 0, zero, out)
+
+
+@reduce.reference
+def _reduce_reference(xs, a):
+    x = xs[0]
+    r = _reduce_axes(x.ndim, a)
+    if not r:
+        return x.copy()
+    fn = {"sum": lambda v: np.sum(v, axis=r), "prod": lambda v: np.prod(v, axis=r),
+          "max": lambda v: _np_extreme(v, r, True), "min": lambda v: _np_extreme(v, r, False)}
+    return np.reshape(fn[a.kind](x), reduced_shape(x.shape, r, a.keep_dim))
+
+
+def _te_reducer(kind: str, dtype: str):
+    """The TE reducer of a reduce kind on elements of `dtype`."""
+    from cvmc.lowering.te_facade import te, tirx
+    if kind == "sum":
+        return te.sum
+    if kind == "prod":
+        return te.comm_reducer(lambda u, v: u * v, lambda t: tirx.const(1, t), name="prod")
+    if not dtype.startswith("float"):
+        return te.max if kind == "max" else te.min
+    is_max = kind == "max"
+    return te.comm_reducer(lambda u, v: _te_fmaxmin(tirx, u, v, is_max),
+                           lambda t: tirx.const(-math.inf if is_max else math.inf, t),
+                           name=f"ieee_{kind}")
+
+
+@reduce.lower
+def _reduce_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise
+    x = xs[0]
+    r = _reduce_axes(len(x.shape), a)
+    if not r:
+        return elementwise(x, lambda v: v, "reduce")
+    return te_reduce(x, r, a.keep_dim, _te_reducer(a.kind, str(x.dtype)), f"reduce_{a.kind}")
+
+
+def _channel_reduced(name: str, x: tuple[int, ...]) -> tuple[int, ...]:
+    """The axes a batch-norm statistic sums over: every axis but the channel axis 1."""
+    require(len(x) >= 2, f"{name}: input must have rank >= 2 (N, C, ...), got {fmt(x)}")
+    return tuple(i for i in range(len(x)) if i != 1)
+
+
+bn_mean_variance = _declare("bn_mean_variance", ("x",), "scalar -> scalar", _REDUCTION,
+                            outputs=("sum", "square_sum"))
+
+
+@bn_mean_variance.shape
+def _bn_mean_variance_shape(ins, a):
+    _channel_reduced("cinn.bn_mean_variance", ins[0].shape)
+    return [(ins[0].shape[1],)] * 2
+
+
+@bn_mean_variance.reference
+def _bn_mean_variance_reference(xs, a):
+    x = xs[0]
+    r = _channel_reduced("cinn.bn_mean_variance", x.shape)
+    return np.sum(x, axis=r), np.sum(x * x, axis=r)  # x * x is exact in float64
+
+
+@bn_mean_variance.lower
+def _bn_mean_variance_lower(xs, a):
+    from cvmc.lowering.te_facade import elementwise, te
+    x = xs[0]
+    r = _channel_reduced("cinn.bn_mean_variance", tuple(int(d) for d in x.shape))
+    square = elementwise(x, lambda v: v * v, "square")
+    return (te_reduce(x, r, False, te.sum, "bn_sum"),
+            te_reduce(square, r, False, te.sum, "bn_square_sum"))
+
+
+bn_grad_bias_scale = _declare("bn_grad_bias_scale", ("x", "grad", "save_mean"),
+                              "scalar, scalar, scalar -> scalar", _REDUCTION,
+                              outputs=("bias_grad", "scale_grad"))
+
+
+@bn_grad_bias_scale.shape
+def _bn_grad_shape(ins, a):
+    x, grad, mean = (t.shape for t in ins)
+    _channel_reduced("cinn.bn_grad_bias_scale", x)
+    require(grad == x, f"cinn.bn_grad_bias_scale: grad has shape {fmt(grad)}, expected the "
+                       f"shape of x {fmt(x)}")
+    require(mean == (x[1],), f"cinn.bn_grad_bias_scale: save_mean has shape {fmt(mean)}, "
+                             f"expected [{x[1]}] (one mean per channel of x {fmt(x)})")
+    return [(x[1],)] * 2
+
+
+@bn_grad_bias_scale.reference
+def _bn_grad_reference(xs, a):
+    x, grad, mean = xs
+    r = _channel_reduced("cinn.bn_grad_bias_scale", x.shape)
+    centered = x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))
+    return np.sum(grad, axis=r), np.sum(grad * centered, axis=r)
+
+
+@bn_grad_bias_scale.lower
+def _bn_grad_lower(xs, a):
+    from cvmc.lowering.te_facade import te
+    x, grad, mean = xs
+    r = _channel_reduced("cinn.bn_grad_bias_scale", tuple(int(d) for d in x.shape))
+    term = te.compute(x.shape, lambda *i: grad(*i) * (x(*i) - mean(i[1])), name="bn_term")
+    return (te_reduce(grad, r, False, te.sum, "bn_bias_grad"),
+            te_reduce(term, r, False, te.sum, "bn_scale_grad"))
+
+
+# ---- data movement: broadcast_to, concat, reshape, reverse, slice, transpose -------------
+broadcast_to = _declare("broadcast_to", ("x",), "? -> ?", _INJECTIVE, attrs=(
+    Attr("out_shape", "ints", lo=1), Attr("broadcast_axes", "ints", lo=0)))
+
+
+@broadcast_to.shape
+def _broadcast_to_shape(ins, a):
+    x, out, axes = ins[0].shape, a.out_shape, a.broadcast_axes
+    name = "cinn.broadcast_to"
+    require(len(axes) == len(x), f"{name}: 'broadcast_axes' {fmt(axes)} must have one entry per "
+                                 f"input axis ({len(x)} for input {fmt(x)})")
+    require(all(v < len(out) for v in axes),
+            f"{name}: 'broadcast_axes' {fmt(axes)} must be in range [0,{len(out)}) (the rank "
+            f"of 'out_shape' {fmt(out)})")
+    require(all(u < v for u, v in itertools.pairwise(axes)),
+            f"{name}: 'broadcast_axes' {fmt(axes)} must be strictly increasing")
+    for i, (e, ax) in enumerate(zip(x, axes)):
+        require(e in (1, out[ax]), f"{name}: input axis {i} (extent {e}) maps to output axis "
+                                   f"{ax} (extent {out[ax]}); the extents must be equal or "
+                                   f"the input's 1")
+    return tuple(out)
+
+
+gather_rules(broadcast_to, lambda ins, out, a: lambda d: tuple(
+    0 if e == 1 else d[ax] for e, ax in zip(ins[0].shape, a.broadcast_axes)))
+
+concat = _declare("concat", ("*input_vars",), "?[] -> ?", _INJECTIVE,
+                  attrs=(Attr("axis", "int", 0, lo=0),))
+
+
+@concat.shape
+def _concat_shape(ins, a):
+    first = ins[0].shape
+    require(a.axis < len(first), f"cinn.concat: 'axis' must be in range [0,{len(first)}), "
+                                 f"found {a.axis}")
+    for k, t in enumerate(ins[1:], 1):
+        require(len(t.shape) == len(first) and all(
+            e == f for i, (e, f) in enumerate(zip(t.shape, first)) if i != a.axis),
+            f"cinn.concat: input {k} has shape {fmt(t.shape)}, expected the shape of input 0 "
+            f"{fmt(first)} on every axis but {a.axis}")
+    return first[:a.axis] + (sum(t.shape[a.axis] for t in ins),) + first[a.axis + 1:]
+
+
+concat.reference(lambda xs, a: np.concatenate(xs, axis=a.axis))
+concat.lower(lambda xs, a: te_concat(xs, a.axis, _concat_shape(types_of(xs), a), "concat"))
+
+reshape = _declare("reshape", ("x",), "? -> ?", _INJECTIVE, attrs=(Attr("shape", "ints"),))
+
+
+@reshape.shape
+def _reshape_shape(ins, a):
+    x, shape = ins[0].shape, list(a.shape)
+    require(all(s >= 1 or s == -1 for s in shape),
+            f"cinn.reshape: 'shape' {fmt(shape)} may hold positive extents and one -1 only")
+    require(shape.count(-1) <= 1, f"cinn.reshape: 'shape' {fmt(shape)} has more than one -1")
+    volume, known = math.prod(x), math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        require(volume % known == 0, f"cinn.reshape: the input's {volume} elements ({fmt(x)}) "
+                                     f"do not divide into 'shape' {fmt(shape)}")
+        shape[shape.index(-1)] = volume // known
+    require(math.prod(shape) == volume, f"cinn.reshape: 'shape' {fmt(a.shape)} holds "
+                                        f"{math.prod(shape)} elements, the input {fmt(x)} "
+                                        f"{volume}")
+    return tuple(shape)
+
+
+reshape_like(reshape)
+
+reverse = _declare("reverse", ("x",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
+
+
+@reverse.shape
+def _reverse_shape(ins, a):
+    check_axes("cinn.reverse", "'axis'", a.axis, ins[0].ndim)
+    return ins[0].shape
+
+
+gather_rules(reverse, lambda ins, out, a: lambda d: tuple(
+    n - 1 - i if k in a.axis else i for k, (n, i) in enumerate(zip(out, d))))
+
+slice = _declare("slice", ("x",), "? -> ?", _INJECTIVE, attrs=(
+    Attr("axes", "ints"), Attr("starts", "ints"), Attr("ends", "ints")))
+
+
+@slice.shape
+def _slice_shape(ins, a):
+    x = ins[0].shape
+    for what in ("starts", "ends"):
+        require(len(a[what]) == len(a.axes), f"cinn.slice: '{what}' {fmt(a[what])} must have "
+                                             f"one entry per axis in 'axes' {fmt(a.axes)}")
+    check_axes("cinn.slice", "'axes'", a.axes, len(x))
+    out = list(x)
+    for axis, start, end in zip(a.axes, a.starts, a.ends):
+        require(0 <= start < end <= x[axis],
+                f"cinn.slice: along axis {axis} (extent {x[axis]}) start {start} and end "
+                f"{end} must satisfy 0 <= start < end <= {x[axis]}")
+        out[axis] = end - start
+    return tuple(out)
+
+
+gather_rules(slice, lambda ins, out, a: lambda d: tuple(
+    i + dict(zip(a.axes, a.starts)).get(k, 0) for k, i in enumerate(d)))
+
+transpose = _declare("transpose", ("x",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
+
+
+@transpose.shape
+def _transpose_shape(ins, a):
+    x, n = ins[0].shape, len(a.axis)
+    require(n <= len(x), f"cinn.transpose: 'axis' {fmt(a.axis)} is longer than the input's "
+                         f"rank {len(x)}")
+    require(sorted(a.axis) == list(range(n)),
+            f"cinn.transpose: 'axis' {fmt(a.axis)} must be a permutation of [0..{n - 1}] "
+            f"(it permutes the leading {n} axes)")
+    return tuple(x[i] for i in a.axis) + x[n:]
+
+
+def _transpose_map(ins, out, a):
+    def index(d):
+        src = list(d)  # axes past len(axis) stay in place
+        for k, ax in enumerate(a.axis):
+            src[ax] = d[k]
+        return tuple(src)
+    return index
+
+
+gather_rules(transpose, _transpose_map)
+
+
+# ---- const_scalar -------------------------------------------------------------------------
+const_scalar = _declare("const_scalar", (), "-> ?", Fusion.OPAQUE,
+                        attrs=(Attr("value", "literal"),),
+                        precision_rule="bits of |value| (integer values)")
+
+
+@const_scalar.kind
+def _const_scalar_kind(kinds, a):
+    v = a.value
+    return "logical" if isinstance(v, bool) else "integer" if isinstance(v, int) else "scalar"
+
+
+@const_scalar.shape
+def _const_scalar_shape(ins, a):
+    v = a.value
+    if isinstance(v, int) and not isinstance(v, bool):
+        require(abs(v) <= prec_max(32), f"cinn.const_scalar: integer value {v} does not fit "
+                                         f"int32 (precision 32): |v| <= {prec_max(32)}")
+    elif isinstance(v, float):
+        require(math.isfinite(v) and abs(v) <= float(np.finfo(np.float32).max),
+                f"cinn.const_scalar: value {v} is not a finite float32 "
+                f"(|v| <= {float(np.finfo(np.float32).max):.8g})")
+    return ()
+
+
+const_scalar.precision(lambda ins, a: holding(abs(a.value)))
+const_scalar.reference(lambda xs, a: np.asarray(a.value))
+
+
+@const_scalar.lower
+def _const_scalar_lower(xs, a):
+    from cvmc.lowering.te_facade import te, tirx
+    from cvmc.ops.registry import KINDS
+    value = tirx.const(a.value, KINDS[_const_scalar_kind([], a)])
+    return te.compute((), lambda: value, name="const_scalar")
+
