@@ -1,15 +1,18 @@
 """cvmc: a compiler for integer (CVM) neural networks.
 
-Public API (README, "Python API"): `load_graph` (read a model), `reference_run` (the
-NumPy oracle), `compile` (build a .cvmx artifact; the pass pipeline runs inside),
-`print_graph` (the graph as NNEF text), `CvmcError` (every user mistake).
+Public API (README, "Python API"): `load_graph` (read a model), `GraphBuilder` (build one
+from Python, CINN's way), `reference_run` (the NumPy oracle), `compile` (build a .cvmx
+artifact; the pass pipeline runs inside), `print_graph` (the graph as NNEF text),
+`CvmcError` (every user mistake).
 """
+from cvmc.builder import GraphBuilder
 from cvmc.errors import CvmcError
 from cvmc.frontend import load_graph
 from cvmc.ir.printer import print_graph
 from cvmc.reference import reference_run
 
-__all__ = ["CvmcError", "compile", "load_graph", "print_graph", "reference_run"]
+__all__ = ["CvmcError", "GraphBuilder", "compile", "load_graph", "print_graph",
+           "reference_run"]
 
 
 def __getattr__(name: str):

@@ -494,7 +494,7 @@ def _dot_lower(xs, a):
 
 
 REDUCE_KINDS = ("sum", "prod", "max", "min")
-reduce = _declare("reduce", ("x",), "numeric -> numeric", _REDUCTION, attrs=(
+reduce_op = _declare("reduce", ("input",), "numeric -> numeric", _REDUCTION, attrs=(
     Attr("kind", "str", choices=REDUCE_KINDS), Attr("dim", "ints", ()),
     Attr("keep_dim", "bool", False)),
     precision_rule="sum: bits of K * (2^(p_x-1) - 1); prod: bits of (2^(p_x-1) - 1)^K; "
@@ -507,13 +507,13 @@ def _reduce_axes(ndim: int, a) -> tuple[int, ...]:
     return tuple(sorted(a.dim)) or tuple(range(ndim))
 
 
-@reduce.shape
+@reduce_op.shape
 def _reduce_shape(ins, a):
     r = _reduce_axes(ins[0].ndim, a)
     return reduced_shape(ins[0].shape, r, a.keep_dim) if r else ins[0].shape
 
 
-@reduce.precision
+@reduce_op.precision
 def _reduce_precision(ins, a):
     m = prec_max(_p(ins, 0))
     k = math.prod(ins[0].shape[i] for i in _reduce_axes(ins[0].ndim, a))
@@ -531,7 +531,7 @@ def _np_extreme(x, r: tuple[int, ...], is_max: bool):
     return np.where(out == 0, zero, out)
 
 
-@reduce.reference
+@reduce_op.reference
 def _reduce_reference(xs, a):
     x = xs[0]
     r = _reduce_axes(x.ndim, a)
@@ -557,7 +557,7 @@ def _te_reducer(kind: str, dtype: str):
                            name=f"ieee_{kind}")
 
 
-@reduce.lower
+@reduce_op.lower
 def _reduce_lower(xs, a):
     from cvmc.lowering.te_facade import elementwise
     x = xs[0]
@@ -573,7 +573,7 @@ def _channel_reduced(name: str, x: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(i for i in range(len(x)) if i != 1)
 
 
-bn_mean_variance = _declare("bn_mean_variance", ("x",), "scalar -> scalar", _REDUCTION,
+bn_mean_variance = _declare("bn_mean_variance", ("input",), "scalar -> scalar", _REDUCTION,
                             outputs=("sum", "square_sum"))
 
 
@@ -600,7 +600,7 @@ def _bn_mean_variance_lower(xs, a):
             te_reduce(square, r, False, te.sum, "bn_square_sum"))
 
 
-bn_grad_bias_scale = _declare("bn_grad_bias_scale", ("x", "grad", "save_mean"),
+bn_grad_bias_scale = _declare("bn_grad_bias_scale", ("input", "grad", "save_mean"),
                               "scalar, scalar, scalar -> scalar", _REDUCTION,
                               outputs=("bias_grad", "scale_grad"))
 
@@ -610,9 +610,9 @@ def _bn_grad_shape(ins, a):
     x, grad, mean = (t.shape for t in ins)
     _channel_reduced("cinn.bn_grad_bias_scale", x)
     require(grad == x, f"cinn.bn_grad_bias_scale: grad has shape {fmt(grad)}, expected the "
-                       f"shape of x {fmt(x)}")
+                       f"shape of input {fmt(x)}")
     require(mean == (x[1],), f"cinn.bn_grad_bias_scale: save_mean has shape {fmt(mean)}, "
-                             f"expected [{x[1]}] (one mean per channel of x {fmt(x)})")
+                             f"expected [{x[1]}] (one mean per channel of input {fmt(x)})")
     return [(x[1],)] * 2
 
 
@@ -635,7 +635,7 @@ def _bn_grad_lower(xs, a):
 
 
 # ---- data movement: broadcast_to, concat, reshape, reverse, slice, transpose -------------
-broadcast_to = _declare("broadcast_to", ("x",), "? -> ?", _INJECTIVE, attrs=(
+broadcast_to = _declare("broadcast_to", ("var",), "? -> ?", _INJECTIVE, attrs=(
     Attr("out_shape", "ints", lo=1), Attr("broadcast_axes", "ints", lo=0)))
 
 
@@ -680,7 +680,7 @@ def _concat_shape(ins, a):
 concat.reference(lambda xs, a: np.concatenate(xs, axis=a.axis))
 concat.lower(lambda xs, a: te_concat(xs, a.axis, _concat_shape(types_of(xs), a), "concat"))
 
-reshape = _declare("reshape", ("x",), "? -> ?", _INJECTIVE, attrs=(Attr("shape", "ints"),))
+reshape = _declare("reshape", ("input",), "? -> ?", _INJECTIVE, attrs=(Attr("shape", "ints"),))
 
 
 @reshape.shape
@@ -702,7 +702,7 @@ def _reshape_shape(ins, a):
 
 reshape_like(reshape)
 
-reverse = _declare("reverse", ("x",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
+reverse = _declare("reverse", ("input",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
 
 
 @reverse.shape
@@ -714,11 +714,11 @@ def _reverse_shape(ins, a):
 gather_rules(reverse, lambda ins, out, a: lambda d: tuple(
     n - 1 - i if k in a.axis else i for k, (n, i) in enumerate(zip(out, d))))
 
-slice = _declare("slice", ("x",), "? -> ?", _INJECTIVE, attrs=(
+slice_op = _declare("slice", ("input",), "? -> ?", _INJECTIVE, attrs=(
     Attr("axes", "ints"), Attr("starts", "ints"), Attr("ends", "ints")))
 
 
-@slice.shape
+@slice_op.shape
 def _slice_shape(ins, a):
     x = ins[0].shape
     for what in ("starts", "ends"):
@@ -734,10 +734,10 @@ def _slice_shape(ins, a):
     return tuple(out)
 
 
-gather_rules(slice, lambda ins, out, a: lambda d: tuple(
+gather_rules(slice_op, lambda ins, out, a: lambda d: tuple(
     i + dict(zip(a.axes, a.starts)).get(k, 0) for k, i in enumerate(d)))
 
-transpose = _declare("transpose", ("x",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
+transpose = _declare("transpose", ("input",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
 
 
 @transpose.shape
