@@ -31,6 +31,7 @@ import re
 import types
 from collections.abc import Sequence
 from dataclasses import dataclass
+from keyword import iskeyword
 from typing import Any
 
 import numpy as np
@@ -89,7 +90,7 @@ def _documented(method, op: str, what: str):
 class GraphBuilder:
     """Builds a `cvmc.ir.Graph` call by call; see the module docstring."""
 
-    def __init__(self, name: str = "graph"):
+    def __init__(self, name: str = "net"):
         _check_name(name, "graph name")
         self.name = name
         self._eval = _Evaluator(Source("", f"<GraphBuilder {name}>"), {}, None)
@@ -485,10 +486,22 @@ def _text_call(text_name: str):
     def method(self: GraphBuilder, *tensors: Any, name: Any = None, **attrs: Any) -> Any:
         while tensors and tensors[-1] is None:  # an optional input left out (bias=None)
             tensors = tensors[:-1]
-        return self._call(text_name, list(tensors), attrs, name)
+        return self._call(text_name, list(tensors), {_attr_name(k): v for k, v in
+                                                     attrs.items()}, name)
     method.__name__ = text_name
     method.__doc__, method.__signature__ = _describe(text_name)
     return method
+
+
+def _attr_name(keyword: str) -> str:
+    """An attribute's name from its keyword: `lambda_` for NNEF's `lambda` (selu), which
+    Python cannot take as a keyword."""
+    bare = keyword.removesuffix("_")
+    return bare if keyword != bare and iskeyword(bare) else keyword
+
+
+def _keyword(attr: str) -> str:
+    return attr + "_" if iskeyword(attr) else attr
 
 
 def _describe(text_name: str) -> tuple[str, inspect.Signature]:
@@ -508,14 +521,14 @@ def _describe(text_name: str) -> tuple[str, inspect.Signature]:
     if entries:
         params += [P(i.strip("?*"), P.POSITIONAL_ONLY, default=None if i.endswith("?")
                      else P.empty) for i in entries[0].inputs]
-        params += [P(a.name, P.KEYWORD_ONLY,
+        params += [P(_keyword(a.name), P.KEYWORD_ONLY,
                      default=P.empty if a.default is REQUIRED else a.default)
                    for a in entries[0].attrs]
     if frag is not None and frag.body is not None:
         lines.append("  the NNEF standard library fragment, expanded into the ops it calls")
     if not entries:
         params += [P(p.name, P.POSITIONAL_ONLY) for p in frag.params if p.type[0] == "tensor"]
-        params += [P(p.name, P.KEYWORD_ONLY,
+        params += [P(_keyword(p.name), P.KEYWORD_ONLY,
                      default=P.empty if p.default is NO_DEFAULT else p.default)
                    for p in frag.params if p.type[0] != "tensor"]
     params.append(P("name", P.KEYWORD_ONLY, default=None))

@@ -1,0 +1,214 @@
+"""cvmc.GraphBuilder: the README example, the text round trip, the method scheme, and
+mistakes raised at the call."""
+from __future__ import annotations
+
+import inspect
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cvmc
+from cvmc.cli import main as cli_main
+from cvmc.frontend.fragments import stdlib
+from cvmc.frontend.nnef import parse_nnef
+from cvmc.ops import all_ops
+from tests.ops.test_cinn import NOT_YET, SPEC_PRIMITIVES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_builder_example_runs(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Python GraphBuilder (CINN primitives)"):]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    scope: dict = {}
+    try:
+        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
+    finally:
+        os.chdir(cwd)
+    assert (tmp_path / "net.cvmx").is_file()
+    # z by hand: relu(sum over a channel / 32 * 0.25 summed over the 3 channels + 0.5)
+    x = scope["feeds"]["x"].astype(np.float64)
+    z = max(x.sum(axis=(0, 2, 3)).sum() / 32 * 0.25 + 0.5, 0.0)
+    assert np.allclose(scope["got"]["z"], z, rtol=1e-5)
+    # k by hand: cvm_right_shift(i * i, 7) rounds: (v + 64) >> 7, clipped to precision 8
+    i = scope["feeds"]["i"]
+    assert scope["got"]["k"].tolist() == np.clip((i * i + 64) >> 7, -127, 127).tolist()
+
+
+def every_cinn_op_graph() -> cvmc.ir.Graph:
+    """One graph calling every CINN primitive (and a CVM op and an NNEF fragment)."""
+    b = cvmc.GraphBuilder("all_cinn")
+    x = b.input("x", [2, 3, 4], "float32")
+    i = b.input("i", [2, 3], "int32", precision=8)
+    p = b.input("p", [3], "int8")
+    flag = b.input("flag", [3], "bool")
+    outs = [b.const_scalar(3), b.const_scalar(True, name="yes")]
+    for name in ("abs", "acos", "acosh", "asin", "asinh", "atan", "atanh", "ceil", "cos",
+                 "cosh", "erf", "exp", "floor", "identity", "is_finite", "is_inf", "is_nan",
+                 "log", "log10", "log2", "negative", "round", "rsqrt", "sign", "sin", "sinh",
+                 "sqrt", "tan", "tanh", "trunc"):
+        outs.append(getattr(b, name)(x))
+    outs += [b.bitwise_not(p), b.logical_not(flag)]
+    for name in ("add", "sub", "mul", "div", "floor_div", "floor_mod", "mod", "max", "min",
+                 "power"):
+        outs.append(getattr(b, name)(x, b.const_scalar(1.5)))
+    for name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"):
+        outs.append(getattr(b, name)(p, b.const_scalar(2)))
+    outs += [getattr(b, n)(flag, True) for n in ("logical_and", "logical_or", "logical_xor")]
+    outs += [b.dot(i, b.constant(np.arange(6).reshape(3, 2), name="w")),
+             b.compare(x, 0.5, "kGt"), b.select(flag, p, -1),
+             b.reduce(x, "sum", [0, 2]), b.reduce(i, "kMax", [], keep_dim=True),
+             *b.bn_mean_variance(x, name=["bn_sum", "bn_sq"]),
+             *b.bn_grad_bias_scale(x, x, b.constant(np.zeros(3, np.float32))),
+             b.broadcast_to(p, [2, 3]), b.concat([i, i], axis=1), b.reshape(x, [-1, 4]),
+             b.reverse(x, [0, 2]), b.slice(x, [2], [1], [3]), b.transpose(x, [1, 0]),
+             b.cvm_right_shift(b.mul(i, i), precision=8, shift_bit=7), b.softmax(x)]
+    return b.build(outputs=outs)
+
+
+def test_builder_graph_prints_and_parses_back_equal(tmp_path, capsys):
+    g = every_cinn_op_graph()
+    text = cvmc.print_graph(g)
+    assert parse_nnef(text, "printed.nnef") == g
+    ops = {n.op for n in g.nodes}
+    assert {f"cinn.{p}" for p in SPEC_PRIMITIVES if p not in NOT_YET} <= ops
+    (tmp_path / "graph.nnef").write_text(text)
+    assert cli_main(["check", str(tmp_path / "graph.nnef")]) == 0
+    assert "cinn.bn_grad_bias_scale" in capsys.readouterr().out
+
+
+def test_builder_graph_runs_on_the_reference(tmp_path):
+    b = cvmc.GraphBuilder("g")
+    x = b.input("x", [3], "int32", precision=8)
+    y = b.input("y", [3], "int32", precision=4)
+    q = b.floor_div(x, y, name="q")
+    r = b.floor_mod(x, y, name="r")
+    g = b.build([q, r])
+    out = cvmc.reference_run(g, {"x": np.array([7, -7, 5]), "y": np.array([2, 2, 0])})
+    assert out["q"].tolist() == [3, -4, 0] and out["r"].tolist() == [1, 1, 0]
+    cvmc.compile(g, tmp_path / "g.cvmx", target="llvm")
+
+
+def test_methods_cover_the_spec_and_every_text_name():
+    b = cvmc.GraphBuilder()
+    for p in SPEC_PRIMITIVES:
+        method = getattr(b, p)
+        assert method.__doc__ and callable(method)
+    assert b.pow == b.power
+    # every other text-callable op: registry names (no nnef.) and stdlib compound fragments
+    text_names = {d.name.removeprefix("nnef.") for d in all_ops() if "cinn" not in d.seeds}
+    text_names |= {n for n, f in stdlib().items() if f.body is not None}
+    text_names -= {"external", "variable", "constant", "update"}
+    for name in text_names:
+        method = f"nnef_{name}" if name in SPEC_PRIMITIVES else name
+        assert method in dir(b) and getattr(b, method).__doc__, method
+    assert "nnef_max" in dir(b) and "nnef_relu" not in dir(b) and "relu" in dir(b)
+    assert "lambda_" in inspect.signature(b.selu).parameters  # NNEF's `lambda` attribute
+
+
+def test_spec_argument_names():
+    sig = {n: list(inspect.signature(getattr(cvmc.GraphBuilder, n)).parameters)[1:]
+           for n in ("broadcast_to", "concat", "conv", "reduce", "reshape", "reverse",
+                     "select", "slice", "transpose", "bn_mean_variance", "bn_grad_bias_scale",
+                     "const_scalar")}
+    assert sig["broadcast_to"] == ["var", "out_shape", "broadcast_axes", "name"]
+    assert sig["concat"] == ["input_vars", "axis", "name"]
+    assert sig["conv"] == ["lhs", "rhs", "strides", "paddings", "dilations", "groups",
+                           "conv_type", "data_format", "padding_algorithm", "output_shape",
+                           "name"]
+    assert sig["reduce"] == ["input", "kind", "dim", "keep_dim", "name"]
+    assert sig["slice"] == ["input", "axes", "starts", "ends", "name"]
+    assert sig["transpose"] == ["input", "axis", "name"]
+    assert sig["bn_grad_bias_scale"] == ["input", "grad", "save_mean", "name"]
+    assert sig["const_scalar"] == ["value", "name"]
+    assert list(inspect.signature(cvmc.GraphBuilder().cvm_right_shift).parameters) == [
+        "data", "precision", "shift_bit", "name"]
+
+
+def test_text_names_resolve_as_in_text():
+    b = cvmc.GraphBuilder()
+    f = b.input("f", [2, 3], "float32")
+    i = b.input("i", [2, 3], "int32", precision=8)
+    assert b.relu(i).dtype == "int32" and b.relu(f).dtype == "float32"
+    assert b.nnef_max(i, axes=[1]).shape == (2,)          # CVM's reduce max
+    assert b.nnef_max(f, 0.5).shape == (2, 3)              # NNEF's binary max
+    g = b.build([b.relu(i, name="r")])
+    assert g.nodes[-1].op == "relu"
+
+
+def test_inputs_and_constants():
+    b = cvmc.GraphBuilder()
+    assert b.input("a", [2], "int8").precision == 8
+    assert b.input("c", [2], "int32", precision=20).precision == 20
+    w = b.constant(np.array([1.5, 2.0]))                    # float64 -> float32
+    assert w.dtype == "float32"
+    k = b.constant(np.array([[3, -100]]), precision=9)
+    assert k.dtype == "int32" and k.precision == 9
+    assert b.constant(np.array([3, -100])).precision == 8   # inferred from the data
+    assert b.constant(np.array([True])).dtype == "bool"
+    g = b.build([w, k])
+    assert g.constants[w.name].dtype == np.float32 and g.types[k.name].precision == 9
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda b: b.input("y", [2], "int32"), r"input 'y': an integer input needs precision="),
+    (lambda b: b.input("y", [2], "int8", precision=9), r"int8 input has precision 1..8"),
+    (lambda b: b.input("y", [2], "float64"), r"dtype must be one of float32, int32, int8, bool"),
+    (lambda b: b.input("x", [2], "float32"), r"tensor name 'x' is already used"),
+    (lambda b: b.input("for", [2], "float32"), r"'for' is not an NNEF identifier"),
+    (lambda b: b.input("y", [0], "float32"), r"dimension 0 in shape \[0\] is outside"),
+    (lambda b: b.constant(np.array([np.inf])), r"not a finite float32"),
+    (lambda b: b.constant(np.array([2**40])), r"value 1099511627776 at index \[0\] does not"),
+    (lambda b: b.constant(np.array([1.0]), precision=8), r"precision applies to integer"),
+    (lambda b: b.add(b.input("y", [3], "float32"), b.input("z", [2], "float32")),
+     r"cinn.add: x shape \(3,\) and y shape \(2,\) do not broadcast"),
+    (lambda b: b.exp(b.input("y", [3], "int32", precision=4)),
+     r"cinn.exp 'exp__1': input 'y' must be a tensor<scalar>, got a tensor<integer>"),
+    (lambda b: b.mul(b.input("y", [3], "int32", precision=20), b.const_scalar(2**20)),
+     r"cinn.mul 'mul__\d+': precision of 'mul__\d+' would be 42 bits"),
+    (lambda b: b.reduce(b.input("y", [3], "float32"), "mean"),
+     r"cinn.reduce: attribute 'kind' must be 'sum' or 'prod' or 'max' or 'min'"),
+    (lambda b: b.conv(b.input("y", [1, 1, 3, 3], "float32"), b.input("z", [1, 1, 1, 1],
+                                                                    "float32")),
+     r"cinn.conv: not implemented yet"),
+    (lambda b: b.add(np.zeros(3), 1.0), r"wrap it with b.constant\(array\)"),
+    (lambda b: b.add(cvmc.GraphBuilder().input("y", [1], "float32"), 1.0),
+     r"is not a Var of this GraphBuilder"),
+    (lambda b: b.softmax(b.input("y", [3], "float32"), axes=[4]),
+     r"^error: softmax 'softmax': max_reduce: axes must be in range"),
+    (lambda b: b.identity(b.input("y", [1], "float32"), name="x"), r"'x' is already used"),
+])
+def test_mistakes_raise_at_the_call(call, message):
+    b = cvmc.GraphBuilder()
+    b.input("x", [2], "float32")
+    with pytest.raises(cvmc.CvmcError, match=message) as info:
+        call(b)
+    assert info.value.span is None  # raised at the Python call, not at a text location
+
+
+def test_a_rejected_call_leaves_the_graph_unchanged():
+    b = cvmc.GraphBuilder()
+    x = b.input("x", [3], "int32", precision=30)
+    with pytest.raises(cvmc.CvmcError, match="precision"):
+        b.mul(x, 5, name="m")                      # 30 + 4 bits
+    assert b.add(x, 1, name="m").name == "m"       # the name was not taken
+    g = b.build([b.identity(x)])
+    assert [n.op for n in g.nodes] == ["cinn.add", "cinn.identity"]
+    assert parse_nnef(cvmc.print_graph(g)) == g
+
+
+def test_build_checks_its_outputs():
+    b = cvmc.GraphBuilder()
+    x = b.input("x", [3], "float32")
+    with pytest.raises(cvmc.CvmcError, match="'x' is listed twice"):
+        b.build([x, x])
+    with pytest.raises(cvmc.CvmcError, match="at least one output"):
+        b.build([])
+    with pytest.raises(cvmc.CvmcError, match="is not a Var of this GraphBuilder"):
+        b.build(["x"])
