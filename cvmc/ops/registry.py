@@ -113,6 +113,8 @@ class Attr:
     def describe(self) -> str:
         """`name: type = default` for tables and messages."""
         text = f"{self.name}: {self.nnef_type}"
+        if self.choices:
+            text += f" ({' | '.join(repr(c) for c in self.choices)})"
         if self.default is not REQUIRED:
             text += f" = {_fmt(self.default)}"
         return text
