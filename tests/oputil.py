@@ -30,9 +30,8 @@ def one_op_graph(op: str, inputs: list[tuple[np.ndarray, int | None]],
     names = [f"w{i}" if i in weights else f"x{i}" for i in range(len(inputs))]
     types = {n: TensorType(tuple(arr.shape), _dtype_of(arr), p)
              for n, (arr, p) in zip(names, inputs)}
-    outs = tuple(f"y{i}" for i in range(len(d.outputs))) if not d.outputs[0].startswith("*") \
-        else ("y0",)
     shapes = d.infer_shapes([types[n] for n in names], a)
+    outs = tuple(f"y{i}" for i in range(len(shapes)))
     types.update({o: TensorType(s, out_dtype) for o, s in zip(outs, shapes)})
     consts = {n: arr.astype(types[n].dtype) if not types[n].is_integer else arr
               for n, (arr, _) in zip(names, inputs) if n.startswith("w")}

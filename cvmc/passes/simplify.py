@@ -1,11 +1,8 @@
 """Constant folding and dead-code elimination."""
 from __future__ import annotations
 
-import numpy as np
-
 from cvmc.ir import Graph
-from cvmc.ops import lookup
-from cvmc.ops.registry import Attrs
+from cvmc.reference import evaluate, stored
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -14,11 +11,11 @@ def fold_constants(graph: Graph) -> Graph:
     kept = []
     for node in graph.nodes:
         if node.inputs and all(i in constants for i in node.inputs):
-            outs = lookup(node.op).run_reference(
-                [np.asarray(constants[i], dtype=np.int64) for i in node.inputs],
-                Attrs(node.attrs))
-            for name, value in zip(node.outputs, outs):
-                constants[name] = np.asarray(value).astype(graph.types[name].dtype)
+            # the reference interpreter's evaluation: the bits a kernel would compute
+            # (integers in int64, float formulas in float64 rounded once to float32)
+            values = [stored(constants[i], graph.types[i]) for i in node.inputs]
+            for name, value in zip(node.outputs, evaluate(node, values, graph.types)):
+                constants[name] = value.astype(graph.types[name].dtype)
         else:
             kept.append(node)
     return graph.replace(nodes=kept, constants=constants)

@@ -168,6 +168,56 @@ NNEF_CASES: list[OpCase] = [
 CASES += NNEF_CASES
 
 
+# ---- NNEF reduce, shape, matmul and update ops ------------------------------------------
+def irand(shape: tuple[int, ...], seed: int = 0, bound: int = 8) -> tuple[np.ndarray, None]:
+    """Small integer-valued float32 values: their float32 sums and products are exact, so
+    a compiled reduction must equal the reference bit for bit (the bound-based tests with
+    arbitrary values are in tests/ops/test_nnef_tensor.py)."""
+    rng = np.random.default_rng(seed)
+    return rng.integers(-bound, bound + 1, shape).astype(np.float32), None
+
+
+_NAN_ROWS = (np.array([[1.0, np.nan, 3.0, np.nan], [2.0, 2.0, -1.0, 2.0],
+                       [-np.inf, -np.inf, -np.inf, -np.inf]], np.float32), None)
+
+NNEF_TENSOR_CASES: list[OpCase] = [
+    OpCase("sum_reduce", [irand((2, 3, 4), 40)], {"axes": [0, 2]}),
+    OpCase("sum_reduce", [irand((3, 8), 41)], {"axes": [1], "normalize": True}),
+    *[OpCase(f"{k}_reduce", [frand((3, 5, 2), 42)], {"axes": [1, 2]})
+      for k in ("max", "min", "argmax", "argmin")],
+    *[OpCase(f"{k}_reduce", [_NAN_ROWS], {"axes": [1]})
+      for k in ("max", "min", "argmax", "argmin")],
+    *[OpCase(f"{k}_reduce", [brand((4, 3), 43)], {"axes": [0]}) for k in ("any", "all")],
+    OpCase("matmul", [irand((2, 3, 5), 44), irand((1, 5, 4), 45)]),
+    OpCase("matmul", [irand((5, 3), 46), irand((4, 5), 47)],
+           {"transposeA": True, "transposeB": True}),
+    OpCase("nnef.reshape", [frand((2, 3, 4), 48)], {"shape": [0, -1, 2], "axis_start": 1}),
+    OpCase("nnef.reshape", [rand((2, 6), 12, 49)], {"shape": [3, 4]}),
+    OpCase("nnef.transpose", [frand((2, 3, 4), 50)], {"axes": [1, 0]}),
+    OpCase("concat", [frand((2, 1), 51), frand((2, 3), 52), frand((2, 2), 53)], {"axis": 1}),
+    OpCase("concat", [rand((1, 3), 8, 54), rand((2, 3), 12, 55)], {"axis": 0}),
+    OpCase("split", [frand((2, 6), 56)], {"axis": 1, "ratios": [1, 2]}),
+    OpCase("stack", [frand((2, 3), 57), frand((2, 3), 58)], {"axis": 1}),
+    OpCase("unstack", [frand((2, 3), 59)], {"axis": 1}),
+    OpCase("nnef.slice", [frand((5, 6), 60)], {"axes": [0, 1], "begin": [1, -1],
+                                               "end": [5, 0], "stride": [2, -2]}),
+    OpCase("nnef.slice", [rand((4, 5), 10, 61)], {"axes": [1], "begin": [-3], "end": [0]}),
+    OpCase("nnef.squeeze", [frand((2, 1, 3, 1), 62)], {"axes": [1, 3]}),
+    OpCase("unsqueeze", [frand((2, 3), 63)], {"axes": [0, 3]}),
+    OpCase("nnef.tile", [frand((2, 3), 64)], {"repeats": [2, 3]}),
+    *[OpCase("pad", [frand((3, 4), 65)], {"padding": [(1, 2), (2, 1)], "border": b,
+                                          "value": 1.5})
+      for b in ("constant", "replicate", "reflect", "reflect-even")],
+    OpCase("pad", [frand((3, 4), 66)], {"padding": [(2, 2), (3, 3)], "border": "reflect"}),
+    OpCase("pad", [frand((3, 4), 67)], {"padding": [(3, -1), (4, 0)], "border": "reflect-even"}),
+    OpCase("gather", [frand((4, 3), 68), (np.array([[0, 3], [-1, 9], [-9, 2]]), 8)],
+           {"axis": 0}),
+    OpCase("gather", [rand((2, 5), 12, 69), (np.array([4, 0, -2]), 4)], {"axis": 1}),
+    OpCase("update", [frand((2, 3), 70), frand((2, 3), 71)]),
+]
+CASES += NNEF_TENSOR_CASES
+
+
 def case_id(case: OpCase) -> str:
     """Test id of a case: the op name."""
     return case.op

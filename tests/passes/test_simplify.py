@@ -35,3 +35,17 @@ def test_dead_code_removes_unused_nodes_and_weights():
 def test_pipeline_stop_after():
     g = run_pipeline(graph(), stop_after="infer-precision")
     assert len(g.nodes) == 3 and g.types["b"].precision == 8
+
+
+def test_folding_a_float_subgraph_keeps_its_fraction():
+    """Constant folding evaluates as the reference does (float64 rounded to float32): it
+    once cast every constant operand to int64, so 0.75 * 2.5 folded to 0."""
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.passes.simplify import fold_constants
+
+    g = parse_nnef("version 1.0;\ngraph G(x) -> (y) { x = external(shape = [2]); "
+                   "c = mul(0.75, 2.5); y = add(x, c); }")
+    folded = fold_constants(infer_precision(g))
+    assert [n.op for n in folded.nodes] == ["add"]
+    c = folded.constants["c"]
+    assert c.dtype == np.float32 and c == np.float32(1.875)
