@@ -17,7 +17,10 @@ Decisions where the spec is silent (also in the README):
   picks among the taps inside (none inside: index 0); sample reads -inf at a border
   position (so max_pool over a window with no input element gives -inf, the identity of
   max, as the Khronos PyTorch interpreter does).
-- argmax_pool orders values as np.argmax does: NaN is the largest, ties take the first tap.
+- argmax_pool orders values as np.argmax does: NaN is the largest, ties (0 and -0 too)
+  take the first tap; a window has at most 2^29 taps. max_roi_pool's max is NaN if a value
+  is NaN, and 0 wins over -0. Both reduce integer keys that order the floats this way
+  (`_ordered`), so any reduction order, across GPU threads too, gives the same result.
 - sample clamps an index outside [0, window volume) into it; desample ignores such an index
   (it matches no tap); the RoI ops clamp a batch index into [0, batch).
 - 'reflect' / 'reflect-even' are defined for one reflection at each edge: a padding that
@@ -51,6 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from cvmc.ops.common import require
 from cvmc.ops.nnef_math import np_broadcast, te_broadcast
 from cvmc.ops.nnef_std_nn import (
     Dim,
@@ -66,6 +70,7 @@ from cvmc.ops.nnef_std_nn import (
 from cvmc.ops.registry import Attrs, lookup
 
 COORD_LIMIT = 2**24  # RoI coordinates are clamped here: cell arithmetic stays in int32
+INDEX_BITS = 29  # argmax_pool windows have at most 2^29 taps (the low bits of its key)
 
 
 # ---- shared geometry ------------------------------------------------------------------
@@ -291,10 +296,12 @@ def _roi_cells(roi: np.ndarray, output_size: Sequence[int]):
     return cells
 
 
-def max_combine(acc: float, value: float) -> float:
-    """The fold max_roi_pool applies in row-major order: a NaN wins, then a larger value;
-    an equal one (0 and -0) keeps what was there."""
-    return value if np.isnan(value) or value > acc else acc
+def cell_max(values: np.ndarray) -> float:
+    """The maximum of max_roi_pool's cell: NaN if any value is NaN, and 0 above -0."""
+    if np.isnan(values).any():
+        return np.nan
+    m = values.max()
+    return m if m != 0 else 0.0 if (~np.signbit(values[values == 0])).any() else -0.0
 
 
 def _roi_pool_reference(kind: str) -> Callable:
@@ -324,15 +331,9 @@ def _pool_cell(x: np.ndarray, bounds: list[tuple[int, int]], kind: str) -> np.nd
     region = region.reshape(x.shape[0], -1)
     if kind == "avg":
         return region.sum(axis=1) / volume
-    result = []
-    for row in region:
-        m = -np.inf
-        for v in row:
-            m = max_combine(m, v)
-        if region.shape[1] < volume:  # the cell reaches outside: a 0 takes part
-            m = max_combine(m, 0.0)
-        result.append(m)
-    return np.array(result)
+    if region.shape[1] < volume:  # the cell reaches outside: a 0 takes part
+        region = np.concatenate([region, np.zeros((x.shape[0], 1))], axis=1)
+    return np.array([cell_max(row) for row in region])
 
 
 def roi_positions(method: str, start: float, end: float, h: int) -> np.ndarray:
@@ -497,25 +498,26 @@ def _box_lower(name: str, reverse: bool) -> Callable:
     return rule
 
 
-def _argmax_reducer():
-    """Reducer over (tap index, value, class) — class 0: an ignored border position, 1: a
-    number, 2: NaN. The larger class wins, then (class 1) the larger value, then the lower
-    index: commutative and associative, so any reduction order gives the same index."""
-    from cvmc.lowering.te_facade import te, tirx
+def _ordered(value, zero_is_negative_zero: bool = False):
+    """An int64 in [0, 2^32) that orders float32 values (not NaN) as numbers, -0 below 0
+    (the integer view of a float, its magnitude bits flipped when negative); with
+    `zero_is_negative_zero` -0 maps to 0's key (argmax: they tie). Reductions over such keys
+    are plain integer max reductions, which every target reduces across threads, in any
+    order, to the same result."""
+    from cvmc.lowering.te_facade import tirx
 
-    def combine(lhs, rhs):
-        li, lv, lc = lhs
-        ri, rv, rc = rhs
-        same = tirx.all(lc == rc, tirx.Or(lc != 1, lv == rv))
-        take = tirx.Or(tirx.Or(rc > lc, tirx.all(lc == 1, rc == 1, rv > lv)),
-                       tirx.all(same, ri < li))
-        return (tirx.Select(take, ri, li), tirx.Select(take, rv, lv),
-                tirx.Select(take, rc, lc))
+    bits = tirx.reinterpret("int32", value)
+    if zero_is_negative_zero:
+        bits = tirx.Select(bits == tirx.min_value("int32"), 0, bits)
+    return tirx.Select(bits >= 0, bits, bits ^ 0x7FFFFFFF).astype("int64") + 2**31
 
-    def identity(i_dtype, v_dtype, c_dtype):
-        return (tirx.max_value(i_dtype), tirx.min_value(v_dtype), tirx.const(-1, c_dtype))
 
-    return te.comm_reducer(combine, identity, name="argmax_tap")
+def _unordered(key):
+    """The float32 whose `_ordered` key is `key`."""
+    from cvmc.lowering.te_facade import tirx
+
+    k = (key - 2**31).astype("int32")
+    return tirx.reinterpret("float32", tirx.Select(k >= 0, k, k ^ 0x7FFFFFFF))
 
 
 def _flat_tap(taps: Sequence, sizes: Sequence[int]):
@@ -531,19 +533,23 @@ def _argmax_pool_lower(xs, a):
     taps, axes = _reduce_axes(dims, "rk")
     if not axes:  # a window of one tap
         return te.compute(out, lambda *i: tirx.const(0, "int32"), name="argmax_pool")
-    reducer = _argmax_reducer()
+    low = 2**INDEX_BITS
 
-    def body(*i):
+    def key(*i):
+        """The max of class * 2^61 + ordered value * 2^29 + (2^29 - 1 - tap): the larger
+        class (0 an ignored border position, 1 a number, 2 NaN), then the larger number,
+        then the first tap."""
         loads, _, inside = _te_positions(dims, i, taps, a.border, False)
         value = _read(x, loads, inside, a.border)
-        cls = tirx.Select(tirx.isnan(value), 2, 1)
+        number = tirx.const(2**61, "int64") + _ordered(value, True) * low
+        k = tirx.Select(tirx.isnan(value), tirx.const(2**62, "int64"), number)
         if a.border == "ignore":
-            cls = _select(_all(inside), cls, tirx.const(0, "int32"))
-        index = tirx.Cast("int32", _flat_tap(taps, a.size))
-        return reducer((index, value, cls), axis=axes)
+            k = _select(_all(inside), k, tirx.const(0, "int64"))
+        return te.max(k + (low - 1 - _flat_tap(taps, a.size)).astype("int64"), axis=axes)
 
-    index, _, _ = te.compute(out, body, name="argmax_pool")
-    return index
+    best = te.compute(out, key, name="argmax_pool_key")
+    return te.compute(out, lambda *i: (low - 1 - (best(*i) & (low - 1))).astype("int32"),
+                      name="argmax_pool")
 
 
 def _sample_lower(xs, a):
@@ -676,7 +682,10 @@ def _roi_pool_lower(kind: str) -> Callable:
             value = x(_batch(batch_index, n, shape[0]), c, *axes)
             if kind == "avg":
                 return te.sum(_select(in_cell, value, _f32(0.0)), axis=axes)
-            return _max_reducer()(_select(in_cell, value, _f32(-np.inf)), axis=axes)
+            # key 0: no input position in the cell, 2^33: NaN, else 1 + the ordered value
+            key = tirx.Select(tirx.isnan(value), tirx.const(2**33, "int64"),
+                              _ordered(value) + 1)
+            return te.max(_select(in_cell, key, tirx.const(0, "int64")), axis=axes)
 
         reduced = te.compute(out, body, name=f"{kind}_roi_pool_cells")
 
@@ -690,27 +699,17 @@ def _roi_pool_lower(kind: str) -> Callable:
                     e = e.astype("float32")
                     volume = e if volume is None else volume * e
                 return tirx.Select(empty, _f32(0.0), total / volume)
+            value = tirx.Select(total == 0, _f32(-np.inf), tirx.Select(
+                total == 2**33, _f32(np.nan), _unordered(total - 1)))
             outside = tirx.any(*[tirx.Or(lo < 0, lo + e > extent)
                                  for (lo, e), extent in zip(bounds, shape[2:])])
-            with_zero = tirx.Select(outside, _te_max_combine(total, _f32(0.0)), total)
-            return tirx.Select(empty, _f32(0.0), with_zero)
+            # a zero takes part: the max is 0 unless value is NaN or above 0 (0 beats -0)
+            with_zero = tirx.Select(tirx.Or(tirx.isnan(value), value > _f32(0.0)), value,
+                                    _f32(0.0))
+            return tirx.Select(empty, _f32(0.0), tirx.Select(outside, with_zero, value))
 
         return te.compute(out, finish, name=f"{kind}_roi_pool")
     return rule
-
-
-def _te_max_combine(acc, value):
-    """`max_combine` in TE."""
-    from cvmc.lowering.te_facade import tirx
-    return tirx.Select(tirx.Or(tirx.isnan(value), value > acc), value, acc)
-
-
-def _max_reducer():
-    """max with `max_combine`'s order (NaN propagates; a tie keeps the earlier value)."""
-    from cvmc.lowering.te_facade import te, tirx
-
-    return te.comm_reducer(lambda acc, v: _te_max_combine(acc, v),
-                           lambda dtype: tirx.const(-np.inf, dtype), name="max_nan")
 
 
 def _roi_resample_lower(xs, a):
@@ -754,7 +753,10 @@ def _roi_resample_lower(xs, a):
 # ---- registration -----------------------------------------------------------------------
 def _index_precision(ins, a) -> int:
     """argmax_pool's index lies in [0, window volume): the bits of volume - 1, plus sign."""
-    return (math.prod(a.size) - 1).bit_length() + 1
+    volume = math.prod(a.size)
+    require(volume <= 2**INDEX_BITS, f"argmax_pool: a window of {volume} taps is more than "
+                                     f"cvmc supports (2^{INDEX_BITS})")
+    return (volume - 1).bit_length() + 1
 
 
 for _reverse, _name in ((False, "conv"), (True, "deconv")):
