@@ -119,10 +119,11 @@ def check_reflection(op_name: str, border: str, dims: Sequence[Dim], reverse: bo
         z = dim.x if reverse else dim.X
         lo, hi = dim.reach(reverse)
         extra = 0 if border == "reflect" else 1  # reflect-even repeats the edge value
-        require(lo >= -(z - 1) - extra and hi <= 2 * (z - 1) + extra,
+        first, last = -(z - 1) - extra, 2 * (z - 1) + extra
+        require(first <= lo and hi <= last,
                 f"{op_name}: border '{border}' is defined for one reflection, but dimension "
-                f"{first_axis + k} (extent {z}) is read at indices {lo}..{hi}: the padding "
-                f"may exceed the extent by at most {z - 1 + extra}")
+                f"{first_axis + k} (extent {z}) is read at indices {lo}..{hi}, beyond the "
+                f"{first}..{last} that one reflection reaches")
 
 
 def _check_output_shape(op_name: str, out: Sequence[int], rank: int) -> None:
