@@ -5,6 +5,7 @@ import numpy as np
 
 from cvmc.ir import Graph
 from cvmc.ops import lookup
+from cvmc.ops.common import convert_np
 from cvmc.ops.registry import Attrs
 
 
@@ -14,11 +15,17 @@ def fold_constants(graph: Graph) -> Graph:
     kept = []
     for node in graph.nodes:
         if node.inputs and all(i in constants for i in node.inputs):
-            outs = lookup(node.op).run_reference(
-                [np.asarray(constants[i], dtype=np.int64) for i in node.inputs],
-                Attrs(node.attrs))
+            # the values as the reference interpreter sees them: integers as int64, float32
+            # as float64 (each result rounded once), bool as it is
+            ins = [np.asarray(constants[i], dtype=np.int64) if graph.types[i].is_integer else
+                   np.asarray(constants[i], dtype=np.float64) if graph.types[i].dtype ==
+                   "float32" else np.asarray(constants[i]) for i in node.inputs]
+            with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
+                outs = lookup(node.op).run_reference(ins, Attrs(node.attrs))
             for name, value in zip(node.outputs, outs):
-                constants[name] = np.asarray(value).astype(graph.types[name].dtype)
+                t = graph.types[name]
+                stored = convert_np(value, "int64" if t.is_integer else t.dtype)
+                constants[name] = stored.astype(t.dtype)
         else:
             kept.append(node)
     return graph.replace(nodes=kept, constants=constants)
