@@ -88,6 +88,16 @@ def sum_tolerances(op: str, inputs: list[tuple[np.ndarray, int | None]], attrs: 
     return [sum_bound(s, terms) for s in sums]
 
 
+def op_reference(op: str, *xs, **attrs) -> np.ndarray:
+    """The first output of the op's reference rule on float64 / int64 arrays (no float32
+    rounding)."""
+    d = lookup(op)
+    arrays = [np.asarray(x, np.float64) if np.asarray(x).dtype.kind == "f" else
+              np.asarray(x, np.int64) for x in xs]
+    with np.errstate(all="ignore"):
+        return d.run_reference(arrays, Attrs(d.normalize_attrs(attrs)))[0]
+
+
 def assert_matches(op: str, name: str, ref: np.ndarray, got: np.ndarray, ulp: int = 0,
                    atol: np.ndarray | None = None) -> None:
     """Compiled equals reference: bit for bit (ulp=0; NaN matching NaN), float32 within

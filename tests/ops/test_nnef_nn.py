@@ -20,17 +20,8 @@ import scipy.signal
 import cvmc
 from cvmc.errors import CvmcError
 from cvmc.frontend.nnef import parse_nnef
-from cvmc.ops import lookup
-from cvmc.ops.registry import Attrs
 from tests.oputil import check_op, sum_tolerances
-
-
-def ref(op: str, *xs, **attrs) -> np.ndarray:
-    """The op's reference rule on float64 / int64 arrays (no float32 rounding)."""
-    d = lookup(op)
-    arrays = [np.asarray(x, np.float64) if np.asarray(x).dtype.kind == "f" else
-              np.asarray(x, np.int64) for x in xs]
-    return d.run_reference(arrays, Attrs(d.normalize_attrs(attrs)))[0]
+from tests.oputil import op_reference as ref
 
 
 def row(*values) -> np.ndarray:
