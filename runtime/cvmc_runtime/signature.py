@@ -56,10 +56,14 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
         raise ModelError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                          f"got {list(arr.shape)}")
     if spec.precision is None:
-        return arr.astype(spec.dtype)
+        return arr.astype(spec.dtype, copy=False)  # the runtime copies it into its buffer
     bound = (1 << (spec.precision - 1)) - 1
-    # Compare in the input's own dtype (NumPy compares with Python ints exactly): casting
-    # first would wrap uint64 values >= 2^63, and |int64 min| overflows to a negative.
+    # Two reductions find whether anything is out of range (no temporary arrays: this runs
+    # on every call); only then is the first offender located. The extremes are compared
+    # as Python ints, and below in the input's own dtype (NumPy compares with Python ints
+    # exactly): casting first would wrap uint64 values >= 2^63.
+    if -bound <= int(arr.min()) and int(arr.max()) <= bound:
+        return arr.astype(spec.dtype, copy=False)  # the runtime copies it into its buffer
     high, low = arr > bound, arr < -bound
     if high.any() or low.any():
         if not saturate:
@@ -70,7 +74,7 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
         wide = np.where(high | low, 0, arr).astype(np.int64)
         wide[high], wide[low] = bound, -bound
         return wide.astype(spec.dtype)
-    return arr.astype(spec.dtype)
+    return arr.astype(spec.dtype, copy=False)  # the runtime copies it into its buffer
 
 
 def check_inputs(specs: list[TensorSpec], feeds: Mapping[str, object],
