@@ -5,6 +5,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     layout,
     nn,
     nnef_math,
+    nnef_nn,
     nnef_std,
     nnef_std_nn,
     nnef_tensor,

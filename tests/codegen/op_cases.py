@@ -29,6 +29,24 @@ class OpCase:
     weights: tuple[int, ...] = ()
     ulp: int = 0  # float results: units in the last place allowed from the reference
     out_dtype: str = "int32"  # what a `cast` converts to
+    # float sums: the roundings per term (K) of tests.oputil.sum_bound, and the inputs whose
+    # magnitudes make the terms' magnitudes (None: every float input)
+    terms: int = 0
+    magnitude: tuple[int, ...] | None = None
+
+    def check_args(self) -> dict:
+        """Keyword arguments of tests.oputil.check_op for this case."""
+        return {"attrs": self.attrs, "weights": self.weights, "ulp": self.ulp,
+                "out_dtype": self.out_dtype, "terms": self.terms, "magnitude": self.magnitude}
+
+    def tolerances(self) -> list:
+        """Per output: the absolute bound of a sum-like case, else None."""
+        from cvmc.ops import lookup
+        from tests.oputil import sum_tolerances
+
+        if not self.terms:
+            return [None] * len(lookup(self.op).outputs)
+        return sum_tolerances(self.op, self.inputs, self.attrs, self.terms, self.magnitude)
 
 
 _BOXES = np.array([[[0, 90, 0, 0, 10, 10], [0, 80, 1, 1, 11, 11], [1, 70, 0, 0, 10, 10],
@@ -164,6 +182,140 @@ NNEF_CASES: list[OpCase] = [
     OpCase("cast", [rand((7,), 20, 37)], out_dtype="float32"),
     OpCase("cast", [brand((7,), 38)], out_dtype="float32"),
     OpCase("cast", [(np.array([3, -3, 0, 1]), 3)], out_dtype="bool"),
+]
+
+
+# ---- NNEF sliding-window, up-sampling and RoI ops (float32) --------------------------------
+def _ties(shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, None]:
+    """Floats from a few levels (many ties in a window) with a NaN and a -inf."""
+    x = np.random.default_rng(seed).integers(-3, 3, shape).astype(np.float32)
+    x.flat[5], x.flat[-4] = np.nan, -np.inf
+    return x, None
+
+
+def _indices(shape: tuple[int, ...], volume: int, seed: int) -> tuple[np.ndarray, int]:
+    """Window indices, a few of them outside [0, volume) (clamped / ignored)."""
+    return np.random.default_rng(seed).integers(-2, volume + 2, shape), 8
+
+
+def _multilinear_terms(m: int) -> int:
+    """K of multilinear_upsample: 2^m corner terms, m weights and m - 1 products per term."""
+    return 2**m + 2 * m - 1
+
+
+_ROIS = (np.array([[0.4, 1.6, 4.2, 5.0],      # inside
+                   [-2.0, -1.0, 3.0, 2.6],    # reaching outside (zeros take part)
+                   [1.0, 1.0, 1.0, 3.0],      # empty in y: 0
+                   [2.5, 0.0, 4.0, 9.7],      # rows narrower than the cells (stride 0)
+                   [7.0, 8.0, 9.0, 12.0],     # entirely outside
+                   [np.nan, 1.0, 3.0, 4.0]],  # NaN rounds to 0
+                  np.float32), None)
+_BATCH = (np.array([0, 1, 0, 5, 1, -1]), 4)  # 5 and -1 clamp into [0, 2)
+_ROI_X = frand((2, 3, 6, 7), 60)
+
+NNEF_CASES += [
+    # conv: grouped, asymmetric and negative padding, stride with dilation, bias [1, C]
+    OpCase("conv", [frand((1, 4, 6, 7), 40), frand((6, 2, 3, 2), 41), frand((1, 6), 42)],
+           {"groups": 2, "padding": [(-1, 2), (0, 2)], "stride": [2, 1], "dilation": [1, 2]},
+           weights=(1, 2), terms=2 * 3 * 2 + 1),
+    # depth-wise (groups = 0, multiplier 2), automatic padding, stride 2 with dilation 2
+    OpCase("conv", [frand((1, 3, 7, 7), 43), frand((6, 1, 3, 3), 44)],
+           {"groups": 0, "border": "reflect", "stride": [2, 2], "dilation": [2, 2]},
+           weights=(1,), terms=9 + 1),
+    OpCase("conv", [frand((2, 3, 9), 45), frand((4, 3, 4), 46), frand((), 47)],
+           {"border": "replicate", "padding": [(2, 1)], "stride": [3]}, weights=(1,),
+           terms=12 + 1),
+    OpCase("conv", [frand((1, 2, 4, 4, 3), 48), frand((2, 2, 2, 3, 2), 49)],
+           {"border": "reflect-even"}, weights=(1,), terms=24 + 1),
+    # deconv: stride 2, asymmetric padding, bias
+    OpCase("deconv", [frand((1, 4, 3, 4), 50), frand((4, 3, 3, 3), 51), frand((1, 3), 52)],
+           {"stride": [2, 2], "padding": [(1, 1), (0, 1)]}, weights=(1, 2), terms=36 + 1),
+    # depth-wise with output_shape and automatic padding
+    OpCase("deconv", [frand((1, 3, 4, 4), 53), frand((3, 1, 3, 3), 54)],
+           {"groups": 0, "stride": [2, 2], "output_shape": [1, 3, 8, 7]}, weights=(1,),
+           terms=9 + 1),
+    OpCase("deconv", [frand((1, 4, 3, 3), 55), frand((4, 1, 2, 2), 56)],
+           {"groups": 2, "border": "replicate", "stride": [2, 2], "dilation": [2, 2],
+            "padding": [(1, 0), (0, 1)]}, weights=(1,), terms=8 + 1),
+    # negative padding: reads one index beyond each edge, reflected
+    OpCase("deconv", [frand((1, 2, 5), 57), frand((2, 2, 3), 58)],
+           {"border": "reflect", "stride": [2], "padding": [(-1, -1)]}, weights=(1,),
+           terms=6 + 1),
+    OpCase("box", [frand((1, 2, 5, 6), 61)], {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2],
+                                              "border": "ignore", "normalize": True},
+           terms=9 + 1),
+    OpCase("box", [frand((2, 3, 5, 5), 62)],
+           {"size": [1, 2, 2, 3], "padding": [(0, 0), (0, 1), (1, 0), (2, 1)],
+            "dilation": [1, 1, 2, 1]}, terms=12),
+    OpCase("box", [frand((3, 2, 4, 5), 63)], {"size": [2, 1, 3, 2], "border": "reflect-even",
+                                              "normalize": True}, terms=12 + 1),
+    OpCase("box", [frand((1, 2, 6, 6), 64)], {"size": [1, 1, 1, 1], "stride": [1, 1, 2, 3],
+                                              "padding": [(0, 0)] * 4}, terms=1),
+    OpCase("debox", [frand((1, 2, 3, 3), 65)],
+           {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2], "normalize": True,
+            "padding": [(0, 0), (0, 0), (1, 1), (1, 1)]}, terms=9 + 1),
+    OpCase("debox", [frand((1, 2, 3, 4), 66)],
+           {"size": [1, 1, 2, 3], "stride": [1, 1, 2, 2], "border": "ignore",
+            "normalize": True, "output_shape": [1, 2, 6, 8]}, terms=6 + 1),
+    OpCase("debox", [frand((1, 1, 4, 4), 67)],
+           {"size": [1, 1, 3, 2], "stride": [1, 1, 1, 2], "dilation": [1, 1, 2, 1],
+            "border": "replicate", "padding": [(0, 0)] * 4}, terms=6),
+    OpCase("argmax_pool", [_ties((1, 2, 5, 6), 68)],
+           {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2], "border": "ignore"}),
+    OpCase("argmax_pool", [(-np.abs(frand((1, 2, 4, 4), 69)[0]), None)],
+           {"size": [1, 1, 3, 3], "padding": [(0, 0), (0, 0), (1, 1), (1, 1)]}),
+    OpCase("argmax_pool", [_ties((1, 2, 6, 6), 70)],
+           {"size": [1, 1, 2, 2], "dilation": [1, 1, 2, 2], "border": "reflect",
+            "padding": [(0, 0), (0, 0), (1, 0), (0, 1)]}),
+    OpCase("argmax_pool", [frand((1, 3, 4, 5), 71)], {"size": [1, 1, 4, 5], "padding": []}),
+    OpCase("sample", [frand((1, 2, 5, 6), 72), _indices((1, 2, 3, 3), 9, 73)],
+           {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2], "border": "replicate"}),
+    OpCase("sample", [frand((1, 1, 4, 4), 74), _indices((1, 1, 4, 4), 9, 75)],
+           {"size": [1, 1, 3, 3], "border": "ignore"}),
+    OpCase("sample", [frand((1, 2, 4, 4), 76), _indices((1, 2, 4, 4), 4, 77)],
+           {"size": [1, 1, 2, 2], "border": "constant", "padding": [(0, 0), (0, 0), (1, 0),
+                                                                   (1, 0)]}),
+    OpCase("sample", [frand((1, 2, 4, 4), 78), _indices((1, 2, 2, 2), 9, 79)],
+           {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2], "border": "reflect-even"}),
+    OpCase("desample", [frand((1, 2, 3, 3), 80), _indices((1, 2, 3, 3), 9, 81)],
+           {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2],
+            "padding": [(0, 0), (0, 0), (1, 1), (1, 1)]}, terms=9),
+    OpCase("desample", [frand((1, 2, 3, 3), 82), _indices((1, 2, 3, 3), 4, 83)],
+           {"size": [1, 1, 2, 2], "stride": [1, 1, 2, 2], "output_shape": [1, 2, 6, 5]},
+           terms=4),
+    OpCase("multilinear_upsample", [frand((1, 2, 3, 4), 84)],
+           {"factor": [2, 3], "method": "symmetric", "border": "constant"},
+           terms=_multilinear_terms(2)),
+    OpCase("multilinear_upsample", [frand((2, 1, 3, 3), 85)],
+           {"factor": [3, 2], "method": "asymmetric", "border": "replicate"},
+           terms=_multilinear_terms(2)),
+    OpCase("multilinear_upsample", [frand((1, 2, 2, 3), 86)],
+           {"factor": [2, 2], "method": "aligned", "border": "reflect"},
+           terms=_multilinear_terms(2)),
+    OpCase("multilinear_upsample", [frand((1, 2, 5), 87)],
+           {"factor": [4], "method": "symmetric", "border": "reflect-even"},
+           terms=_multilinear_terms(1)),
+    OpCase("multilinear_upsample", [frand((1, 2, 1, 3), 88)],
+           {"factor": [3, 2], "method": "aligned", "border": "constant"},
+           terms=_multilinear_terms(2)),
+    OpCase("multilinear_upsample", [frand((1, 1, 2, 3, 2), 89)],
+           {"factor": [2, 2, 3], "method": "asymmetric", "border": "constant"},
+           terms=_multilinear_terms(3)),
+    OpCase("avg_roi_pool", [_ROI_X, _ROIS, _BATCH], {"output_size": [2, 3]},
+           terms=6 * 7 + 2, magnitude=(0,)),
+    OpCase("max_roi_pool", [_ROI_X, _ROIS, _BATCH], {"output_size": [2, 3]}),
+    OpCase("max_roi_pool", [_ties((2, 3, 6, 7), 90), _ROIS, (_BATCH[0].reshape(-1, 1), 4)],
+           {"output_size": [3, 2]}),
+    OpCase("avg_roi_pool", [frand((1, 2, 9), 91), (np.array([[1.2, 7.9], [-3.0, 2.0]],
+                                                            np.float32), None),
+                            (np.array([0, 0]), 2)], {"output_size": [4]},
+           terms=9 + 2, magnitude=(0,)),
+    *[OpCase("roi_resample", [_ROI_X, _ROIS, _BATCH], {"output_size": [3, 4], "method": m},
+             terms=2**2 + 3 * 2, magnitude=(0,))
+      for m in ("symmetric", "asymmetric", "aligned")],
+    OpCase("roi_resample", [frand((1, 2, 9), 92), (np.array([[1.2, 7.9]], np.float32), None),
+                            (np.array([[0]]), 2)], {"output_size": [1], "method": "aligned"},
+           terms=2 + 3, magnitude=(0,)),
 ]
 CASES += NNEF_CASES
 

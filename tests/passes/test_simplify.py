@@ -49,3 +49,20 @@ def test_folding_a_float_subgraph_keeps_its_fraction():
     assert [n.op for n in folded.nodes] == ["add"]
     c = folded.constants["c"]
     assert c.dtype == np.float32 and c == np.float32(1.875)
+
+
+def test_fold_constants_keeps_float_and_bool_weights():
+    """Weight-only float nodes fold with the values the reference interpreter sees (float32
+    as float64, rounded once; not truncated to integers) and bool results stay bool."""
+    f = TensorType((2,), "float32")
+    types = {"v": f, "e": TensorType((), "float32"), "s": f, "r": f, "c": TensorType((2,), "bool")}
+    nodes = [Node("add", ("v", "e"), ("s",)), Node("pow", ("s", "e"), ("r",)),
+             Node("gt", ("v", "s"), ("c",))]
+    g = Graph("g", [], ["r", "c"], nodes, types,
+              {"v": np.array([0.5, 2.25], np.float32), "e": np.array(0.25, np.float32)})
+    g = fold_constants(infer_precision(g))
+    assert not g.nodes
+    want = (np.array([0.5, 2.25]) + 0.25) ** 0.25  # float64, then rounded once
+    assert g.constants["r"].dtype == np.float32
+    assert np.array_equal(g.constants["r"], want.astype(np.float32))
+    assert g.constants["c"].dtype == np.bool_ and not g.constants["c"].any()
