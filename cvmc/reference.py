@@ -44,32 +44,40 @@ def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
         # (uint64 2^64-1 would become -1).
         if graph.types[name].is_integer:
             check_weight_data(name, value, graph.types[name].precision)
-    env = {k: _stored(v, graph.types[k]) for k, v in
+    env = {k: stored(v, graph.types[k]) for k, v in
            [*check_inputs(input_specs(graph), inputs, saturate).items(),
             *graph.constants.items()]}
     for node in graph.nodes:
-        opdef = lookup(node.op)
-        if not opdef.compute:
-            raise CvmcError(f"{node.op} '{node.name}': NNEF standard op that cvmc can check "
-                            f"but not yet compile or run", node.span)
-        # Typed ops see float32 as float64: their rules compute the spec formula in float64
-        # and the result is rounded to float32 once, as a compiled kernel stores it.
-        xs = [env[i].astype(np.float64) if env[i].dtype == np.float32 else env[i]
-              for i in node.inputs]
-        with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
-            outs = opdef.run_reference(xs, Attrs(node.attrs))
-        for name, value in zip(node.outputs, outs):
-            t = graph.types[name]
-            value = _stored(value, t)
-            assert value.shape == t.shape, \
-                f"{node.op} '{node.name}': reference gave shape {value.shape}, rule {t.shape}"
-            assert not t.is_integer or np.abs(value).max(initial=0) <= prec_max(t.precision), \
-                f"{node.op} '{node.name}': value outside inferred precision {t.precision}"
-            env[name] = value
+        env.update(zip(node.outputs, evaluate(node, [env[i] for i in node.inputs],
+                                              graph.types)))
     return {name: env[name].astype(graph.types[name].dtype) for name in graph.outputs}
 
 
-def _stored(value, t) -> np.ndarray:
+def evaluate(node, values: list[np.ndarray], types) -> list[np.ndarray]:
+    """The outputs of `node` on input `values` (as the interpreter holds them: `stored`),
+    by its op's reference rule; also constant folding's evaluator."""
+    opdef = lookup(node.op)
+    if not opdef.compute:
+        raise CvmcError(f"{node.op} '{node.name}': NNEF standard op that cvmc can check "
+                        f"but not yet compile or run", node.span)
+    # Typed ops see float32 as float64: their rules compute the spec formula in float64
+    # and the result is rounded to float32 once, as a compiled kernel stores it.
+    xs = [v.astype(np.float64) if v.dtype == np.float32 else v for v in values]
+    with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
+        outs = opdef.run_reference(xs, Attrs(node.attrs))
+    result = []
+    for name, value in zip(node.outputs, outs):
+        t = types[name]
+        value = stored(value, t)
+        assert value.shape == t.shape, \
+            f"{node.op} '{node.name}': reference gave shape {value.shape}, rule {t.shape}"
+        assert not t.is_integer or np.abs(value).max(initial=0) <= prec_max(t.precision), \
+            f"{node.op} '{node.name}': value outside inferred precision {t.precision}"
+        result.append(value)
+    return result
+
+
+def stored(value, t) -> np.ndarray:
     """A value as the interpreter holds it: integers as int64, others in their dtype
     (converted by the rule every compiled kernel follows, `convert_np`)."""
     with np.errstate(all="ignore"):  # float64 -> float32 overflows to inf, as it should

@@ -24,6 +24,9 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
 - nearest `Resize` must pick the same source pixels as NNEF's nearest up/down-sampling
   (the converter ignores `nearest_mode` and the coordinate mode): otherwise refused;
 - `Round` converts with a warning: NNEF rounds halves up, ONNX to even;
+- `LSTM`: the gate blocks of W, R, B are reordered from ONNX's (i, o, f, c) to the
+  (i, f, c, o) that the converter's `lstm_step` fragment splits (it copies them as they
+  are: a silently wrong model); what that fragment does not model is refused;
 - input and output names that are not NNEF identifiers after the converter's own
   renaming (a leading digit, a keyword, two names made equal) are renamed.
 """
@@ -36,6 +39,8 @@ from fractions import Fraction
 from math import ceil, floor
 from pathlib import Path
 from types import SimpleNamespace
+
+import numpy as np
 
 from cvmc.errors import CvmcError
 from cvmc.frontend.syntax import KEYWORDS
@@ -215,10 +220,47 @@ def _adjust(graph, opset: int) -> None:
             _softmax_axis(op, opset)
         elif op.type == "Resize" and op.attribs.get("mode", "nearest") == "nearest":
             _check_nearest_resize(op)
+        elif op.type == "LSTM":
+            _lstm_gates(op)
         elif op.type == "Round":  # exact ties are rare in float models: warn, not refuse
             warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
                           f"(which NNEF-Tools converts it to) rounds them up: the results "
                           f"differ where a value lies exactly halfway", stacklevel=2)
+
+
+# ONNX stacks an LSTM's gate weights as (input, output, forget, cell); NNEF-Tools copies
+# them unchanged into a fragment that splits them as (input, forget, cell, output): a
+# silently wrong model. The blocks are reordered before converting.
+_ONNX_TO_NNEF_GATES = [0, 2, 3, 1]
+_LSTM_DEFAULTS = {"direction": "forward", "input_forget": 0, "layout": 0}
+
+
+def _lstm_gates(op) -> None:
+    """Reorder a constant LSTM's W, R, B gate blocks into the converter's order; refuse
+    what its fragment does not model (other activations, clipping, coupled gates,
+    reverse or bidirectional runs, peepholes, weights computed in the graph)."""
+    for attr in ("activations", "activation_alpha", "activation_beta", "clip"):
+        if op.attribs.get(attr) is not None:
+            raise CvmcError(f"LSTM '{_label(op)}': attribute '{attr}' is not converted by "
+                            f"NNEF-Tools (its fragment uses sigmoid / tanh, unclipped)")
+    for attr, default in _LSTM_DEFAULTS.items():
+        if op.attribs.get(attr, default) not in (default, None):
+            raise CvmcError(f"LSTM '{_label(op)}': {attr} = {op.attribs[attr]} is not "
+                            f"converted by NNEF-Tools (it assumes {default})")
+    if len(op.inputs) > 7 and op.inputs[7] is not None and op.inputs[7].name:
+        raise CvmcError(f"LSTM '{_label(op)}': peephole weights (input P) are not converted "
+                        f"by NNEF-Tools")
+    for k in (1, 2, 3):  # W, R, B
+        if k >= len(op.inputs) or op.inputs[k] is None or not op.inputs[k].name:
+            continue
+        tensor = op.inputs[k]
+        if tensor.producer is not None or tensor.data is None:
+            raise CvmcError(f"LSTM '{_label(op)}': input {k} must be a constant (cvmc "
+                            f"reorders its gate blocks for NNEF-Tools)")
+        blocks = 8 if k == 3 else 4  # B holds the input and the recurrence biases
+        parts = np.split(tensor.data, blocks, axis=1)
+        order = _ONNX_TO_NNEF_GATES + ([g + 4 for g in _ONNX_TO_NNEF_GATES] if k == 3 else [])
+        tensor.data = np.concatenate([parts[g] for g in order], axis=1)
 
 
 def _label(op) -> str:

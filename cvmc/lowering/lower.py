@@ -70,14 +70,25 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
 
 
 def needs_global_memory(func) -> bool:
-    """True if `func`, scheduled for CUDA, still allocates a global intermediate buffer."""
+    """True if `func`, scheduled for CUDA, still allocates a global intermediate buffer,
+    or if one of its reductions reads another's result (argmax: the maximum, then its
+    index): dlight cannot keep that on chip, and TVM's fallback then needs a global
+    workspace, which CUDA kernels built for `cuda_host` cannot allocate."""
     import tvm
+    from tvm import s_tir
 
     from cvmc.lowering.schedule import cuda_target, schedule_cuda
 
     mod = schedule_cuda(tvm.IRModule({"f": func}), tvm.target.Target(cuda_target("sm_80")))
     allocs = [line for line in mod.script().splitlines() if "alloc_buffer(" in line]
-    return any("scope=" not in line or 'scope="global"' in line for line in allocs)
+    if any("scope=" not in line or 'scope="global"' in line for line in allocs):
+        return True
+    sch = s_tir.Schedule(tvm.IRModule({"f": func}))
+    blocks = [sch.get(b) for b in sch.get_child_blocks(sch.get_sblock("root", func_name="f"))]
+    reductions = [b for b in blocks if any(it.iter_type == 2 for it in b.iter_vars)]
+    results = [w.source for b in reductions for w in b.writes]
+    return any(r.source.same_as(w) for b in reductions for r in b.reads for w in results
+               if not any(r.source.same_as(own.source) for own in b.writes))
 
 
 def _materialized_stages(outs) -> list:

@@ -187,6 +187,7 @@ def schedule_cuda(mod, target, reductions: bool = True):
     rules = [dl.gpu.Matmul(), dl.gpu.GEMV()]
     if reductions:
         rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
+    rules = [_guarded(rule) for rule in rules]
     # dlight updates the module it is given in place: schedule a copy, so the caller's
     # unscheduled module stays as it was (the build may reschedule from it).
     mod = type(mod)(dict(mod.functions))
@@ -207,6 +208,22 @@ def schedule_cuda(mod, target, reductions: bool = True):
         if not has_thread_binding(func):
             raise CvmcError(f"cuda: kernel '{gv.name_hint}' has no loop bound to GPU threads")
     return mod
+
+
+def _guarded(rule):
+    """`rule`, not applicable (None) where its analysis asserts: dlight's read analysis
+    asserts on reads it cannot model (a border-clamped or data-dependent index, as in NNEF's
+    reflect-border convs and RoI pooling); the next rule (at last Fallback) schedules those."""
+    from tvm.s_tir.dlight.base import ScheduleRule
+
+    class Guarded(ScheduleRule):
+        def apply(self, func, target, tunable):
+            try:
+                return rule.apply(func, target, tunable)
+            except AssertionError:
+                return None
+
+    return Guarded()
 
 
 def has_thread_binding(func) -> bool:

@@ -285,6 +285,16 @@ def _slice_extent(op_name: str, axis: int, x: int, begin: int, end: int, stride:
     return -((last - first) // -stride) if stride > 0 else -((first - last) // stride)
 
 
+def slice_starts(shape: Sequence[int], a: Attrs) -> list[int]:
+    """The first index `slice` reads along each dimension (0 where it does not slice):
+    `begin`, counted from the end when negative, clamped as `_slice_extent` does."""
+    starts = [0] * len(shape)
+    for axis, b in zip(a.axes, a.begin):
+        x = shape[axis]
+        starts[axis] = max(-1, min(x, b + x if b < 0 else b))
+    return starts
+
+
 def _slice_shape(op_name, shapes, a):
     (x,) = shapes
     stride = a.stride or (1,) * len(a.axes)
@@ -311,6 +321,13 @@ def _pad_shape(op_name, shapes, a):
                                       f"(the input rank), found {len(a.padding)}")
     out = tuple(p + e + q for e, (p, q) in zip(x, a.padding))
     check_positive(op_name, out)
+    # 'reflect' / 'reflect-even' are defined for one reflection at each edge (spec 4.3)
+    limit = {"reflect": 1, "reflect-even": 0}.get(a.border)
+    if limit is not None:
+        for k, (e, (p, q)) in enumerate(zip(x, a.padding)):
+            require(max(p, q) <= e - limit, f"{op_name}: border '{a.border}' is defined for "
+                                            f"one reflection, but dimension {k} (extent {e}) "
+                                            f"is padded by ({p}, {q}): at most {e - limit}")
     return out
 
 

@@ -8,12 +8,16 @@ live in `nnef_std`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from cvmc.ops.common import require
 from cvmc.ops.nnef_std import BORDERS, Shape, check_positive, declare, fmt
 from cvmc.ops.registry import Attr, Attrs
 
 CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
+# Padding is bounded so that every window position (i * s + j * d - p) fits int32 in the
+# kernels: the shape relations then keep i * s and j * d below p + X + q <= 3 * 2^24.
+MAX_PADDING = 2**24
 
 
 def _down(op_name: str, extent: int, f: int, pad: tuple[int, int] | None, s: int,
@@ -41,6 +45,9 @@ def _per_dim(op_name: str, a: Attrs, n: int, what: str) -> list[tuple]:
         value = a[name]
         require(len(value) in (0, n), f"{op_name}: expected '{name}' of length {n} (one per "
                                       f"{what} dimension) or 0, found {len(value)}")
+    require(all(abs(e) <= MAX_PADDING for pair in a.padding for e in pair),
+            f"{op_name}: 'padding' items must be in [-{MAX_PADDING}, {MAX_PADDING}], found "
+            f"{list(a.padding)}")
     pads = a.padding or (None,) * n
     return list(zip(pads, a.stride or (1,) * n, a.dilation or (1,) * n))
 
@@ -62,6 +69,61 @@ def reverse_window(op_name: str, x: Shape, size: Sequence[int], a: Attrs, what: 
     require(expected == x, f"{op_name}: input shape {fmt(x)} does not match the shape "
                            f"{fmt(expected)} derived from 'output_shape'")
     return out
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One window dimension (spec 4.3): filter size f, padding p before and q after,
+    stride s, dilation d, down-scaled extent x and up-scaled extent X."""
+
+    f: int
+    p: int
+    q: int
+    s: int
+    d: int
+    x: int
+    X: int
+
+    def reach(self, reverse: bool) -> tuple[int, int]:
+        """(lowest, highest) index of the extended input a window reads: up-scaled
+        positions i * s + j * d - p for a basic op, down-scaled (i + p - j * d) / s for a
+        reverse one (a superset: only divisible ones are read)."""
+        if reverse:
+            return -((self.d * (self.f - 1) - self.p) // self.s), (self.X - 1 + self.p) // self.s
+        return -self.p, (self.x - 1) * self.s + (self.f - 1) * self.d - self.p
+
+
+def window_dims(a: Attrs, up: Shape, down: Shape, size: Sequence[int]) -> list[Dim]:
+    """Geometry of each window dimension, with empty stride/dilation as 1s and empty
+    padding calculated as "Automatic Padding Calculation" says: t = max((x - 1) * s + f_d -
+    X, 0), p = floor(t / 2), q = ceil(t / 2)."""
+    n = len(size)
+    dims = []
+    for k, (f, s, d) in enumerate(zip(size, a.stride or (1,) * n, a.dilation or (1,) * n)):
+        if a.padding:
+            p, q = a.padding[k]
+        else:
+            t = max((down[k] - 1) * s + (f - 1) * d + 1 - up[k], 0)
+            p, q = t // 2, t - t // 2
+        dims.append(Dim(f, p, q, s, d, down[k], up[k]))
+    return dims
+
+
+def check_reflection(op_name: str, border: str, dims: Sequence[Dim], reverse: bool,
+                     first_axis: int = 0) -> None:
+    """'reflect' and 'reflect-even' are defined for one reflection at each edge (spec 4.3
+    "Border Modes"): every index a window reads must map back inside the input."""
+    if border not in ("reflect", "reflect-even"):
+        return
+    for k, dim in enumerate(dims):
+        z = dim.x if reverse else dim.X
+        lo, hi = dim.reach(reverse)
+        extra = 0 if border == "reflect" else 1  # reflect-even repeats the edge value
+        first, last = -(z - 1) - extra, 2 * (z - 1) + extra
+        require(first <= lo and hi <= last,
+                f"{op_name}: border '{border}' is defined for one reflection, but dimension "
+                f"{first_axis + k} (extent {z}) is read at indices {lo}..{hi}, beyond the "
+                f"{first}..{last} that one reflection reaches")
 
 
 def _check_output_shape(op_name: str, out: Sequence[int], rank: int) -> None:
@@ -114,14 +176,18 @@ def _conv_like(op_name: str, shapes: list[Shape], a: Attrs, transposed: bool) ->
     else:
         out = (x[0], channels) + window(op_name, x[2:], w[2:], a, "spatial", transposed)
     check_positive(op_name, out)
+    up, down = (out, x) if transposed else (x, out)
+    check_reflection(op_name, a.border, window_dims(a, up[2:], down[2:], w[2:]), transposed, 2)
     return out
 
 
-def _conv_shape(op_name, shapes, a):
+def conv_shape(op_name, shapes, a):
+    """Output shape of conv."""
     return _conv_like(op_name, shapes, a, transposed=False)
 
 
-def _deconv_shape(op_name, shapes, a):
+def deconv_shape(op_name, shapes, a):
+    """Output shape of deconv."""
     return _conv_like(op_name, shapes, a, transposed=True)
 
 
@@ -134,9 +200,9 @@ def _window_attrs(borders: Sequence[str]) -> tuple[Attr, ...]:
 
 _OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
 _GROUPS = Attr("groups", "int", 1, lo=0)
-declare("conv", _conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
+declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*_window_attrs(CONV_BORDERS), _GROUPS))
-declare("deconv", _deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
+declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*_window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
 
 
@@ -152,18 +218,23 @@ def _pool_like(op_name: str, x: Shape, a: Attrs, transposed: bool) -> Shape:
     else:
         out = window(op_name, x, a.size, a, "input", transposed)
     check_positive(op_name, out)
+    up, down = (out, x) if transposed else (x, out)
+    check_reflection(op_name, a.border, window_dims(a, up, down, a.size), transposed)
     return out
 
 
-def _box_shape(op_name, shapes, a):
+def box_shape(op_name, shapes, a):
+    """Output shape of box and argmax_pool."""
     return _pool_like(op_name, shapes[0], a, transposed=False)
 
 
-def _debox_shape(op_name, shapes, a):
+def debox_shape(op_name, shapes, a):
+    """Output shape of debox."""
     return _pool_like(op_name, shapes[0], a, transposed=True)
 
 
-def _sample_shape(op_name, shapes, a):
+def sample_shape(op_name, shapes, a):
+    """Output shape of sample."""
     x, index = shapes
     out = _pool_like(op_name, x, a, transposed=False)
     require(index == out, f"{op_name}: 'index' shape {fmt(index)} does not match the "
@@ -171,7 +242,8 @@ def _sample_shape(op_name, shapes, a):
     return out
 
 
-def _desample_shape(op_name, shapes, a):
+def desample_shape(op_name, shapes, a):
+    """Output shape of desample."""
     x, index = shapes
     require(index == x, f"{op_name}: 'index' shape {fmt(index)} does not match 'input' "
                         f"shape {fmt(x)}")
@@ -180,34 +252,39 @@ def _desample_shape(op_name, shapes, a):
 
 _SIZE = Attr("size", "ints", lo=1)
 _NORMALIZE = Attr("normalize", "bool", False)
-declare("box", _box_shape, ("input",), "scalar -> scalar", (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
-declare("debox", _debox_shape, ("input",), "scalar -> scalar",
+declare("box", box_shape, ("input",), "scalar -> scalar", (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
+declare("debox", debox_shape, ("input",), "scalar -> scalar",
         (_SIZE, *_window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
-declare("argmax_pool", _box_shape, ("input",), "scalar -> integer", (_SIZE, *_window_attrs(BORDERS)), ("index",))
+declare("argmax_pool", box_shape, ("input",), "scalar -> integer", (_SIZE, *_window_attrs(BORDERS)), ("index",))
 # sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
 # (alexnet uses 'ignore') to sample through max_pool_with_index.
-declare("sample", _sample_shape, ("input", "index"), "scalar, integer -> scalar", (_SIZE, *_window_attrs(BORDERS)))
-declare("desample", _desample_shape, ("input", "index"), "scalar, integer -> scalar",
+declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar", (_SIZE, *_window_attrs(BORDERS)))
+declare("desample", desample_shape, ("input", "index"), "scalar, integer -> scalar",
         (_SIZE, *_window_attrs(("constant",)), _OUTPUT_SHAPE))
 
 
 # ---- multilinear_upsample ----------------------------------------------------------------
-def _upsample_shape(op_name, shapes, a):
+def upsample_shape(op_name, shapes, a):
+    """Output shape of multilinear_upsample."""
     (x,) = shapes
     require(len(a.factor) == len(x) - 2, f"{op_name}: expected 'factor' of length "
                                          f"{len(x) - 2} (one per spatial dimension), found "
                                          f"{fmt(a.factor)}")
+    # interpolation reads one index beyond each edge, which 'reflect' maps to index 1
+    require(a.border != "reflect" or min(x[2:]) >= 2, f"{op_name}: border 'reflect' needs "
+            f"spatial extents of at least 2, found shape {fmt(x)}")
     return x[:2] + tuple(e * f for e, f in zip(x[2:], a.factor))
 
 
-declare("multilinear_upsample", _upsample_shape, ("input",), "scalar -> scalar",
+declare("multilinear_upsample", upsample_shape, ("input",), "scalar -> scalar",
         (Attr("factor", "ints", lo=1),
          Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned")),
          Attr("border", "str", "replicate", choices=CONV_BORDERS)))
 
 
 # ---- RoI pooling / resampling ------------------------------------------------------------
-def _roi_shape(op_name, shapes, a):
+def roi_shape(op_name, shapes, a):
+    """Output shape of the RoI ops."""
     x, rois, batch_index = shapes
     spatial = len(x) - 2
     require(spatial >= 1, f"{op_name}: input must have rank >= 3, found shape {fmt(x)}")
@@ -225,8 +302,8 @@ def _roi_shape(op_name, shapes, a):
 _ROI_INPUTS = ("input", "rois", "batch_index")
 _ROI_TYPES = "scalar, scalar, integer -> scalar"
 _OUTPUT_SIZE = Attr("output_size", "ints", lo=1)
-declare("avg_roi_pool", _roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
-declare("max_roi_pool", _roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
-declare("roi_resample", _roi_shape, _ROI_INPUTS, _ROI_TYPES,
+declare("avg_roi_pool", roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
+declare("max_roi_pool", roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
+declare("roi_resample", roi_shape, _ROI_INPUTS, _ROI_TYPES,
         (_OUTPUT_SIZE,
          Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned"))))

@@ -355,12 +355,17 @@ class OpDef:
     def run_reference(self, xs: Sequence[Any], a: Attrs) -> list[Any]:
         """Reference outputs as a list (int64 arrays)."""
         result = self.rules["reference"](list(xs), a)
-        return [result] if len(self.outputs) == 1 else list(result)
+        return [result] if self._single_output else list(result)
 
     def run_lower(self, xs: Sequence[Any], a: Attrs) -> list[Any]:
         """TE output tensors as a list."""
         result = self.rules["lower"](list(xs), a)
-        return [result] if len(self.outputs) == 1 else list(result)
+        return [result] if self._single_output else list(result)
+
+    @property
+    def _single_output(self) -> bool:
+        """The rules return one tensor, not a list (a variadic op returns a list)."""
+        return len(self.outputs) == 1 and not self.variadic_outputs
 
     def cost_of(self, ins: Sequence[TensorType], outs: Sequence[TensorType], a: Attrs) -> int:
         """Base operations per output element (CVM-Runtime's gas model)."""

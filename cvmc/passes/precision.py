@@ -36,10 +36,9 @@ def infer_precision(graph: Graph) -> Graph:
     types = dict(graph.types)
     for name in graph.inputs:
         t = types[name]
-        if t.is_integer and t.precision is None:
-            raise CvmcError(f"graph input '{name}' is an integer tensor without a declared "
-                            f"precision (external<integer>(..., precision = P))")
-        types[name] = t.with_precision(t.precision) if t.is_integer else t
+        # An integer input without a declared precision (a standard NNEF document's
+        # `external<integer>`, e.g. gather indices) may hold any int32: precision 32.
+        types[name] = t.with_precision(t.precision or 32) if t.is_integer else t
     for name in graph.weights():
         if name not in graph.constants:
             raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "

@@ -1,12 +1,8 @@
 """Constant folding and dead-code elimination."""
 from __future__ import annotations
 
-import numpy as np
-
 from cvmc.ir import Graph
-from cvmc.ops import lookup
-from cvmc.ops.common import convert_np
-from cvmc.ops.registry import Attrs
+from cvmc.reference import evaluate, stored
 
 
 def fold_constants(graph: Graph) -> Graph:
@@ -16,21 +12,14 @@ def fold_constants(graph: Graph) -> Graph:
     kept = []
     for node in graph.nodes:
         if all(i in constants for i in node.inputs):
-            # The reference rules' operands: integers as int64, float32 as float64 (see
-            # cvmc.reference); results are stored by the one conversion rule.
-            xs = [np.asarray(constants[i], dtype=_OPERAND[np.asarray(constants[i]).dtype.kind])
-                  for i in node.inputs]
-            with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
-                outs = lookup(node.op).run_reference(xs, Attrs(node.attrs))
-            for name, value in zip(node.outputs, outs):
-                dtype = graph.types[name].dtype
-                constants[name] = np.asarray(convert_np(value, dtype)).astype(dtype)
+            # the reference interpreter's evaluation: the bits a kernel would compute
+            # (integers in int64, float formulas in float64 rounded once to float32)
+            values = [stored(constants[i], graph.types[i]) for i in node.inputs]
+            for name, value in zip(node.outputs, evaluate(node, values, graph.types)):
+                constants[name] = value.astype(graph.types[name].dtype)
         else:
             kept.append(node)
     return graph.replace(nodes=kept, constants=constants)
-
-
-_OPERAND = {"i": np.int64, "u": np.int64, "f": np.float64, "b": np.bool_}
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:

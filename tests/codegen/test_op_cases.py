@@ -17,8 +17,7 @@ def test_every_compute_op_has_a_case():
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_case_compiles_for_llvm_and_matches_reference(case):
-    check_op(case.op, case.inputs, case.attrs, case.weights, case.ulp, case.out_dtype,
-             case.tolerance)
+    check_op(case.op, case.inputs, **case.check_args())
 
 
 def cuda_module_of_cases():

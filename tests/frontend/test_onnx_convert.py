@@ -89,6 +89,14 @@ def test_model_shapes_and_weights_agree_with_khronos(tmp_path, name):
     assert {n: graph.types[n].shape for n in named} == named
     # every weight cvmc reads is, bit for bit, the Khronos parser's and an ONNX initializer
     inits = [numpy_helper.to_array(t).reshape(-1) for t in model.graph.initializer]
+    # LSTM gate blocks: ONNX (i, o, f, c) reordered to the converter's (i, f, c, o)
+    lstm = [n.input[1:4] for n in model.graph.node if n.op_type == "LSTM"]
+    for t in model.graph.initializer:
+        if any(t.name in names for names in lstm):
+            a = numpy_helper.to_array(t)
+            parts = np.split(a, 8 if a.ndim == 2 else 4, axis=1)
+            order = [0, 2, 3, 1, 4, 6, 7, 5][:len(parts)]
+            inits.append(np.concatenate([parts[g] for g in order], axis=1).reshape(-1))
     for weight in graph.labels:
         data = graph.constants[weight]
         assert np.array_equal(data, khronos.tensors[weight].data)
@@ -368,3 +376,14 @@ def test_compiled_model_matches_onnx_runtime(tmp_path, name, capsys):
         # float32 end to end: a few float32 ULPs per op, accumulated over small reductions
         np.testing.assert_allclose(got[out], value, rtol=1e-4, atol=1e-5, err_msg=out)
         np.testing.assert_allclose(ref[out], value, rtol=1e-4, atol=1e-5, err_msg=out)
+
+
+@pytest.mark.parametrize("attr, value", [("direction", "reverse"), ("clip", 3.0)])
+def test_lstm_variants_the_converter_does_not_model_are_refused(tmp_path, attr, value):
+    """The converter's lstm_step fragment runs forward, unclipped: anything else would be
+    another model."""
+    model = MODELS["lstm"]()
+    lstm_node = next(n for n in model.graph.node if n.op_type == "LSTM")
+    lstm_node.attribute.append(helper.make_attribute(attr, value))
+    with pytest.raises(CvmcError, match=f"LSTM 'lstm': .*{attr}"):
+        convert_onnx(_save(model, tmp_path / "m.onnx"), tmp_path / "out")

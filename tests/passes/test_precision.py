@@ -49,10 +49,8 @@ def test_weight_precision_inferred_from_data():
     assert g.types["w"].precision == 10 and g.types["y"].precision == 10
 
 
-def test_input_without_precision_is_rejected():
-    with pytest.raises(CvmcError, match="graph input 'x' is an integer tensor without a "
-                                        "declared precision"):
-        infer_precision(relu_graph(None))
+def test_input_without_precision_may_hold_any_int32():
+    assert infer_precision(relu_graph(None)).types["x"] == TensorType((2, 3), "int32", 32)
 
 
 def test_weight_without_data_is_rejected():
