@@ -8,9 +8,10 @@ results get a precision rule that keeps the int32 proof sound (cvmc/passes/preci
 a result that could need more than 32 bits is rejected where the op is called, naming the
 op and its rule. Float results follow nnef_math's accuracy statement: bit-exact where
 IEEE rounds one float32 operation correctly, the C math library's float function (within
-TRANSCENDENTAL_ULP) for transcendental ones, and for sums (reduce, dot, bn_*)
-|got - ref| <= K * 2^-24 * sum(|terms|) for K terms (the order of a float32 sum is the
-kernel's; the reference sums in float64).
+TRANSCENDENTAL_ULP) for transcendental ones, and for sums (reduce, dot, bn_*) within
+gamma(K + 2) * S of the reference (README, "Float accuracy"; S the sum of the terms'
+magnitudes, K the roundings of one term; one thread sums each result in a fixed order,
+the reference in float64).
 
 Shapes. Binary ops, compare and select broadcast as NumPy does (aligned on the right,
 extents equal or 1: so `add(x, const_scalar(0.5))` works; CINN's builder leaves implicit
