@@ -171,7 +171,7 @@ def test_inputs_and_constants():
     (lambda b: b.exp(b.input("y", [3], "int32", precision=4)),
      r"cinn.exp 'exp__1': input 'y' must be a tensor<scalar>, got a tensor<integer>"),
     (lambda b: b.mul(b.input("y", [3], "int32", precision=20), b.const_scalar(2**20)),
-     r"cinn.mul 'mul__\d+': precision of 'mul__\d+' would be 42 bits"),
+     r"cinn.mul 'mul__\d+': precision of 'mul__\d+' would be 42 bits by its rule p_x \+ p_y,"),
     (lambda b: b.reduce(b.input("y", [3], "float32"), "mean"),
      r"cinn.reduce: attribute 'kind' must be 'sum' or 'prod' or 'max' or 'min'"),
     (lambda b: b.conv(b.input("y", [1, 1, 3, 3], "float32"), b.input("z", [1, 1, 1, 1],

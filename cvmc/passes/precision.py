@@ -79,9 +79,10 @@ def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
     for out, t in zip(node.outputs, outs):
         if t.is_integer and not 1 <= t.precision <= 32:
             chain = _growth_chain(node, types, producers, t.precision)
+            rule = f" by its rule {opdef.precision_rule}" if opdef.precision_rule else ""
             raise CvmcError(f"{node.op} '{node.name}': precision of '{out}' would be "
-                            f"{t.precision} bits, outside 1..32 (int32 could overflow); "
-                            f"grown by {chain}", node.span)
+                            f"{t.precision} bits{rule}, outside 1..32 (int32 could "
+                            f"overflow); grown by {chain}", node.span)
         types[out] = t.with_precision(t.precision) if t.is_integer else t
 
 
