@@ -32,7 +32,7 @@ from cvmc.frontend.literals import TensorFactory, literal_value
 from cvmc.frontend.syntax import Source
 from cvmc.ir import Node, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.registry import Attrs, OpDef, suggest
+from cvmc.ops.registry import GENERIC, Attrs, OpDef, suggest
 
 __all__ = ["GraphBuilder", "Scope", "literal_value"]
 
@@ -440,7 +440,8 @@ class GraphBuilder(TensorFactory):
         """Create the node for a resolved registry op; returns its output tensor(s)."""
         where = scope.where(meta)
         try:
-            names = [self.tensor_input(opdef, k, a, where) for k, a in enumerate(inputs)]
+            names = [self.tensor_input(opdef, k, a, where, inputs)
+                     for k, a in enumerate(inputs)]
             self.check_input_types(opdef, decl, generic, names)
             shapes = opdef.infer_shapes([self.types[n] for n in names], attrs)
         except OpRuleError as e:
@@ -481,12 +482,16 @@ class GraphBuilder(TensorFactory):
                 raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor<integer>, "
                                   f"got a tensor<{_ELEM_OF[value.dtype]}>")
 
-    def tensor_input(self, opdef: OpDef, k: int, arg: Arg, where: Any) -> str:
-        """The value name of one tensor input; a literal number becomes a constant."""
+    def tensor_input(self, opdef: OpDef, k: int, arg: Arg, where: Any,
+                     args: list[Arg]) -> str:
+        """The value name of one tensor input; a literal number becomes a constant (an
+        integer literal that the op takes as a scalar, a float32 one: `cinn.mul(x, 2)`)."""
         v = arg.value
         if isinstance(v, Tensor):
             return v.name
         if _tensorish(v):
+            if is_int(v) and _scalar_slot(opdef, k, args):
+                v = float(v)
             return self.literal_tensor(v, where).name
         slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
         raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor, got {show_value(v)}")
@@ -588,6 +593,17 @@ def _integer_arg(arg: Arg) -> bool:
     if isinstance(v, Tensor):
         return v.dtype in ("int8", "int32")
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _scalar_slot(opdef: OpDef, k: int, args: list[Arg]) -> bool:
+    """True if typed op input k is a scalar: declared so, or generic (`?`, `numeric`) with a
+    float32 tensor among the generic operands."""
+    if opdef.integer_op:
+        return False
+    kind = opdef.in_kind(k)
+    return kind == "scalar" or kind in GENERIC and any(
+        isinstance(a.value, Tensor) and a.value.dtype == "float32" and opdef.in_kind(j) in GENERIC
+        for j, a in enumerate(args))
 
 
 def _tensorish(v: Any) -> bool:

@@ -414,3 +414,16 @@ def test_text_errors_name_the_op(call, message):
             f"    q = {call};\n}}\n")
     with pytest.raises(CvmcError, match=message):
         parse_nnef(text, "t.nnef")
+
+
+def test_an_integer_literal_is_a_scalar_where_the_op_takes_one():
+    g = parse_nnef("version 1.0;\ngraph g( x, i ) -> ( y, j, z )\n{\n"
+                   "    x = external<scalar>(shape = [2]);\n"
+                   "    i = external<integer>(shape = [2], precision = 8);\n"
+                   "    y = cinn.mul(x, 2);\n    j = cinn.mul(i, 2);\n    z = add(x, 1);\n}\n")
+    literals = {n.outputs[0]: g.types[n.inputs[1]].dtype for n in g.nodes}
+    assert literals == {"y": "float32", "j": "int32", "z": "float32"}
+    from cvmc.reference import reference_run
+    out = reference_run(g, {"x": np.array([0.25, -1], np.float32), "i": np.array([3, -4])})
+    assert out["y"].tolist() == [0.5, -2] and out["j"].tolist() == [6, -8]
+    assert out["z"].tolist() == [1.25, 0]
