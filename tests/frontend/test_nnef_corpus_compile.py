@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import cvmc
-from cvmc.errors import CvmcError
 from cvmc.frontend.nnef import load_nnef
 from tests.shared import HAVE_SHARED, SHARED, requires_shared
 
@@ -45,12 +44,7 @@ def test_valid_document_compiles_runs_and_matches_the_reference(path, tmp_path):
         pytest.skip("a custom primitive without a body: check-only")
     rng = np.random.default_rng(11)
     g = with_weights(load_nnef(path, None), rng)
-    try:
-        cvmc.compile(g, tmp_path / "m.cvmx", target="llvm")
-    except CvmcError as e:
-        if "can check but not yet compile" in e.message:
-            pytest.xfail(f"issue 10: {e.message}")  # the only failure allowed
-        raise
+    cvmc.compile(g, tmp_path / "m.cvmx", target="llvm")
     feeds = {n: random_values(g.types[n], rng) for n in g.inputs}
     got = cvmc_runtime.load(tmp_path / "m.cvmx").run(feeds)
     want = cvmc.reference_run(g, feeds)

@@ -367,8 +367,6 @@ def test_compiled_model_matches_onnx_runtime(tmp_path, name, capsys):
     onnx_file = _save(model, tmp_path / f"{name}.onnx")
     rc = main(["compile", str(onnx_file), "--target", "llvm", "-o", str(tmp_path / "m.cvmx")])
     err = capsys.readouterr().err
-    if rc and "NNEF standard op that cvmc can check but not yet compile or run" in err:
-        pytest.xfail(f"issue 10: {err.strip().splitlines()[0]}")  # only this may fail
     assert rc == 0, err
     got = cvmc_runtime.load(tmp_path / "m.cvmx").run(feeds)
     ref = cvmc.reference_run(load_graph(convert_onnx(onnx_file, tmp_path / "nnef")), feeds)

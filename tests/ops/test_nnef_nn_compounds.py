@@ -1,8 +1,7 @@
 """The stdlib compound fragments built on NNEF's window ops (spec 4.3.4, 4.9.2-4.9.4): each
 is a tiny NNEF document, parsed (the frontend expands the fragment), compiled for llvm, run
 by the runtime and compared with `cvmc.reference_run` within the bound its ops compose to
-(README "Float accuracy"). Compounds that need an op another part of cvmc provides are
-xfail (not strict) naming the op.
+(README "Float accuracy").
 
 Bounds: u = 2^-24. A sum-like op is within gamma(K + 2) * S (tests.oputil.sum_bound); a
 chain of linear ops with nonnegative coefficients in their magnitudes is within the sum of
@@ -203,7 +202,6 @@ def test_batch_normalization(tmp_path):
     _within(got["y"], want["y"], 16 * U * (np.abs(p["o"]) + scale))
 
 
-@pytest.mark.xfail(strict=False, raises=CvmcError, reason="linear needs matmul (nneftensor)")
 def test_linear(tmp_path):
     w, b = _f(5, 12), _f(1, 5)
     x = _f(3, 12)
@@ -213,8 +211,6 @@ def test_linear(tmp_path):
     _within(got["y"], want["y"], sum_bound(s, 12 + 1))
 
 
-@pytest.mark.xfail(strict=False, raises=CvmcError,
-                   reason="l1/l2_normalization need sum_reduce (nneftensor)")
 @pytest.mark.parametrize("op", ["l1_normalization", "l2_normalization"])
 def test_l1_l2_normalization(op, tmp_path):
     g = _graph({"x": X.shape}, f"y = {op}(x, axes = [1], bias = 1.0);")
