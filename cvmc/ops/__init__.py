@@ -7,6 +7,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     nnef_math,
     nnef_std,
     nnef_std_nn,
+    onednn,
     reduce,
     transform,
     vision,
