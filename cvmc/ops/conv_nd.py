@@ -82,10 +82,12 @@ def conv_nd_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
 
 def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
                     pads_end: Sequence[int], dilations: Sequence[int], groups: int,
-                    name: str):
+                    name: str, channels_last: bool = False):
     """TE of the module formula for NCX `x`, OIX `w`, optional (OC,) `b` (te.Tensors, all
     float32 or all int32; integer `x` must hold 8-bit values, as every integer
-    convolution's precision rule requires)."""
+    convolution's precision rule requires); dst is NCX, or NXC with `channels_last` (the
+    reduction itself writes that order: a transposing epilogue after it would defeat
+    dlight's CUDA reduction rules)."""
     from cvmc.lowering.te_facade import shape_of, te
 
     n, c, *size = shape_of(x)
@@ -97,14 +99,19 @@ def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
     rc = te.reduce_axis((0, icg), name="rc")
     rk = [te.reduce_axis((0, kd), name=f"rk{d}") for d, kd in enumerate(k)]
 
-    def acc(b_, o, *y):
+    def ncx(*i):
+        """(n, o, y1..yr) of a dst index."""
+        return (i[0], i[-1], *i[1:-1]) if channels_last else i
+
+    def acc(*i):
+        b_, o, *y = ncx(*i)
         taps = [yd * s + kd * dd for yd, s, kd, dd in zip(y, strides, rk, dilations)]
         return te.sum(read(b_, o // ocg * icg + rc, *taps) * w[(o, rc, *rk)],
                       axis=[rc, *rk])
-    dst = te.compute((n, oc, *out), acc, name=name)
+    dst = te.compute((n, *out, oc) if channels_last else (n, oc, *out), acc, name=name)
     if b is None:
         return dst
-    return te.compute(dst.shape, lambda b_, o, *y: dst(b_, o, *y) + b[o], name=f"{name}_bias")
+    return te.compute(dst.shape, lambda *i: dst(*i) + b[ncx(*i)[1]], name=f"{name}_bias")
 
 
 def _padded(x, size, k, out, strides, dilations, pads_begin, name: str):

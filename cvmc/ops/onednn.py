@@ -150,9 +150,8 @@ def _lower(xs, a):
     x = _te_transpose(xs[0], _to_ncx(r, a.data_format), "src_ncx")
     w = _te_transpose(xs[1], _to_oix(r, a.weights_format), "weights_oix")
     pb, pe = auto_pads([int(d) for d in x.shape[2:]], [int(d) for d in w.shape[2:]], a)
-    y = conv_nd_compute(x, w, xs[2] if len(xs) == 3 else None, a.strides, pb, pe,
-                        a.dilations, a.groups, "convolution")
-    return _te_transpose(y, _from_ncx(r, a.data_format), "convolution_nxc")
+    return conv_nd_compute(x, w, xs[2] if len(xs) == 3 else None, a.strides, pb, pe,
+                           a.dilations, a.groups, "convolution", a.data_format == "NXC")
 
 
 def _te_transpose(t, axes: Sequence[int], name: str):
