@@ -85,11 +85,11 @@ def cmd_ops(args: argparse.Namespace) -> int:
         console.print(f"    inputs:     {', '.join(d.inputs)}")
         if d.attrs:
             console.print(f"    attributes: {'; '.join(a.describe() for a in d.attrs)}")
-        if d.integer_op:
-            console.print(f"    precision:  {d.precision_rule}")
-        else:
+        if not d.integer_op:
             console.print(f"    types:      {d.types}"
                           f"{'' if d.compute else '  (check only: cannot compile yet)'}")
+        if d.precision_rule:  # every CVM op; a typed op whose `?` inputs may be integers
+            console.print(f"    precision:  {d.precision_rule}")
     return 0
 
 

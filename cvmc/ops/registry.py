@@ -36,11 +36,14 @@ Two kinds of ops share the registry:
 - Typed ops (`types="scalar, scalar -> logical"`, NNEF's element kinds `scalar` = float32,
   `logical` = bool, `integer` = a CVM integer, `?` = generic, `?[]` = a tensor array,
   `any`: any kind):
-  NNEF standard primitives. Their results have the declared kind (`?`: the kind of the
-  `?` inputs); an integer result's precision comes from the `precision` rule, or for a
-  generic op that only moves values, from its inputs. `reference` sees float32 inputs as
-  float64 (the better oracle; the interpreter rounds results to float32) and `lower` sees
-  float32 / bool tensors as they are. A typed op with a shape rule only is check-only:
+  NNEF standard primitives and the ops of the float-capable op sets (onednn). Their results
+  have the declared kind (`?`: the kind of the `?` inputs); an integer result's precision
+  comes from the `precision` rule, or for a generic op that only moves values, from its
+  inputs. An op that computes on `?` inputs which may be integers (onednn.convolution:
+  float32, or 8-bit integers as conv2d) has a `precision` rule and its `precision_rule`
+  words. `reference` sees float32 inputs as float64 (the better oracle; the interpreter
+  rounds results to float32) and `lower` sees float32 / bool tensors as they are (integer
+  ones as int32, as for CVM ops). A typed op with a shape rule only is check-only:
   cvmc parses and shape-checks it but cannot compile it.
 """
 from __future__ import annotations
@@ -407,7 +410,7 @@ def check_registry() -> None:
     problems = [f"{d.name}: missing {', '.join(d.missing_rules())}"
                 for d in _REGISTRY.values() if d.missing_rules()]
     for d in _REGISTRY.values():
-        if d.integer_op and not d.precision_rule:
+        if (d.integer_op or "precision" in d.rules) and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
         optional = [i.endswith("?") for i in d.inputs]
         if any(o and not later for o, later in itertools.pairwise(optional)):
