@@ -2,7 +2,8 @@
 
 Expected values come from hand-computed cases (each auto_pad mode, groups, dilation, the
 formats), a direct loop over the spec's formula and tvm.topi.testing's conv1d/2d/3d (the
-reference's oracles), oneDNN's own auto_pad formula written as its source has it, and the
+reference's oracles), oneDNN's own auto_pad formula written as its source has it, ONNX
+Runtime's Conv (its own auto_pad, float32 within the bound), and the
 benchdnn shapes of real networks (compiled for llvm against the reference: integers
 bit-exact, float32 within the summation bound `sum_bound`). `-m crosscheck` adds torch.
 """
@@ -427,6 +428,60 @@ def test_benchdnn_shapes_compiled_all(path):
     shapes = read_shapes(path)
     for start in range(0, len(shapes), 6):  # a few modules per list, each of moderate size
         _check_sweep(_sweep([scaled(s) for s in shapes[start:start + 6]], everything=True))
+
+
+def _onnx_conv(shape: ConvShape, mode: str, x, w, b) -> np.ndarray:
+    """ONNX Runtime's Conv (NCX / OIX float32; auto_pad as ONNX defines it) on one layer."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper, numpy_helper
+
+    pads = {} if mode != "none" else {"pads": [*shape.pad_l, *shape.pad_r]}
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], auto_pad={
+        "none": "NOTSET", "same_upper": "SAME_UPPER", "same_lower": "SAME_LOWER",
+        "valid": "VALID"}[mode], strides=list(shape.s), dilations=list(shape.d),
+        group=shape.g, **pads)
+    graph = helper.make_graph(
+        [node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _check_onnxruntime(shapes: list[ConvShape]) -> None:
+    """The float reference equals ONNX Runtime's Conv (an independent implementation of the
+    same convolution and of SAME_UPPER / SAME_LOWER / VALID padding) within the float32
+    summation bound, in every auto_pad mode."""
+    for shape in shapes:
+        # ONNX Runtime refuses SAME_* padding with dilations (hand cases cover those)
+        for mode in MODES if max(shape.d) == 1 else ("none", "valid"):
+            x, w, b = _conv_inputs(shape, "float", FORMATS[0], 5)
+            a = _conv_attrs(shape, mode, FORMATS[0])
+            d = lookup(NAME)
+            ref = d.run_reference([v.astype(np.float64) for v in (x, w, b)],
+                                  Attrs(d.normalize_attrs(a)))[0].astype(np.float32)
+            got = _onnx_conv(shape, mode, x, w, b)
+            assert got.shape == ref.shape, (shape.name, mode)
+            assert_close(ref, got, conv_tolerance([x, w, b], a), f"{shape.name} {mode}")
+
+
+@pytest.mark.parametrize("path", _shape_files(), ids=lambda p: p.name)
+def test_reference_matches_onnxruntime(path):
+    """... on the scaled benchdnn layers."""
+    _check_onnxruntime([scaled(s) for s in _handful(read_shapes(path))])
+
+
+def test_reference_matches_onnxruntime_dilated():
+    """... with dilations (the lists have none), strides above the dilated kernel (same_*
+    padding clamped at 0), 1-D, 2-D and 3-D."""
+    _check_onnxruntime([
+        ConvShape("dilated-2d", 2, 2, 4, 6, (9, 8), (3, 2), (2, 3), (2, 3), (1, 0), (0, 2)),
+        ConvShape("stride>kernel-1d", 1, 1, 3, 2, (8,), (2,), (5,), (1,), (0,), (1,)),
+        ConvShape("dilated-3d", 1, 3, 3, 6, (6, 5, 7), (2, 3, 2), (1, 2, 3), (3, 1, 2),
+                  (1, 2, 0), (2, 0, 1)),
+    ])
 
 
 # ---- optional cross-check against torch (not in CI: pytest -m crosscheck) -----------------
