@@ -9,11 +9,12 @@ dilation D_d (1: dense) and zero padding PB_d before / PE_d after the input:
         + sum_{i < ICG} sum_{k1 < K1} .. sum_{kr < Kr}
               src[n, g*ICG + i, y1*S_1 + k1*D_1 - PB_1, ..] * weights[g*OCG + o, i, k1, ..]
 
-where src reads 0 outside the input. This is oneDNN Graph's Convolution
-(../shared/spec/onednn-convolution.txt, dilation 1 = dense) and the one definition of a
-forward convolution in cvmc: CVM's conv2d (r = 2, PB = PE, NCHW / OIHW, 8-bit integers),
-NNEF's conv (constant border; groups 0 = one group per channel) and CINN's conv are its
-special cases and say so by calling it. Integer operands compute exactly (int64 in the
+where src reads 0 outside the input (a negative pad crops it). This is oneDNN Graph's
+Convolution (../shared/spec/onednn-convolution.txt, dilation 1 = dense) and the one
+definition of a forward convolution in cvmc: CVM's conv2d (r = 2, PB = PE, NCHW / OIHW,
+8-bit integers), NNEF's conv (its 'constant' border, any padding; groups 0 = one group per
+channel) and CINN's conv are its special cases, each to be defined by calling these two
+functions (onednn.convolution does). Integer operands compute exactly (int64 in the
 reference, int32 in the kernels, which the callers' precision rules keep from
 overflowing); float32 operands compute in float64 in the reference (rounded to float32
 once by the interpreter) and in float32 in the kernels.
@@ -59,7 +60,7 @@ def conv_nd_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     r = len(size)
     out = out_sizes("convolution", x.shape, w.shape, strides, dilations, pads_begin,
                     pads_end)
-    xp = np.pad(x, [(0, 0), (0, 0), *zip(pads_begin, pads_end)])  # zeros outside the input
+    xp = _zero_pad(x, pads_begin, pads_end)
     # taps[n, c, k1..kr, y1..yr] = xp[n, c, y1*S_1 + k1*D_1, ..]: one index array per
     # spatial dim, shaped to broadcast over (k1..kr, y1..yr)
     index = []
@@ -78,6 +79,13 @@ def conv_nd_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
         y = _exact_matmul(wmat, cols)
     y = y.reshape(n, oc, *out)
     return y if b is None else y + b.reshape(oc, *[1] * r)
+
+
+def _zero_pad(x: np.ndarray, begin: Sequence[int], end: Sequence[int]) -> np.ndarray:
+    """`x` with begin[d] zeros before and end[d] after spatial dim d (negative: cropped)."""
+    xp = np.pad(x, [(0, 0), (0, 0), *((max(b, 0), max(e, 0)) for b, e in zip(begin, end))])
+    crop = [slice(max(-b, 0), n - max(-e, 0)) for n, b, e in zip(xp.shape[2:], begin, end)]
+    return xp[(slice(None), slice(None), *crop)]
 
 
 def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
@@ -125,8 +133,6 @@ def _padded(x, size, k, out, strides, dilations, pads_begin, name: str):
               for o, s, kd, dd in zip(out, strides, k, dilations)]
     low = [pb > 0 for pb in pads_begin]
     high = [e > xd + pb for e, xd, pb in zip(extent, size, pads_begin)]
-    if not any(low) and not any(high):
-        return lambda *i: x(*i)
     zero = tirx.const(0, x.dtype)
 
     def element(b_, c_, *p):
@@ -134,8 +140,10 @@ def _padded(x, size, k, out, strides, dilations, pads_begin, name: str):
                  for need, t in ((low[d], pd >= pads_begin[d]),
                                  (high[d], pd < size[d] + pads_begin[d])) if need]
         pixel = x(b_, c_, *[pd - pb for pd, pb in zip(p, pads_begin)])
-        return tirx.if_then_else(tirx.all(*tests), pixel, zero)
+        return tirx.if_then_else(tirx.all(*tests), pixel, zero) if tests else pixel
 
+    if not any(low) and not any(high):
+        return element  # every read inside the input (a negative pad only shifts them)
     # Its own stage, kept as a buffer by the CPU schedule: the reduction then reads without
     # a bounds test and vectorises. Integer data has 8 bits (|x| <= 127): stored as int8,
     # exactly, in a quarter of the bytes.

@@ -225,6 +225,55 @@ def test_reference_matches_direct_loops_and_topi(case, kind):
     np.testing.assert_allclose(got, topi + b.reshape(-1, *[1] * r), rtol=1e-12, atol=1e-9)
 
 
+# conv_nd itself serves NNEF's conv too, whose padding may be negative (cropping)
+NEGATIVE_PAD_CASES = [
+    ((2, 4, 7, 6), (6, 2, 3, 2), [2, 1], [-1, 2], [1, -1], [1, 2], 2),
+    ((1, 3, 9), (2, 3, 2), [3], [-2], [-1], [2], 1),
+    ((1, 2, 5, 6, 4), (2, 1, 2, 2, 3), [1, 2, 1], [0, -1, 1], [-1, 1, -2], [2, 1, 1], 2),
+]
+
+
+@pytest.mark.parametrize("case", NEGATIVE_PAD_CASES)
+def test_canonical_conv_crops_with_negative_pads(case):
+    """conv_nd_reference == the spec's loops when a pad is negative (the src is cropped)."""
+    _, _, strides, pb, pe, dil, groups = case
+    x, w, b = _oracle_inputs(case, "int", 11)
+    got = conv_nd_reference(x, w, b, strides, pb, pe, dil, groups)
+    assert np.array_equal(got, direct(x, w, b, strides, pb, dil, groups, got.shape[2:]))
+
+
+@pytest.mark.parametrize("case", NEGATIVE_PAD_CASES + ORACLE_CASES[:4])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("kind", ["int", "float"])
+def test_canonical_lowering_equals_canonical_reference(case, channels_last, kind):
+    """conv_nd_compute (unscheduled, built for llvm by TVM alone) == conv_nd_reference: int32
+    exactly, float32 within the bound; NCX or NXC dst, negative and positive pads."""
+    import tvm
+    from tvm import te
+
+    from cvmc.ops.conv_nd import conv_nd_compute
+
+    _, _, strides, pb, pe, dil, groups = case
+    dtype = "int32" if kind == "int" else "float32"
+    arrays = [v.astype(dtype) for v in _oracle_inputs(case, kind, 13)]
+    x, w, b = (te.placeholder(v.shape, dtype, name) for v, name in zip(arrays, "xwb"))
+    y = conv_nd_compute(x, w, b, strides, pb, pe, dil, groups, "conv", channels_last)
+    ex = tvm.compile(tvm.IRModule({"main": te.create_prim_func([x, w, b, y])}),
+                     target={"kind": "llvm"})
+    out = tvm.runtime.tensor(np.zeros([int(d) for d in y.shape], dtype))
+    ex["main"](*map(tvm.runtime.tensor, arrays), out)
+    got = np.moveaxis(out.numpy(), -1, 1) if channels_last else out.numpy()
+    ref = conv_nd_reference(*[v.astype(np.float64 if kind == "float" else np.int64)
+                              for v in arrays], strides, pb, pe, dil, groups)
+    if kind == "int":
+        assert np.array_equal(got, ref)
+    else:
+        mags = conv_nd_reference(*[np.abs(v.astype(np.float64)) for v in arrays], strides, pb,
+                                 pe, dil, groups)
+        taps = int(np.prod(arrays[1].shape[1:]))
+        assert_close(ref.astype(np.float32), got, sum_bound(mags, taps + 1), "conv_nd")
+
+
 def test_auto_pad_is_onednn_formula():
     """auto_pads == oneDNN's infer_auto_pad as its source writes it (total from X % S,
     clamped at 0; lower: (P + 1) / 2 before), and same_* give O = ceil(X / S)."""
