@@ -1,11 +1,11 @@
 """onednn.convolution and the canonical N-d convolution (cvmc/ops/conv_nd.py).
 
 Expected values come from hand-computed cases (each auto_pad mode, groups, dilation, the
-formats), a direct loop over the spec's formula and tvm.topi.testing's conv1d/2d/3d (the
-reference's oracles), oneDNN's own auto_pad formula written as its source has it, ONNX
-Runtime's Conv (its own auto_pad, float32 within the bound), and the
-benchdnn shapes of real networks (compiled for llvm against the reference: integers
-bit-exact, float32 within the summation bound `sum_bound`). `-m crosscheck` adds torch.
+formats), the spec's formula as loops and tvm.topi.testing's conv1d/2d/3d (oracles of the
+reference), oneDNN's auto_pad formula as its source writes it, ONNX Runtime's Conv (its
+own auto_pad; float32 within the bound) and the benchdnn shapes of real networks, compiled
+for llvm against the reference: integers bit-exact, float32 within `sum_bound`.
+`-m crosscheck` adds torch where it is installed.
 """
 from __future__ import annotations
 
