@@ -16,8 +16,9 @@ Methods:
   the standard library's compound fragments) under its text name, resolved as the text
   resolves it (`b.relu(x)` is `relu(x)`: CVM's relu on integers, NNEF's on floats); a
   text name that is also a CINN method takes the prefix `nnef_` (`b.nnef_max(x, axes=[1])`
-  is the text `max(x, axes = [1])`, CVM's reduce). These are generated from the registry
-  and the standard library.
+  is the text `max(x, axes = [1])`, CVM's reduce); a namespaced op takes `_` for its dot
+  (`b.onednn_convolution(...)`). These are generated from the registry and the standard
+  library.
 Tensor arguments are `Var`s of this builder or Python numbers (shape-[] constants, as
 literals in text); attributes are keywords; `name=` names the result. Shapes and types
 (with integer precisions) are inferred as each call is made: a bad call raises a
@@ -474,7 +475,8 @@ def _text_methods() -> dict[str, str]:
     own = {n for n in dir(GraphBuilder) if not n.startswith("_")}
     methods = {}
     for text in sorted(names - set(_INTRODUCERS)):
-        method = f"nnef_{text}" if text in own else text
+        # a namespaced op (`onednn.convolution`) becomes `onednn_convolution`
+        method = f"nnef_{text}" if text in own else text.replace(".", "_")
         assert method not in methods and method not in own, method
         methods[method] = text
     return methods

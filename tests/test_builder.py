@@ -106,7 +106,7 @@ def test_methods_cover_the_spec_and_every_text_name():
     text_names |= {n for n, f in stdlib().items() if f.body is not None}
     text_names -= {"external", "variable", "constant", "update"}
     for name in text_names:
-        method = f"nnef_{name}" if name in SPEC_PRIMITIVES else name
+        method = f"nnef_{name}" if name in SPEC_PRIMITIVES else name.replace(".", "_")
         assert method in dir(b) and getattr(b, method).__doc__, method
     assert "nnef_max" in dir(b) and "nnef_relu" not in dir(b) and "relu" in dir(b)
     assert "lambda_" in inspect.signature(b.selu).parameters  # NNEF's `lambda` attribute
@@ -212,3 +212,17 @@ def test_build_checks_its_outputs():
         b.build([])
     with pytest.raises(cvmc.CvmcError, match="is not a Var of this GraphBuilder"):
         b.build(["x"])
+
+
+def test_a_namespaced_op_is_a_method_with_an_underscore():
+    """`onednn.convolution` is `b.onednn_convolution`: the same node as the text makes."""
+    b = cvmc.GraphBuilder("n")
+    x = b.input("x", [1, 4, 4, 1], "float32")
+    w = b.constant(np.full((1, 1, 1, 2), 2.0, np.float32), name="w")
+    y = b.onednn_convolution(x, w, strides=[1, 1], pads_begin=[0, 0], pads_end=[0, 0],
+                             dilations=[1, 1])
+    g = b.build(outputs=[y])
+    assert g.nodes[-1].op == "onednn.convolution"
+    arr = np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1)
+    out = cvmc.reference_run(g, {"x": arr})[g.outputs[0]]
+    assert np.array_equal(out, np.concatenate([arr * 2, arr * 2], axis=3))  # by hand: 2x

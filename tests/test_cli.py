@@ -24,7 +24,10 @@ def test_ops_lists_every_compute_op_with_its_precision_rule(capsys):
             aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
             assert f"\n{d.name}{aliases}  op set {', '.join(d.seeds)}, family {d.family}" \
                 in "\n" + out
-            assert (d.precision_rule if d.integer_op else f"types:      {d.types}\n") in out
+            if not d.integer_op:
+                assert f"types:      {d.types}\n" in out
+            if d.precision_rule:  # CVM ops, and typed ops that compute on integers too
+                assert f"precision:  {d.precision_rule}\n" in out
     assert "(check only" not in out
     assert "\nbroadcast_greater  op set cvm-runtime, family broadcast" in out
     main(["ops", "--all"])

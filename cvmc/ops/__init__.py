@@ -10,6 +10,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     nnef_std,
     nnef_std_nn,
     nnef_tensor,
+    onednn,
     reduce,
     transform,
     vision,

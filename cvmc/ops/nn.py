@@ -30,9 +30,10 @@ def _require_rank(opname: str, operand: str, t, rank: int, dims: str) -> None:
                             f"got shape {_shape_str(t.shape)}")
 
 
-def _require_low_precision(opname: str, ins) -> None:
+def _require_low_precision(opname: str, ins, operands: tuple[str, str] = ("data", "weight")
+                           ) -> None:
     """conv2d / dense multiply 8-bit operands only (CVM-Runtime: 'must be INT8')."""
-    for operand, t in zip(("data", "weight"), ins):
+    for operand, t in zip(operands, ins):
         require(t.precision <= 8, f"{opname}: {operand} precision must be <= 8 bits, "
                                   f"got {t.precision}")
 

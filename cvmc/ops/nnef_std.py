@@ -30,12 +30,13 @@ def fmt(values: Sequence[int]) -> str:
 
 def declare(name: str, rule: ShapeRule, inputs: Sequence[str], types: str,
             attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("output",),
-            fusion: Fusion = Fusion.OPAQUE) -> OpDef:
+            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "") -> OpDef:
     """Register an NNEF primitive (`types` as its stdlib declaration has them, see
     `registry`) whose shape rule sees plain input shapes; its op family's module attaches
-    the reference and lower rules."""
+    the reference and lower rules (and the precision rule `precision_rule` describes, for
+    an integer result)."""
     d = op(name, family="nnef", seeds=("nnef",), types=types, inputs=inputs, attrs=attrs,
-           outputs=outputs, fusion=fusion)
+           outputs=outputs, fusion=fusion, precision_rule=precision_rule)
     label = name.removeprefix("nnef.")  # messages use the name the document spells
 
     @d.shape
@@ -141,12 +142,15 @@ def _reduce_shape(op_name, shapes, a):
 
 
 _AXES = Attr("axes", "ints")
-declare("sum_reduce", _reduce_shape, ("input",), "scalar -> scalar", (_AXES, Attr("normalize", "bool", False)))
+declare("sum_reduce", _reduce_shape, ("input",), "scalar -> scalar",
+        (_AXES, Attr("normalize", "bool", False)))
 for _name, _types in (("max_reduce", "scalar -> scalar"), ("min_reduce", "scalar -> scalar"),
-                      ("argmax_reduce", "scalar -> integer"),
-                      ("argmin_reduce", "scalar -> integer"),
                       ("any_reduce", "logical -> logical"), ("all_reduce", "logical -> logical")):
     declare(_name, _reduce_shape, ("input",), _types, (_AXES,))
+for _name in ("argmax_reduce", "argmin_reduce"):
+    declare(_name, _reduce_shape, ("input",), "scalar -> integer", (_AXES,),
+            precision_rule="max(bitlen(count - 1) + 1, 9): an index into the reduced axes, "
+                           "stored as int32")
 
 
 # ---- matmul ---------------------------------------------------------------------------

@@ -255,7 +255,9 @@ _NORMALIZE = Attr("normalize", "bool", False)
 declare("box", box_shape, ("input",), "scalar -> scalar", (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
 declare("debox", debox_shape, ("input",), "scalar -> scalar",
         (_SIZE, *_window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
-declare("argmax_pool", box_shape, ("input",), "scalar -> integer", (_SIZE, *_window_attrs(BORDERS)), ("index",))
+declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
+        (_SIZE, *_window_attrs(BORDERS)), ("index",),
+        precision_rule="bitlen(window volume - 1) + 1: an index into the window")
 # sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
 # (alexnet uses 'ignore') to sample through max_pool_with_index.
 declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar", (_SIZE, *_window_attrs(BORDERS)))

@@ -38,12 +38,14 @@ Two kinds of ops share the registry:
 - Typed ops (`types="scalar, scalar -> logical"`, NNEF's element kinds `scalar` = float32,
   `logical` = bool, `integer` = a CVM integer, `?` = generic, `?[]` = a tensor array,
   `any`: any kind, and cvmc's `numeric`: generic over scalar and integer, not logical):
-  NNEF standard primitives and CINN's. Their results have the declared kind (`?` or
-  `numeric`: the kind of the generic inputs, which must agree; a `kind` rule where
-  attributes decide); an integer result's precision comes from the `precision` rule, or
-  for a generic op that only moves values, from its inputs. `reference` sees float32 inputs as
-  float64 (the better oracle; the interpreter rounds results to float32) and `lower` sees
-  float32 / bool tensors as they are. A typed op with a shape rule only is check-only:
+  NNEF standard primitives, CINN's and oneDNN's. Their results have the declared kind (`?`
+  or `numeric`: the kind of the generic inputs, which must agree; a `kind` rule where
+  attributes decide); an integer result's precision comes from the `precision` rule (with
+  its `precision_rule` words: e.g. onednn.convolution on 8-bit integers, as conv2d), or
+  for a generic op that only moves values, from its inputs. `reference` sees float32
+  inputs as float64 (the better oracle; the interpreter rounds results to float32) and
+  `lower` sees float32 / bool tensors as they are (integer ones as int32, as for CVM ops).
+  A typed op with a shape rule only is check-only:
   cvmc parses and shape-checks it but cannot compile it.
 """
 from __future__ import annotations
@@ -436,7 +438,7 @@ def check_registry() -> None:
     problems = [f"{d.name}: missing {', '.join(d.missing_rules())}"
                 for d in _REGISTRY.values() if d.missing_rules()]
     for d in _REGISTRY.values():
-        if d.integer_op and not d.precision_rule:
+        if (d.integer_op or "precision" in d.rules) and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
         if d.out_kind == "numeric" and d.compute and not (
                 "precision" in d.rules and d.precision_rule):

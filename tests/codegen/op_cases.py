@@ -461,3 +461,42 @@ CINN_CASES: list[OpCase] = [
     *[OpCase("cinn.const_scalar", [], {"value": v}) for v in (-5, 0.25, True)],
 ]
 CASES += CINN_CASES
+
+
+# ---- oneDNN convolution (float32 and integer) ---------------------------------------------
+def exact_floats(shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, None]:
+    """float32 multiples of 1/4 in [-4, 4]: a convolution of them sums exactly in any order
+    (products are multiples of 1/16 and every partial sum stays far below 2^20), so the
+    compiled kernel must give the reference's bits."""
+    return (np.random.default_rng(seed).integers(-16, 17, shape) / 4).astype(np.float32), None
+
+
+def _conv(r: int, **attrs) -> dict:
+    """onednn.convolution attributes: dense, unpadded, stride 1 unless given."""
+    return {"strides": [1] * r, "pads_begin": [0] * r, "pads_end": [0] * r,
+            "dilations": [1] * r, **attrs}
+
+
+ONEDNN_CASES: list[OpCase] = [
+    # NXC / XIO (the defaults), groups, stride, dilation, same_upper, bias
+    OpCase("onednn.convolution", [exact_floats((1, 7, 6, 4), 90), exact_floats((3, 2, 2, 6), 91),
+                                  exact_floats((6,), 92)],
+           _conv(2, strides=[2, 1], dilations=[1, 2], groups=2, auto_pad="same_upper"),
+           weights=(1, 2)),
+    OpCase("onednn.convolution", [exact_floats((2, 3, 9), 93), exact_floats((4, 3, 3), 94)],
+           _conv(1, strides=[2], auto_pad="valid", data_format="NCX", weights_format="OIX"),
+           weights=(1,)),
+    OpCase("onednn.convolution", [exact_floats((1, 2, 4, 5, 3), 95),
+                                  exact_floats((2, 3, 2, 2, 4), 96)],
+           _conv(3, strides=[1, 2, 1], auto_pad="same_lower", data_format="NCX"), weights=(1,)),
+    OpCase("onednn.convolution", [rand((1, 4, 6, 5), 8, 97), rand((6, 4, 3, 2), 8, 98),
+                                  rand((6,), 16, 99)],
+           _conv(2, pads_begin=[1, 0], pads_end=[2, 1], data_format="NCX",
+                 weights_format="OIX"), weights=(1, 2)),
+    OpCase("onednn.convolution", [rand((2, 8, 3), 8, 100), rand((3, 1, 3), 8, 101)],
+           _conv(1, groups=3, dilations=[2], auto_pad="same_upper"), weights=(1,)),
+    OpCase("onednn.convolution", [rand((1, 4, 3, 2, 3), 8, 102), rand((4, 3, 2, 2, 1), 8, 103)],
+           _conv(3, strides=[2, 1, 1], pads_end=[1, 0, 0], weights_format="OIX"),
+           weights=(1,)),
+]
+CASES += ONEDNN_CASES
