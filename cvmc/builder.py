@@ -249,10 +249,13 @@ class GraphBuilder:
              groups: int = 1, conv_type: str = "forward", data_format: str = "NCHW",
              padding_algorithm: str = "EXPLICIT", output_shape: Sequence[int] = (),
              name: str | None = None) -> Var:
-        """CINN's convolution: not implemented yet (it is to share the N-d convolution of
-        issue 12); integer 2-D convolution is `conv2d` (CVM)."""
-        raise CvmcError("cinn.conv: not implemented yet (CINN's convolution will share "
-                        "cvmc's N-d convolution); for CVM integer convolution use conv2d")
+        """CINN's 2-D convolution (float32; filters OIHW): forward (lhs = x, rhs = filter),
+        backward_data (lhs = filter, rhs = dy, output_shape = x's shape) or backward_filter
+        (lhs = x, rhs = dy, output_shape = the filter's shape); see `cvmc.ops.cinn_conv`."""
+        return self._call("cinn.conv", [lhs, rhs], {
+            "strides": strides, "paddings": paddings, "dilations": dilations,
+            "groups": groups, "conv_type": conv_type, "data_format": data_format,
+            "padding_algorithm": padding_algorithm, "output_shape": output_shape}, name)
 
     def reduce(self, input: Var, kind: str, dim: Sequence[int] = (), keep_dim: bool = False,
                name: str | None = None) -> Var:

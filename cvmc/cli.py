@@ -57,6 +57,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     console.print(f"  inputs:  {sig(graph.inputs)}")
     console.print(f"  outputs: {sig(graph.outputs)}")
     table = Table("tensor", "op", "shape", "dtype", "precision", box=None)
+    for column in table.columns[:2]:  # names stay whole on narrow terminals (folded)
+        column.overflow = "fold"
     for name in graph.values():
         t = graph.types[name]
         op = producers[name].op if name in producers else kinds[name]

@@ -15,7 +15,7 @@ from cvmc.cli import main as cli_main
 from cvmc.frontend.fragments import stdlib
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.ops import all_ops
-from tests.ops.test_cinn import NOT_YET, SPEC_PRIMITIVES
+from tests.ops.test_cinn import SPEC_PRIMITIVES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,10 @@ def every_cinn_op_graph() -> cvmc.ir.Graph:
              *b.bn_grad_bias_scale(x, x, b.constant(np.zeros(3, np.float32))),
              b.broadcast_to(p, [2, 3]), b.concat([i, i], axis=1), b.reshape(x, [-1, 4]),
              b.reverse(x, [0, 2]), b.slice(x, [2], [1], [3]), b.transpose(x, [1, 0]),
-             b.cvm_right_shift(b.mul(i, i), precision=8, shift_bit=7), b.softmax(x)]
+             b.cvm_right_shift(b.mul(i, i), precision=8, shift_bit=7), b.softmax(x),
+             b.conv(b.input("img", [1, 2, 5, 5], "float32"),
+                    b.constant(np.ones((3, 2, 3, 3), np.float32), name="filt"),
+                    paddings=[1, 1], padding_algorithm="SAME", strides=[2, 2])]
     return b.build(outputs=outs)
 
 
@@ -77,10 +80,11 @@ def test_builder_graph_prints_and_parses_back_equal(tmp_path, capsys):
     text = cvmc.print_graph(g)
     assert parse_nnef(text, "printed.nnef") == g
     ops = {n.op for n in g.nodes}
-    assert {f"cinn.{p}" for p in SPEC_PRIMITIVES if p not in NOT_YET} <= ops
+    assert {f"cinn.{p}" for p in SPEC_PRIMITIVES} <= ops
     (tmp_path / "graph.nnef").write_text(text)
     assert cli_main(["check", str(tmp_path / "graph.nnef")]) == 0
-    assert "cinn.bn_grad_bias_scale" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "cinn.bn_mean_variance" in out and "cinn.conv" in out
 
 
 def test_builder_graph_runs_on_the_reference(tmp_path):
@@ -174,9 +178,9 @@ def test_inputs_and_constants():
      r"cinn.mul 'mul__\d+': precision of 'mul__\d+' would be 42 bits by its rule p_x \+ p_y,"),
     (lambda b: b.reduce(b.input("y", [3], "float32"), "mean"),
      r"cinn.reduce: attribute 'kind' must be 'sum' or 'prod' or 'max' or 'min'"),
-    (lambda b: b.conv(b.input("y", [1, 1, 3, 3], "float32"), b.input("z", [1, 1, 1, 1],
+    (lambda b: b.conv(b.input("y", [1, 2, 3, 3], "float32"), b.input("z", [1, 3, 1, 1],
                                                                     "float32")),
-     r"cinn.conv: not implemented yet"),
+     r"cinn.conv: x has 2 channels and the filter 1 x 3"),
     (lambda b: b.add(np.zeros(3), 1.0), r"wrap it with b.constant\(array\)"),
     (lambda b: b.add(cvmc.GraphBuilder().input("y", [1], "float32"), 1.0),
      r"is not a Var of this GraphBuilder"),

@@ -459,6 +459,16 @@ CINN_CASES: list[OpCase] = [
     OpCase("cinn.transpose", [rand((2, 3, 4), 8, 94)], {"axis": [2, 0, 1]}),
     OpCase("cinn.transpose", [brand((2, 3, 4), 95)], {"axis": [1, 0]}),
     *[OpCase("cinn.const_scalar", [], {"value": v}) for v in (-5, 0.25, True)],
+    # conv on small integer values (float32 sums exact: the bits must be equal)
+    OpCase("cinn.conv", [irand((1, 6, 5, 4), 96), irand((6, 2, 3, 2), 97)],
+           {"strides": [2, 1], "groups": 2, "data_format": "NHWC",
+            "padding_algorithm": "SAME"}),
+    OpCase("cinn.conv", [irand((4, 2, 3, 3), 98), irand((1, 4, 3, 1), 99)],
+           {"strides": [2, 2], "paddings": [1, 0], "conv_type": "backward_data",
+            "output_shape": [1, 2, 5, 4]}),
+    OpCase("cinn.conv", [irand((1, 2, 5, 4), 100), irand((1, 4, 3, 1), 101)],
+           {"strides": [2, 2], "paddings": [1, 0], "conv_type": "backward_filter",
+            "output_shape": [4, 2, 3, 3]}),
 ]
 CASES += CINN_CASES
 

@@ -25,12 +25,11 @@ SPEC_PRIMITIVES = [
     "bn_grad_bias_scale", "bn_mean_variance", "broadcast_to", "compare", "concat", "conv",
     "reduce", "reshape", "reverse", "select", "slice", "transpose",
 ]
-NOT_YET = {"conv"}
 
 
 def test_every_spec_primitive_is_a_cinn_op():
     cinn = {d.name for d in all_ops() if "cinn" in d.seeds}
-    want = {f"cinn.{p}" for p in SPEC_PRIMITIVES if p not in NOT_YET}
+    want = {f"cinn.{p}" for p in SPEC_PRIMITIVES}
     assert want - cinn == set(), "spec primitives without a cinn.* op"
     assert cinn - want == set(), "cinn.* ops that are not spec primitives"
     assert all(lookup(n).seeds == ("cinn",) and lookup(n).compute for n in want)
