@@ -43,6 +43,16 @@ def test_arg_reductions_with_nan_and_all_minus_infinity():
     assert np.isnan(ref("max_reduce", [(x, None)], {"axes": [1]})[0][0, 0])
 
 
+def test_max_and_min_reduce_order_signed_zeros():
+    # IEEE 754-2019 maximum / minimum: -0 < +0 in either order (np.max leaves the sign of
+    # equal zeros open, and the kernel kept the first: [-0, +0] gave -0 against +0)
+    x = np.array([[-0.0, 0.0], [0.0, -0.0], [-0.0, -0.0]], F)
+    (top,) = check_op("max_reduce", [(x, None)], {"axes": [1]})
+    (low,) = check_op("min_reduce", [(x, None)], {"axes": [1]})
+    assert np.signbit(top.ravel()).tolist() == [False, False, True]
+    assert np.signbit(low.ravel()).tolist() == [True, True, True]
+
+
 def test_matmul_by_hand():
     a = np.array([[1, 2], [3, 4]], F)
     b = np.array([[5, 6], [7, 8]], F)
@@ -92,6 +102,14 @@ def test_pad_reflection_beyond_one_edge_is_refused():
     with pytest.raises(cvmc.CvmcError, match="border 'reflect' is defined for one reflection"):
         parse_nnef("version 1.0;\ngraph G(x) -> (y) { x = external(shape = [1, 3]); "
                    "y = pad(x, padding = [(0, 0), (3, 0)], border = 'reflect'); }")
+
+
+def test_pad_with_border_ignore_is_refused():
+    # 'ignore' gives padded positions no value: the reference read x[-1] (NumPy wraps) or
+    # raised IndexError, the kernel read outside its input
+    with pytest.raises(cvmc.CvmcError, match="border 'ignore' leaves the padding without"):
+        parse_nnef("version 1.0;\ngraph G(x) -> (y) { x = external(shape = [1, 3]); "
+                   "y = pad(x, padding = [(0, 0), (1, 1)], border = 'ignore'); }")
 
 
 def gamma(n: int) -> float:
