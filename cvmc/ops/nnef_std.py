@@ -325,6 +325,10 @@ def _pad_shape(op_name, shapes, a):
                                       f"(the input rank), found {len(a.padding)}")
     out = tuple(p + e + q for e, (p, q) in zip(x, a.padding))
     check_positive(op_name, out)
+    # every padded position takes its value from the border mode: 'ignore' has none to give
+    require(a.border != "ignore", f"{op_name}: border 'ignore' leaves the padding without "
+                                  f"values; use 'constant', 'replicate', 'reflect' or "
+                                  f"'reflect-even'")
     # 'reflect' / 'reflect-even' are defined for one reflection at each edge (spec 4.3)
     limit = {"reflect": 1, "reflect-even": 0}.get(a.border)
     if limit is not None:

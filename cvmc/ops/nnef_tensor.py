@@ -82,9 +82,19 @@ def _reduce_te(kind: str):
                 (lambda p, q: tirx.Or(p, q)) if kind == "any" else (lambda p, q: tirx.And(p, q)),
                 lambda t: tirx.const(kind == "all", "bool"))
             return te.compute(out, lambda *o: reducer(x(*at(o)), axis=rs), name=f"{kind}_reduce_")
-        # max / min propagating NaN: a NaN element wins, and once the accumulator is NaN
-        # no comparison is true, so it stays (the identity is -inf / +inf)
-        better = (lambda v, acc: v > acc) if kind == "max" else (lambda v, acc: v < acc)
+        # IEEE 754-2019 maximum / minimum, propagating NaN: a NaN element wins, and once
+        # the accumulator is NaN no comparison is true, so it stays (the identity is -inf /
+        # +inf); of equal zeros +0 is the larger. A total order: any combining order (a
+        # GPU's reduction tree too) gives the same bits.
+        def negative(f):
+            return tirx.reinterpret("int32", f) < 0
+
+        def better(v, acc):
+            larger = v > acc if kind == "max" else v < acc
+            zeros = negative(acc) if kind == "max" else negative(v)
+            return tirx.Or(larger, tirx.And(v == acc, tirx.And(
+                zeros, tirx.Not(negative(v) if kind == "max" else negative(acc)))))
+
         reducer = te.comm_reducer(
             lambda acc, v: tirx.Select(tirx.Or(tirx.isnan(v), better(v, acc)), v, acc),
             lambda t: tirx.const(-math.inf if kind == "max" else math.inf, t))
@@ -135,10 +145,25 @@ def _arg_precision(ins, a):
 for _kind in ("sum", "max", "min", "any", "all"):
     _d = lookup(f"{_kind}_reduce")
     _d.lower(_reduce_te(_kind))
-_np_reduce = {"max": np.max, "min": np.min, "any": np.any, "all": np.all}
-for _kind, _fn in _np_reduce.items():
+for _kind, _fn in {"any": np.any, "all": np.all}.items():
     lookup(f"{_kind}_reduce").reference(
         lambda xs, a, fn=_fn: fn(xs[0], axis=tuple(a.axes), keepdims=True))
+
+
+def _extreme_reference(larger: bool):
+    """max / min_reduce: NaN if any element is NaN (np.max), and a zero result is +0 for
+    max if some element is +0, -0 for min if some element is -0 (IEEE 754-2019 maximum /
+    minimum: -0 < +0; NumPy leaves the sign of equal zeros open)."""
+    def reference(xs, a):
+        x, axes = xs[0], tuple(a.axes)
+        best = (np.max if larger else np.min)(x, axis=axes, keepdims=True)
+        signed = np.any((x == 0) & (np.signbit(x) != larger), axis=axes, keepdims=True)
+        return np.where(best == 0, np.where(signed == larger, 0.0, -0.0), best)
+    return reference
+
+
+lookup("max_reduce").reference(_extreme_reference(True))
+lookup("min_reduce").reference(_extreme_reference(False))
 lookup("sum_reduce").reference(
     lambda xs, a: np.sum(xs[0], axis=tuple(a.axes), keepdims=True)
     / (math.prod(xs[0].shape[k] for k in a.axes) if a.normalize else 1))

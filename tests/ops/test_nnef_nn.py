@@ -249,6 +249,15 @@ def test_argmax_pool_by_hand():
                padding=[(0, 0)] * 3).item() == 0
 
 
+def test_argmax_pool_compiled_takes_the_first_of_signed_zeros():
+    # -0 and +0 tie: the first tap, compiled as in the reference (TVM 0.27's simplifier
+    # folded the tie away and the kernel took the +0)
+    x = np.array([[[[-0.0, 0.0, 0.0, -0.0]]]], np.float32)
+    (index,) = check_op("argmax_pool", [(x, None)], {"size": [1, 1, 1, 2],
+                                                    "stride": [1, 1, 1, 2]})
+    assert index.ravel().tolist() == [0, 0]
+
+
 def test_sample_and_desample_by_hand():
     x = row(10, 20, 30, 40)
     attrs = {"size": [1, 1, 2], "stride": [1, 1, 2], "padding": [(0, 0)] * 3}

@@ -3,9 +3,6 @@ runtime and `cvmc run`; the same bits on every run and at every thread count."""
 from __future__ import annotations
 
 import hashlib
-import os
-import subprocess
-import sys
 
 import cvmc_runtime
 import numpy as np
@@ -14,6 +11,7 @@ import pytest
 import cvmc
 from cvmc.cli import main
 from cvmc.frontend.nnef import parse_nnef
+from tests.nnefutil import run_digests
 
 GRAPH = """version 1.0;
 graph F( x, m ) -> ( y, z, k )
@@ -32,18 +30,6 @@ graph F( x, m ) -> ( y, z, k )
 }
 """
 
-RUN = """
-import hashlib, sys
-import numpy as np
-import cvmc_runtime
-model = cvmc_runtime.load(sys.argv[1])
-feeds = dict(np.load(sys.argv[2]))
-for _ in range(10):
-    out = model.run(feeds)
-    print(hashlib.sha256(b"".join(v.tobytes() for v in out.values())).hexdigest())
-"""
-
-
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
     d = tmp_path_factory.mktemp("float")
@@ -53,7 +39,6 @@ def artifact(tmp_path_factory):
     feeds = {"x": (rng.standard_normal((8, 256)) * 4).astype(np.float32),
              "m": rng.random((8, 1)) < 0.5}
     np.savez(d / "feeds.npz", **feeds)
-    (d / "run.py").write_text(RUN)
     return d, g, feeds
 
 
@@ -76,18 +61,9 @@ def test_outputs_have_their_types_and_match_the_reference(artifact):
     assert np.array_equal(got["k"], got["z"] > 5.0)
 
 
-def _digests(d, threads: int) -> set[str]:
-    env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
-    proc = subprocess.run([sys.executable, str(d / "run.py"), str(d / "f.cvmx"),
-                           str(d / "feeds.npz")], capture_output=True, text=True, env=env,
-                          timeout=300, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return set(proc.stdout.split())
-
-
 def test_same_bits_every_run_and_thread_count(artifact):
     d, _, _ = artifact
-    one, two = _digests(d, 1), _digests(d, 2)
+    one, two = (run_digests(d / "f.cvmx", d / "feeds.npz", n) for n in (1, 2))
     assert len(one) == 1 and one == two
 
 
