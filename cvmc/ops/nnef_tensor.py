@@ -17,7 +17,7 @@ Decisions where the spec is silent (also in the README):
   (cvmc's artifacts are stateless: the variable itself is not written back.)
 
 Accuracy (u = 2^-24): sum_reduce and matmul sum K terms in float32 in a fixed order (one
-thread per output element): |compiled - reference| <= gamma(K + 1) * sum(|terms|), gamma(n)
+thread per output element): |compiled - reference| <= gamma(K + 2) * sum(|terms|), gamma(n)
 = n u / (1 - n u), K the reduction length (+1 for normalize's division); every other op
 here is bit-exact.
 """
