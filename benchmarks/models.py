@@ -166,7 +166,7 @@ class Net:
         self.qdq_nodes += [
             _dq(x, zp, "gpool_xf"), _node("GlobalAveragePool", ["gpool_xf"], ["gpool_yf"]),
             _node("QuantizeLinear", ["gpool_yf", "one", zp], ["gpool"]),
-            _dq("gpool", zp, "gpool_f"), _node("Flatten", ["gpool_f"], ["gflat"], axis=1),
+            _node("Flatten", ["gpool"], ["gflat_q"], axis=1), _dq("gflat_q", zp, "gflat"),
             _dq("fc_w", "wzp", "fc_wf"), _dq("fc_b", "bzp", "fc_bf"),
             _node("Gemm", ["gflat", "fc_wf", "fc_bf"], ["logits"], transB=1)]
         return "logits"
