@@ -34,6 +34,7 @@ def loader(kind: str, model: str, threads: int):
     x = np.load(sys.argv[4])
     if kind == "cvmc":
         import cvmc_runtime
+        import tvm_ffi  # noqa: F401  (loaded by the first model otherwise: not model memory)
 
         cvmc_runtime.set_num_threads(threads)
 

@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/models.py
 from benchdnn import FOLDER as SHAPES_FOLDER
-from benchdnn import ConvShape, parse_descriptor, read_shapes, shape_file
+from benchdnn import ConvShape, ShapeError, parse_descriptor, read_shapes, shape_file
 
 SEED = 2024
 WARMUP = 2
@@ -754,8 +754,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--repeat must be at least 1")
     args.shapes = [s for s in args.shapes.split(",") if s]
     if args.shapes and SHAPES_FOLDER.is_dir():
-        from benchdnn import ShapeError
-
         try:
             for name in args.shapes:
                 shape_file(name)
