@@ -44,6 +44,7 @@ from benchdnn import ConvShape, ShapeError, parse_descriptor, read_shapes, shape
 
 SEED = 2024
 WARMUP = 2
+BURST = 5  # timed calls per turn (runtimes take turns, see median_ms)
 PAUSE_S = 0.05  # thread pools (TVM/OpenMP, ONNX Runtime, OpenBLAS) spin: let them park
 BUSY_LIMIT_S = 300  # the competing process of --contention stops itself after this
 MEMORY_PY = Path(__file__).resolve().parent / "memory.py"
@@ -504,17 +505,21 @@ def tvm_threads(threads: int) -> Iterator[None]:
             os.environ["TVM_NUM_THREADS"] = old
 
 
-def median_ms(call: Callable[[], object], repeat: int) -> float:
-    """Median wall time of `repeat` calls after a pause and WARMUP untimed calls."""
-    time.sleep(PAUSE_S)
-    for _ in range(WARMUP):
-        call()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def median_ms(calls: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Median wall time (ms) of `repeat` calls of each of `calls`, timed in turns: each
+    turn is a pause, WARMUP untimed calls and up to BURST timed calls of one of them. A
+    change of load on the machine during the minute hits every implementation alike."""
+    times: list[list[float]] = [[] for _ in calls]
+    while len(times[0]) < repeat:
+        for call, samples in zip(calls, times):
+            time.sleep(PAUSE_S)
+            for _ in range(WARMUP):
+                call()
+            for _ in range(min(BURST, repeat - len(samples))):
+                start = time.perf_counter()
+                call()
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) * 1e3 for samples in times]
 
 
 def _model_folder(w: Workload, tmp: Path) -> Path:
@@ -572,10 +577,9 @@ def measure(w: Workload, threads: int, repeat: int, tmp: Path,
     cpu = model.plan["target"].get("mcpu", "?")
     results = Results()
     for impl in impls:
-        # cvmc is timed again next to each baseline: both numbers of a ratio come from the
-        # same few seconds, so a burst of load elsewhere on the machine hits both alike.
-        cvmc_ms = median_ms(cvmc_impl.call, repeat)
-        ms = median_ms(impl.call, repeat)
+        # cvmc is timed again, in turns with each baseline: both numbers of a ratio come
+        # from the same few seconds, so load elsewhere on the machine hits both alike.
+        cvmc_ms, ms = median_ms([cvmc_impl.call, impl.call], repeat)
         checks = "; ".join(c for c in (cvmc_impl.verified, impl.verified) if c)
         results.rows.append(Row(w.name, impl.name, cvmc_ms, ms, ms / cvmc_ms, threads, cpu,
                                 checks, w.suite))
@@ -605,9 +609,9 @@ def busy_core(limit_s: float = BUSY_LIMIT_S) -> Iterator[tuple[int, subprocess.P
 
 def slowdowns(workload: str, impls: list[Impl], threads: int, repeat: int) -> list[Slowdown]:
     """Each implementation timed quiet, then all of them again beside busy_core."""
-    quiet = [median_ms(impl.call, repeat) for impl in impls]
+    quiet = median_ms([impl.call for impl in impls], repeat)
     with busy_core() as (core, _):
-        busy = [median_ms(impl.call, repeat) for impl in impls]
+        busy = median_ms([impl.call for impl in impls], repeat)
     return [Slowdown(workload, impl.name, threads, q, b, b / q, core)
             for impl, q, b in zip(impls, quiet, busy)]
 

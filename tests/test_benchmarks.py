@@ -278,3 +278,14 @@ def test_networks_compile_to_the_reference_and_measure(bench, name, tmp_path):
     assert memory.plan_bytes >= model.plan["arena"]["bytes"]
     assert len(results.memory) == 1 + len(expected)
     assert all(m.first_bytes > 0 for m in results.memory)
+
+
+def test_implementations_are_timed_in_turns(bench, monkeypatch):
+    """median_ms alternates the runtimes, WARMUP untimed calls before each turn of at most
+    BURST timed ones, until each has `repeat` timed calls."""
+    monkeypatch.setattr(bench, "PAUSE_S", 0)
+    log = []
+    w, b = bench.WARMUP, bench.BURST
+    medians = bench.median_ms([lambda: log.append("a"), lambda: log.append("b")], b + 2)
+    assert log == ["a"] * (w + b) + ["b"] * (w + b) + ["a"] * (w + 2) + ["b"] * (w + 2)
+    assert len(medians) == 2 and all(m >= 0 for m in medians)
