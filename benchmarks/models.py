@@ -1,16 +1,21 @@
 """Whole-network benchmark models: CVM ResNet-18 and MobileNet-v1 (224x224, batch 1) with
-random weights of the right precisions, and their ONNX Runtime twins.
+random weights of the right precisions, their ONNX Runtime twins and their QDQ twins.
 
     python benchmarks/models.py resnet18 -o DIR      # an NNEF folder cvmc compiles
     python benchmarks/models.py mobilenet_v1 -o DIR
 
-A network is a list of layers; one emitter writes it as NNEF (the CVM integer dialect),
-another as ONNX with the quantized operators a user would deploy with ONNX Runtime:
-QLinearConv (u8 activations, s8 weights, int32 bias), MaxPool on u8, QLinearAdd and
-QLinearGlobalAveragePool (com.microsoft), MatMulInteger + Add for the classifier. The twin
-has the same shapes and does the same work; its bits differ (ONNX requantizes with
-round-half-even and float scales, CVM with a rounding right shift), so only cvmc is
-checked bit-exactly (against the reference interpreter); the twin's output shape is
+A network is a list of layers, written three ways side by side:
+- NNEF (the CVM integer dialect), what cvmc compiles;
+- the ONNX Runtime twin, with the quantized operators a user would deploy with ONNX
+  Runtime: QLinearConv (u8 activations, s8 weights, int32 bias), MaxPool on u8, QLinearAdd
+  and QLinearGlobalAveragePool (com.microsoft), MatMulInteger + Add for the classifier;
+- the QDQ twin, standard ONNX only (OpenVINO rejects the com.microsoft ops): float Conv,
+  Add, MaxPool, GlobalAveragePool and Gemm between DequantizeLinear (u8 activations, s8
+  weights, int32 bias) and QuantizeLinear (u8), the form quantization tools export and
+  OpenVINO's low-precision transformations turn into int8 kernels.
+The twins have the same shapes and do the same work; their bits differ (ONNX requantizes
+with round-half-even and float scales, CVM with a rounding right shift), so only cvmc is
+checked bit-exactly (against the reference interpreter); a twin's output shape is
 checked.
 
 Activations are 8-bit. In CVM a layer is conv2d (+bias) -> cvm_right_shift(8 bits) [->
@@ -34,6 +39,16 @@ def _node(op: str, inputs: list[str], outputs: list[str], **attrs) -> tuple:
     return op, inputs, outputs, attrs
 
 
+def _dq(x: str, zero_point: str, out: str) -> tuple:
+    """DequantizeLinear of `x` with scale 1 (the twins' integers are CVM's integers)."""
+    return _node("DequantizeLinear", [x, "one", zero_point], [out])
+
+
+def _zp(net: Net, x: str) -> str:
+    """The u8 zero point of activation `x`: 0 after a relu (negatives saturate), else 128."""
+    return "zp0" if net.relu_of[x] else "zp128"
+
+
 @dataclass
 class Net:
     """Layers as NNEF statement lines and ONNX nodes, built side by side."""
@@ -44,6 +59,7 @@ class Net:
     lines: list[str] = field(default_factory=list)
     weights: dict[str, np.ndarray] = field(default_factory=dict)
     onnx_nodes: list = field(default_factory=list)
+    qdq_nodes: list = field(default_factory=list)
     onnx_consts: dict[str, np.ndarray] = field(default_factory=dict)
     relu_of: dict[str, bool] = field(default_factory=dict)  # ONNX zero point 0 vs 128
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -82,16 +98,19 @@ class Net:
             self.lines.append(f"{out} = relu({shifted})")
         oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
         self.shapes[out] = (n, oc, oh, ow)
-        zp_in, zp_out = (0 if self.relu_of.get(x) else 128), (0 if relu else 128)
-        self.onnx_consts.update({
-            f"{name}_w": wt, f"{name}_b": b, f"{name}_xzp": np.array(zp_in, np.uint8),
-            f"{name}_yscale": np.array(2.0 ** shift, np.float32),
-            f"{name}_yzp": np.array(zp_out, np.uint8)})
-        self.onnx_nodes.append(_node(
-            "QLinearConv", [x, "one", f"{name}_xzp", f"{name}_w", "one", "wzp",
-                            f"{name}_yscale", f"{name}_yzp", f"{name}_b"], [out],
-            pads=[pad] * 4, strides=[stride] * 2, group=groups))
         self.relu_of[out] = relu
+        yscale = f"{name}_yscale"
+        attrs = {"pads": [pad] * 4, "strides": [stride] * 2, "group": groups}
+        self.onnx_consts.update({f"{name}_w": wt, f"{name}_b": b,
+                                 yscale: np.array(2.0 ** shift, np.float32)})
+        self.onnx_nodes.append(_node(
+            "QLinearConv", [x, "one", _zp(self, x), f"{name}_w", "one", "wzp", yscale,
+                            _zp(self, out), f"{name}_b"], [out], **attrs))
+        self.qdq_nodes += [
+            _dq(f"{name}_w", "wzp", f"{name}_wf"), _dq(f"{name}_b", "bzp", f"{name}_bf"),
+            _dq(x, _zp(self, x), f"{name}_xf"),
+            _node("Conv", [f"{name}_xf", f"{name}_wf", f"{name}_bf"], [f"{name}_yf"], **attrs),
+            _node("QuantizeLinear", [f"{name}_yf", yscale, _zp(self, out)], [out])]
         return out
 
     def max_pool(self, x: str) -> str:
@@ -100,9 +119,12 @@ class Net:
         self.lines.append(f"{out} = max_pool2d({x}, pool_size = [3, 3], padding = [1, 1], "
                           f"strides = [2, 2], ceil_mode = false)")
         self.shapes[out] = (n, c, (h - 1) // 2 + 1, (w - 1) // 2 + 1)
-        self.onnx_nodes.append(_node("MaxPool", [x], [out], kernel_shape=[3, 3],
-                                                pads=[1] * 4, strides=[2, 2]))
+        attrs = {"kernel_shape": [3, 3], "pads": [1] * 4, "strides": [2, 2]}
+        self.onnx_nodes.append(_node("MaxPool", [x], [out], **attrs))
         self.relu_of[out] = self.relu_of[x]
+        self.qdq_nodes += [_dq(x, _zp(self, x), f"{out}_xf"),
+                           _node("MaxPool", [f"{out}_xf"], [f"{out}_yf"], **attrs),
+                           _node("QuantizeLinear", [f"{out}_yf", "one", _zp(self, out)], [out])]
         return out
 
     def add_relu(self, a: str, b: str) -> str:
@@ -111,12 +133,13 @@ class Net:
         self.lines += [f"{out}_s = elemwise_add({a}, {b})",
                        f"{out}_c = cvm_clip({out}_s, precision = 8)", f"{out} = relu({out}_c)"]
         self.shapes[out] = self.shapes[a]
-        zp = {v: np.array(0 if self.relu_of[v] else 128, np.uint8) for v in (a, b)}
-        self.onnx_consts.update({f"{out}_azp": zp[a], f"{out}_bzp": zp[b]})
-        self.onnx_nodes.append(_node(
-            "QLinearAdd", [a, "one", f"{out}_azp", b, "one", f"{out}_bzp", "one", "zp0"],
-            [out], domain="com.microsoft"))
         self.relu_of[out] = True
+        self.onnx_nodes.append(_node(
+            "QLinearAdd", [a, "one", _zp(self, a), b, "one", _zp(self, b), "one", "zp0"],
+            [out], domain="com.microsoft"))
+        self.qdq_nodes += [_dq(a, _zp(self, a), f"{out}_af"), _dq(b, _zp(self, b), f"{out}_bf"),
+                           _node("Add", [f"{out}_af", f"{out}_bf"], [f"{out}_yf"]),
+                           _node("QuantizeLinear", [f"{out}_yf", "one", "zp0"], [out])]
         return out
 
     def classifier(self, x: str, classes: int = 1000) -> str:
@@ -130,15 +153,22 @@ class Net:
         self.lines += [f"gsum = sum({x}, axes = [2, 3])",
                        f"gavg = cvm_right_shift(gsum, precision = 8, shift_bit = {shift})",
                        "logits = dense(gavg, fc_w, fc_b)"]
-        self.onnx_consts.update({"fc_wt": np.ascontiguousarray(wt.T), "fc_b": b,
-                                 "gzp": np.array(0 if self.relu_of[x] else 128, np.uint8),
+        zp = _zp(self, x)
+        self.shapes["logits"] = (1, classes)
+        self.onnx_consts.update({"fc_w": wt, "fc_wt": np.ascontiguousarray(wt.T), "fc_b": b,
                                  "flat_shape": np.array([1, c], np.int64)})
         self.onnx_nodes += [
-            _node("QLinearGlobalAveragePool", [x, "one", "gzp", "one", "gzp"],
+            _node("QLinearGlobalAveragePool", [x, "one", zp, "one", zp],
                              ["gpool"], domain="com.microsoft", channels_last=0),
             _node("Reshape", ["gpool", "flat_shape"], ["gflat"]),
-            _node("MatMulInteger", ["gflat", "fc_wt", "gzp"], ["fc"]),
+            _node("MatMulInteger", ["gflat", "fc_wt", zp], ["fc"]),
             _node("Add", ["fc", "fc_b"], ["logits"])]
+        self.qdq_nodes += [
+            _dq(x, zp, "gpool_xf"), _node("GlobalAveragePool", ["gpool_xf"], ["gpool_yf"]),
+            _node("QuantizeLinear", ["gpool_yf", "one", zp], ["gpool"]),
+            _node("Flatten", ["gpool"], ["gflat_q"], axis=1), _dq("gflat_q", zp, "gflat"),
+            _dq("fc_w", "wzp", "fc_wf"), _dq("fc_b", "bzp", "fc_bf"),
+            _node("Gemm", ["gflat", "fc_wf", "fc_bf"], ["logits"], transB=1)]
         return "logits"
 
     def nnef(self) -> str:
@@ -149,19 +179,32 @@ class Net:
         return f"version 1.0;\n\ngraph {self.name}( data ) -> ( logits )\n{{\n{body}}}\n"
 
     def onnx_model(self):
-        """The ONNX twin (input 'data' as u8 = x + 128). Needs the `onnx` package."""
+        """The ONNX Runtime twin (input 'data' as u8 = x + 128, int32 logits). Needs `onnx`."""
+        return self._onnx(self.onnx_nodes, "INT32", microsoft=True)
+
+    def qdq_model(self):
+        """The standard-ONNX QDQ twin (input 'data' as u8 = x + 128, float32 logits)."""
+        return self._onnx(self.qdq_nodes, "FLOAT", microsoft=False)
+
+    def _onnx(self, nodes: list, logits_type: str, microsoft: bool):
+        """An ONNX model of `nodes` with every constant the twins use as initializers."""
         from onnx import TensorProto, helper, numpy_helper
 
+        used = {name for _, ins, _, _ in nodes for name in ins}
         consts = {**self.onnx_consts, "one": np.array(1.0, np.float32),
-                  "wzp": np.array(0, np.int8), "zp0": np.array(0, np.uint8)}
+                  "wzp": np.array(0, np.int8), "bzp": np.array(0, np.int32),
+                  "zp0": np.array(0, np.uint8), "zp128": np.array(128, np.uint8)}
         graph = helper.make_graph(
-            [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in
-             self.onnx_nodes], self.name,
+            [helper.make_node(op, ins, outs, **attrs) for op, ins, outs, attrs in nodes],
+            self.name,
             [helper.make_tensor_value_info("data", TensorProto.UINT8, list(self.input_shape))],
-            [helper.make_tensor_value_info("logits", TensorProto.INT32, None)],
-            [numpy_helper.from_array(v, k) for k, v in consts.items()])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                        helper.make_opsetid("com.microsoft", 1)])
+            [helper.make_tensor_value_info("logits", getattr(TensorProto, logits_type),
+                                           list(self.shapes["logits"]))],
+            [numpy_helper.from_array(v, k) for k, v in consts.items() if k in used])
+        opsets = [helper.make_opsetid("", 17)]
+        if microsoft:
+            opsets.append(helper.make_opsetid("com.microsoft", 1))
+        model = helper.make_model(graph, opset_imports=opsets)
         model.ir_version = 8
         return model
 

@@ -1,27 +1,33 @@
 """cvmc benchmarks: compiled artifacts timed against baselines run in the same process.
 
-    python benchmarks/run.py [--threads N] [--repeat R] [--filter NAME] [--json OUT]
+    python benchmarks/run.py [--threads N[,N...]] [--repeat R] [--filter NAME]
+                             [--shapes SET[,SET...]] [--contention] [--json OUT]
 
 Each workload is an NNEF graph with random int8 weights, compiled for the host CPU with
 `cvmc.compile` and run with `cvmc_runtime`. Baselines: cvmc's NumPy reference
-interpreter (always) and ONNX Runtime's integer kernels (when `onnxruntime` and `onnx` are
-importable). Every implementation's output is compared bit-exactly before it is timed, so
-a wrong result is never timed. Ratio = baseline ms / cvmc ms: above 1 means cvmc is faster.
+interpreter (always), ONNX Runtime's integer kernels (when `onnxruntime` and `onnx` are
+importable) and OpenVINO's int8 kernels on the whole networks (when `openvino` and `onnx`
+are). Every cvmc output and every exact baseline is compared bit-exactly before it is
+timed, so a wrong result is never timed. Ratio = baseline ms / cvmc ms: above 1 means cvmc
+is faster. `--shapes` adds the conv layers of benchdnn shape sets, `--contention` times
+the networks again beside a busy process on one core.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # OpenBLAS (NumPy's matmul in the reference interpreter) keeps its worker threads spinning
@@ -33,12 +39,24 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/models.py
+from benchdnn import FOLDER as SHAPES_FOLDER
+from benchdnn import ConvShape, ShapeError, parse_descriptor, read_shapes, shape_file
+
 SEED = 2024
 WARMUP = 2
+BURST = 5  # timed calls per turn (runtimes take turns, see median_ms)
 PAUSE_S = 0.05  # thread pools (TVM/OpenMP, ONNX Runtime, OpenBLAS) spin: let them park
+BUSY_LIMIT_S = 300  # the competing process of --contention stops itself after this
+MEMORY_PY = Path(__file__).resolve().parent / "memory.py"
+# OpenVINO's settings for one request at a time on `threads` cores, as a latency user sets.
+OPENVINO_HINT = "LATENCY"
 
 
-class VerificationError(Exception):
+class BenchmarkError(Exception):
+    """The benchmark cannot go on (a wrong output, a failed measurement)."""
+
+
+class VerificationError(BenchmarkError):
     """An implementation's output differs from the expected one: nothing is timed."""
 
 
@@ -54,11 +72,16 @@ class Workload:
     # The same graph with intermediate outputs, run on the reference only: the values the
     # ONNX baselines are checked against (the timed cvmc graph stays as it is).
     check_text: str = ""
-    # ONNX Runtime baselines: (workload, reference graph outputs, threads) -> implementations
+    # ONNX Runtime / OpenVINO baselines: (workload, reference graph outputs, threads) ->
+    # implementations
     onnx: Callable[[Workload, dict[str, np.ndarray], int], list[Impl]] | None = None
+    openvino: Callable[[Workload, dict[str, np.ndarray], int], list[Impl]] | None = None
     # Whether the NumPy reference is also timed as a baseline (not for whole networks:
     # seconds per run; it still checks cvmc's outputs).
     time_reference: bool = True
+    # A whole network of models.py: its memory is compared, and --contention times it.
+    network: object = None
+    suite: str = ""  # the benchdnn shape set of a --shapes workload
 
 
 @dataclass
@@ -82,6 +105,46 @@ class Row:
     threads: int
     cpu: str
     verified: str  # what was compared, bit-exactly, before anything was timed
+    suite: str = ""
+
+
+@dataclass
+class Slowdown:
+    """A runtime on a network timed quiet, then beside a busy process on one core."""
+
+    workload: str
+    runtime: str
+    threads: int
+    quiet_ms: float
+    contended_ms: float
+    slowdown: float  # contended / quiet
+    busy_core: int
+
+
+@dataclass
+class Memory:
+    """What a loaded network costs a runtime (benchmarks/memory.py, a fresh process)."""
+
+    workload: str
+    runtime: str
+    threads: int
+    first_bytes: int  # RSS growth: runtime set-up + first instance loaded and run once
+    further_bytes: int  # RSS growth of one more instance of the same model
+    plan_bytes: int | None = None  # cvmc: arena + weights + inputs + outputs of the plan
+
+
+@dataclass
+class Results:
+    """Everything one run measured."""
+
+    rows: list[Row] = field(default_factory=list)
+    slowdowns: list[Slowdown] = field(default_factory=list)
+    memory: list[Memory] = field(default_factory=list)
+
+    def extend(self, other: Results) -> None:
+        self.rows += other.rows
+        self.slowdowns += other.slowdowns
+        self.memory += other.memory
 
 
 # ---------------------------------------------------------------- workloads
@@ -115,25 +178,41 @@ def small_cnn() -> Workload:
     return Workload("small_cnn", "", {}, {"data": data}, folder=folder)
 
 
-def conv_shift_clip(tag: str, ic: int, hw: int, oc: int, k: int, pad: int) -> Workload:
-    """conv2d (int8, bias) -> cvm_right_shift -> cvm_clip: one quantized ResNet layer."""
+def _pair(prefix: str, pair: tuple[int, int]) -> str:
+    """' /2', ' /2x1' or '' (for 1): a stride or dilation in a workload name."""
+    return "" if pair == (1, 1) else f"{prefix}{pair[0]}" + \
+        ("" if pair[0] == pair[1] else f"x{pair[1]}")
+
+
+def conv_name(s: ConvShape) -> str:
+    """'conv 64x56x56 3x3 ->64 +shift+clip (res2a_branch2b)', with /stride, gGROUPS and
+    dDILATION where they are not 1."""
+    geometry = f"{s.kh}x{s.kw}{_pair('/', s.stride)}" + \
+        (f" g{s.groups}" if s.groups > 1 else "") + _pair(" d", s.dilation)
+    return f"conv {s.ic}x{s.ih}x{s.iw} {geometry} ->{s.oc} +shift+clip ({s.name})"
+
+
+def conv_shift_clip(s: ConvShape, suite: str = "") -> Workload:
+    """conv2d (int8, bias) -> cvm_right_shift -> cvm_clip: one quantized layer of shape
+    `s`. Baselines: ORT QLinearConv u8, and ConvInteger s8 outside a --shapes sweep."""
     rng = np.random.default_rng(SEED)
-    x_shape, w_shape = (1, ic, hw, hw), (oc, ic, k, k)
+    x_shape, w_shape = (1, s.ic, s.ih, s.iw), (s.oc, s.ic // s.groups, s.kh, s.kw)
     # Uniform |v| <= 127 has std ~73; shift the accumulator's std to ~50 (as small_cnn) so
     # the 8-bit clip keeps most values rather than saturating.
-    shift = max(1, round(np.log2(np.sqrt(ic * k * k) * 73.3 ** 2 / 50)))
-    decls = [_external("data", x_shape), _variable("w", w_shape, 8), _variable("b", (oc,), 16)]
-    body = [(f"acc = conv2d(data, w, b, padding = [{pad}, {pad}], stride = [1, 1], "
-            "dilation = [1, 1], groups = 1)"),
+    shift = max(1, round(np.log2(np.sqrt(w_shape[1] * s.kh * s.kw) * 73.3 ** 2 / 50)))
+    decls = [_external("data", x_shape), _variable("w", w_shape, 8),
+             _variable("b", (s.oc,), 16)]
+    body = [(f"acc = conv2d(data, w, b, padding = {list(s.pad)}, stride = {list(s.stride)}, "
+            f"dilation = {list(s.dilation)}, groups = {s.groups})"),
             f"s = cvm_right_shift(acc, precision = 16, shift_bit = {shift})",
             "y = cvm_clip(s, precision = 8)"]
     weights = {"w": _int8(rng, w_shape),
-               "b": rng.integers(-32767, 32768, (oc,)).astype(np.int32)}
-    return Workload(f"conv {ic}x{hw}x{hw} {k}x{k} ->{oc} +shift+clip ({tag})",
-                    _graph("conv", ["data"], decls, body, ["y"]), weights,
+               "b": rng.integers(-32767, 32768, (s.oc,)).astype(np.int32)}
+    return Workload(conv_name(s), _graph("conv", ["data"], decls, body, ["y"]), weights,
                     {"data": _int8(rng, x_shape)},
                     check_text=_graph("conv", ["data"], decls, body, ["y", "acc"]),
-                    onnx=_conv_onnx(pad, shift))
+                    onnx=_conv_onnx(s, shift, conv_integer=not suite),
+                    time_reference=not suite, suite=suite)
 
 
 def dense_bias() -> Workload:
@@ -186,16 +265,33 @@ def network(name: str, size: int = 224) -> Workload:
     net = MODELS[name](size)
     x = np.random.default_rng(SEED).integers(-127, 128, net.input_shape).astype(np.int8)
     return Workload(f"{name} {size}x{size}", net.nnef(), net.weights, {"data": x},
-                    onnx=_network_onnx(net), time_reference=False)
+                    onnx=_network_onnx(net), openvino=_network_openvino(net),
+                    time_reference=False, network=net)
+
+
+def shape_workloads(sets: list[str]) -> tuple[list[Callable[[], Workload]], list[str]]:
+    """(a workload per conv of each benchdnn shape set, notes on what was skipped). No
+    shape folder (a checkout without ../shared): no workloads and one note."""
+    if not sets:
+        return [], []
+    if not SHAPES_FOLDER.is_dir():
+        return [], [f"benchdnn shapes not found at {SHAPES_FOLDER}: --shapes skipped"]
+    makers, notes = [], []
+    for name in sets:
+        shapes, skipped = read_shapes(shape_file(name))
+        notes += [f"{name}: skipped {why}" for why in skipped]
+        makers += [lambda s=s, name=name: conv_shift_clip(s, suite=f"benchdnn {name}")
+                   for s in shapes]
+    return makers, notes
 
 
 # ResNet-50 layers from benchdnn's shapes_resnet_50 (batch 1): res2a_branch2b,
 # res3a_branch2b (3x3, the bulk of the network's work) and res2b_branch2a (1x1).
 WORKLOADS: list[Callable[[], Workload]] = [
     small_cnn,
-    lambda: conv_shift_clip("res2a_branch2b", 64, 56, 64, 3, 1),
-    lambda: conv_shift_clip("res3a_branch2b", 128, 28, 128, 3, 1),
-    lambda: conv_shift_clip("res2b_branch2a", 256, 56, 64, 1, 0),
+    lambda: conv_shift_clip(parse_descriptor('ic64ih56oc64kh3ph1n"res2a_branch2b"')),
+    lambda: conv_shift_clip(parse_descriptor('ic128ih28oc128kh3ph1n"res3a_branch2b"')),
+    lambda: conv_shift_clip(parse_descriptor('ic256ih56oc64kh1ph0n"res2b_branch2a"')),
     dense_bias,
     residual_add,
     max_pool,
@@ -205,7 +301,7 @@ WORKLOADS: list[Callable[[], Workload]] = [
 ]
 
 
-# ---------------------------------------------------------------- ONNX Runtime baselines
+# ---------------------------------------------------------------- ONNX Runtime, OpenVINO
 
 def _onnx_session(nodes, inputs: dict[str, np.ndarray], initializers: dict[str, np.ndarray],
                   out: np.dtype, threads: int):
@@ -243,17 +339,15 @@ def _as_u8(x: np.ndarray) -> np.ndarray:
     return (x.astype(np.int16) + 128).astype(np.uint8)
 
 
-def _conv_onnx(pad: int, shift: int):
-    """ConvInteger (s8 x s8 -> s32, + bias) and QLinearConv (u8 x s8 -> u8) baselines."""
+def _conv_onnx(s: ConvShape, shift: int, conv_integer: bool):
+    """QLinearConv (u8 x s8 -> u8) and, if `conv_integer`, ConvInteger (s8 x s8 -> s32,
+    + bias) baselines."""
     def build(w: Workload, ref: dict[str, np.ndarray], threads: int) -> list[Impl]:
         from onnx import helper
 
         x, acc = w.inputs["data"], ref["acc"]
-        bias = w.weights["b"].reshape(1, -1, 1, 1)
-        pads = [pad] * 4
-        s8 = _onnx_session([helper.make_node("ConvInteger", ["data", "w"], ["c"], pads=pads),
-                            helper.make_node("Add", ["c", "b"], ["out"])],
-                           {"data": x}, {"w": w.weights["w"], "b": bias}, np.int32, threads)
+        attrs = {"pads": [*s.pad, *s.pad], "strides": list(s.stride),
+                 "dilations": list(s.dilation), "group": s.groups}
         # QLinearConv requantizes acc / 2^shift with round-half-to-even and saturates to
         # u8 around zero point 128: an independent NumPy model of that is the expectation.
         q = np.clip(np.round(acc.astype(np.float64) / 2.0 ** shift) + 128, 0, 255)
@@ -263,11 +357,17 @@ def _conv_onnx(pad: int, shift: int):
                   "y_zp": np.array(128, np.uint8)}
         u8 = _onnx_session([helper.make_node(
             "QLinearConv", ["data", "one", "x_zp", "w", "one", "w_zp", "y_scale", "y_zp", "b"],
-            ["out"], pads=pads)], {"data": _as_u8(x)}, consts, np.uint8, threads)
-        return [_onnx_impl("ConvInteger s8", s8, {"data": x}, acc,
-                           "int32 accumulator == reference"),
-                _onnx_impl("QLinearConv u8", u8, {"data": _as_u8(x)}, q.astype(np.uint8),
-                           "u8 == half-even requant of reference accumulator")]
+            ["out"], **attrs)], {"data": _as_u8(x)}, consts, np.uint8, threads)
+        impls = [_onnx_impl("QLinearConv u8", u8, {"data": _as_u8(x)}, q.astype(np.uint8),
+                            "u8 == half-even requant of reference accumulator")]
+        if conv_integer:
+            bias = w.weights["b"].reshape(1, -1, 1, 1)
+            s8 = _onnx_session([helper.make_node("ConvInteger", ["data", "w"], ["c"], **attrs),
+                                helper.make_node("Add", ["c", "b"], ["out"])],
+                               {"data": x}, {"w": w.weights["w"], "b": bias}, np.int32, threads)
+            impls.insert(0, _onnx_impl("ConvInteger s8", s8, {"data": x}, acc,
+                                       "int32 accumulator == reference"))
+        return impls
     return build
 
 
@@ -313,22 +413,80 @@ def _network_onnx(net):
                                        providers=["CPUExecutionProvider"])
         feeds = {"data": _as_u8(w.inputs["data"])}
         (out,) = session.run(None, feeds)
-        if out.shape != ref["logits"].shape:
-            raise VerificationError(f"onnxruntime {w.name}: output shape {out.shape}, "
-                                    f"expected {ref['logits'].shape}")
+        _check_shape(f"onnxruntime {w.name}", out.shape, ref["logits"].shape)
         return [Impl("onnxruntime QLinearConv u8 network", lambda: session.run(None, feeds),
                      "same shapes and layers; output shape checked (ONNX rounds otherwise)")]
     return build
 
 
-def onnx_available() -> bool:
-    """True when both onnxruntime and onnx import (they are not cvmc dependencies)."""
+def _check_shape(what: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    """Raise VerificationError unless a twin's output has the expected shape."""
+    if tuple(shape) != tuple(expected):
+        raise VerificationError(f"{what}: output shape {tuple(shape)}, expected "
+                                f"{tuple(expected)}")
+
+
+def openvino_int8_layers(compiled) -> tuple[list[str], list[str], set[str]]:
+    """(conv/dense layers of a compiled OpenVINO model, those not run in u8/i8, their
+    kernels): the runtime model's layers carry the precision and the oneDNN primitive
+    each runs with (rt_info 'runtimePrecision', 'primitiveType')."""
+    layers, not_int8, kernels = [], [], set()
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if info["layerType"].astype(str) not in ("Convolution", "FullyConnected"):
+            continue
+        layers.append(op.get_friendly_name())
+        kernels.add(info["primitiveType"].astype(str))
+        if info["runtimePrecision"].astype(str) not in ("u8", "i8"):
+            not_int8.append(f"{op.get_friendly_name()} "
+                            f"({info['runtimePrecision'].astype(str)})")
+    return layers, not_int8, kernels
+
+
+def _network_openvino(net):
+    """The network's QDQ twin compiled by OpenVINO for the CPU (benchmarks/models.py),
+    refused unless every conv and dense layer runs an int8 kernel. Output shape checked."""
+    def build(w: Workload, ref: dict[str, np.ndarray], threads: int) -> list[Impl]:
+        import openvino as ov
+
+        core = ov.Core()
+        compiled = core.compile_model(
+            core.read_model(net.qdq_model().SerializeToString()), "CPU",
+            {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": OPENVINO_HINT})
+        layers, not_int8, kernels = openvino_int8_layers(compiled)
+        if not layers or not_int8:
+            raise VerificationError(f"openvino {w.name}: {len(not_int8)} of {len(layers)} "
+                                    f"conv/dense layers do not run in int8: "
+                                    f"{', '.join(not_int8[:5])}")
+        request = compiled.create_infer_request()
+        feeds = {"data": _as_u8(w.inputs["data"])}
+        request.infer(feeds)
+        _check_shape(f"openvino {w.name}", request.get_output_tensor(0).data.shape,
+                     ref["logits"].shape)
+        return [Impl("openvino QDQ int8 network", lambda: request.infer(feeds),
+                     f"output shape checked; all {len(layers)} conv/dense layers run u8/i8 "
+                     f"({', '.join(sorted(kernels))})")]
+    return build
+
+
+def _importable(*modules: str) -> bool:
+    """True when every module imports (the baselines are not cvmc dependencies)."""
     try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
+        for module in modules:
+            __import__(module)
     except ImportError:
         return False
     return True
+
+
+def onnx_available() -> bool:
+    """True when both onnxruntime and onnx import."""
+    return _importable("onnx", "onnxruntime")
+
+
+def openvino_available() -> bool:
+    """True when both openvino and onnx (which builds its QDQ models) import."""
+    return _importable("onnx", "openvino")
 
 
 # ---------------------------------------------------------------- measuring
@@ -347,17 +505,21 @@ def tvm_threads(threads: int) -> Iterator[None]:
             os.environ["TVM_NUM_THREADS"] = old
 
 
-def median_ms(call: Callable[[], object], repeat: int) -> float:
-    """Median wall time of `repeat` calls after a pause and WARMUP untimed calls."""
-    time.sleep(PAUSE_S)
-    for _ in range(WARMUP):
-        call()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def median_ms(calls: list[Callable[[], object]], repeat: int) -> list[float]:
+    """Median wall time (ms) of `repeat` calls of each of `calls`, timed in turns: each
+    turn is a pause, WARMUP untimed calls and up to BURST timed calls of one of them. A
+    change of load on the machine during the minute hits every implementation alike."""
+    times: list[list[float]] = [[] for _ in calls]
+    while len(times[0]) < repeat:
+        for call, samples in zip(calls, times):
+            time.sleep(PAUSE_S)
+            for _ in range(WARMUP):
+                call()
+            for _ in range(min(BURST, repeat - len(samples))):
+                start = time.perf_counter()
+                call()
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) * 1e3 for samples in times]
 
 
 def _model_folder(w: Workload, tmp: Path) -> Path:
@@ -384,8 +546,8 @@ def _check_equal(what: str, got: dict[str, np.ndarray], expected: dict[str, np.n
                                     f"{bad} of {value.size} elements")
 
 
-def measure(w: Workload, threads: int, repeat: int, tmp: Path) -> list[Row]:
-    """Compile, verify and time one workload against each of its baselines."""
+def _prepare(w: Workload, threads: int, tmp: Path):
+    """(loaded cvmc model, its Impl, the baselines): compiled, every output verified."""
     import cvmc_runtime
 
     import cvmc
@@ -402,29 +564,110 @@ def measure(w: Workload, threads: int, repeat: int, tmp: Path) -> list[Row]:
         if w.time_reference else []
     if w.onnx is not None and onnx_available():
         impls += w.onnx(w, ref, threads)
+    if w.openvino is not None and openvino_available():
+        impls += w.openvino(w, ref, threads)
+    return model, Impl("cvmc", lambda: model.run(w.inputs), "cvmc == reference"), impls
+
+
+def measure(w: Workload, threads: int, repeat: int, tmp: Path,
+            contention: bool = False) -> Results:
+    """Compile, verify and time one workload against each of its baselines; for a whole
+    network also its memory, and with `contention` its slowdowns beside a busy core."""
+    model, cvmc_impl, impls = _prepare(w, threads, tmp)
     cpu = model.plan["target"].get("mcpu", "?")
-    rows = []
+    results = Results()
     for impl in impls:
-        # cvmc is timed again next to each baseline: both numbers of a ratio come from the
-        # same few seconds, so a burst of load elsewhere on the machine hits both alike.
-        cvmc_ms = median_ms(lambda: model.run(w.inputs), repeat)
-        ms = median_ms(impl.call, repeat)
-        checks = "; ".join(c for c in ("cvmc == reference", impl.verified) if c)
-        rows.append(Row(w.name, impl.name, cvmc_ms, ms, ms / cvmc_ms, threads, cpu, checks))
-    return rows
+        # cvmc is timed again, in turns with each baseline: both numbers of a ratio come
+        # from the same few seconds, so load elsewhere on the machine hits both alike.
+        cvmc_ms, ms = median_ms([cvmc_impl.call, impl.call], repeat)
+        checks = "; ".join(c for c in (cvmc_impl.verified, impl.verified) if c)
+        results.rows.append(Row(w.name, impl.name, cvmc_ms, ms, ms / cvmc_ms, threads, cpu,
+                                checks, w.suite))
+    if w.network is not None:
+        results.memory = memory_use(w, model.plan, threads, tmp)
+        if contention:
+            results.slowdowns = slowdowns(w.name, [cvmc_impl, *impls], threads, repeat)
+    return results
 
 
-def run_benchmarks(threads: int = 2, repeat: int = 20, name_filter: str = "") -> list[Row]:
-    """Build, verify and time every workload whose name contains `name_filter`."""
-    rows: list[Row] = []
+@contextmanager
+def busy_core(limit_s: float = BUSY_LIMIT_S) -> Iterator[tuple[int, subprocess.Popen]]:
+    """(core, process): a competing process spinning on one core (the last this process
+    may use) while the block runs; killed at the end, it stops itself after `limit_s`."""
+    core = max(os.sched_getaffinity(0))
+    code = (f"import os, time\nos.sched_setaffinity(0, {{{core}}})\n"
+            f"end = time.monotonic() + {limit_s}\n"
+            "while time.monotonic() < end:\n    pass\n")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.2)  # started and spinning before anything is timed
+        yield core, proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def slowdowns(workload: str, impls: list[Impl], threads: int, repeat: int) -> list[Slowdown]:
+    """Each implementation timed quiet, then all of them again beside busy_core."""
+    quiet = median_ms([impl.call for impl in impls], repeat)
+    with busy_core() as (core, _):
+        busy = median_ms([impl.call for impl in impls], repeat)
+    return [Slowdown(workload, impl.name, threads, q, b, b / q, core)
+            for impl, q, b in zip(impls, quiet, busy)]
+
+
+def plan_bytes(plan: dict) -> int:
+    """The memory a loaded cvmc model holds, from its plan: the arena, the weights, the
+    inputs and the outputs (the runtime allocates exactly these)."""
+    from cvmc_runtime.plan import tensor_bytes
+
+    own = [*plan["weights"], *plan["inputs"], *plan["outputs"]]
+    return plan["arena"]["bytes"] + sum(tensor_bytes(spec) for spec in own)
+
+
+def _probe_memory(kind: str, model: Path, threads: int, data: Path) -> tuple[int, int]:
+    """(first, further) RSS growth of `kind` loading `model`: benchmarks/memory.py in a
+    fresh process, which sees this one's import path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(MEMORY_PY), kind, str(model), str(threads),
+                           str(data)], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    if done.returncode != 0:
+        raise BenchmarkError(f"memory of {kind} {model.name}: benchmarks/memory.py failed: "
+                             f"{done.stderr.strip()[-500:]}")
+    grown = json.loads(done.stdout.splitlines()[-1])
+    return grown["first"], grown["further"]
+
+
+def memory_use(w: Workload, plan: dict, threads: int, tmp: Path) -> list[Memory]:
+    """A network's loaded-model memory in cvmc (RSS and plan), ORT and OpenVINO (RSS)."""
+    np.save(tmp / "s8.npy", w.inputs["data"])
+    np.save(tmp / "u8.npy", _as_u8(w.inputs["data"]))
+    runs = [("cvmc", tmp / "model.cvmx", "s8.npy")]
+    if onnx_available():
+        (tmp / "ort.onnx").write_bytes(w.network.onnx_model().SerializeToString())
+        runs.append(("onnxruntime", tmp / "ort.onnx", "u8.npy"))
+    if openvino_available():
+        (tmp / "qdq.onnx").write_bytes(w.network.qdq_model().SerializeToString())
+        runs.append(("openvino", tmp / "qdq.onnx", "u8.npy"))
+    return [Memory(w.name, kind, threads, *_probe_memory(kind, path, threads, tmp / data),
+                   plan_bytes(plan) if kind == "cvmc" else None) for kind, path, data in runs]
+
+
+def run_benchmarks(threads: int = 2, repeat: int = 20, name_filter: str = "",
+                   shapes: list[str] | None = None, contention: bool = False) -> Results:
+    """Build, verify and time every workload whose name contains `name_filter` (plus the
+    convs of the benchdnn shape sets `shapes`)."""
+    results = Results()
+    makers = WORKLOADS + shape_workloads(shapes or [])[0]
     with tvm_threads(threads):
-        for make in WORKLOADS:
+        for make in makers:
             w = make()
             if name_filter.lower() not in w.name.lower():
                 continue
             with tempfile.TemporaryDirectory(prefix="cvmc-bench-") as tmp:
-                rows += measure(w, threads, repeat, Path(tmp))
-    return rows
+                results.extend(measure(w, threads, repeat, Path(tmp), contention))
+    return results
 
 
 # ---------------------------------------------------------------- report
@@ -442,54 +685,153 @@ def machine() -> str:
     return f"{name}, {os.cpu_count()} cores"
 
 
+def _markdown(head: list[str], align: str, lines: list[list[str]]) -> str:
+    """A Markdown table; `align` has an 'l' or 'r' per column."""
+    rule = ["---:" if a == "r" else "---" for a in align]
+    return "".join(f"| {' | '.join(cells)} |\n" for cells in [head, rule, *lines])
+
+
 def table(rows: list[Row]) -> str:
     """The rows as a Markdown table."""
-    head = ("| workload | baseline | cvmc ms | baseline ms | ratio | threads | CPU |\n"
-            "|---|---|---:|---:|---:|---:|---|\n")
-    return head + "".join(
-        f"| {r.workload} | {r.baseline} | {r.cvmc_ms:.3f} | {r.baseline_ms:.3f} | "
-        f"{r.ratio:.2f} | {r.threads} | {r.cpu} |\n" for r in rows)
+    return _markdown(["workload", "baseline", "cvmc ms", "baseline ms", "ratio", "threads",
+                      "CPU"], "llrrrrl",
+                     [[r.workload, r.baseline, f"{r.cvmc_ms:.3f}", f"{r.baseline_ms:.3f}",
+                       f"{r.ratio:.2f}", str(r.threads), r.cpu] for r in rows])
+
+
+def geomeans(rows: list[Row]) -> list[dict]:
+    """Per benchdnn shape set, thread count and baseline: the geometric mean of the
+    ratios (baseline ms / cvmc ms) over the set's shapes."""
+    groups: dict[tuple[str, int, str], list[float]] = {}
+    for r in rows:
+        if r.suite:
+            groups.setdefault((r.suite, r.threads, r.baseline), []).append(r.ratio)
+    return [{"suite": suite, "threads": threads, "baseline": baseline, "shapes": len(ratios),
+             "geomean_ratio": math.exp(statistics.fmean(map(math.log, ratios)))}
+            for (suite, threads, baseline), ratios in groups.items()]
+
+
+def contention_table(slow: list[Slowdown]) -> str:
+    """The slowdowns as a Markdown table."""
+    return _markdown(["workload", "runtime", "threads", "quiet ms", "contended ms",
+                      "slowdown"], "llrrrr",
+                     [[s.workload, s.runtime, str(s.threads), f"{s.quiet_ms:.3f}",
+                       f"{s.contended_ms:.3f}", f"{s.slowdown:.2f}"] for s in slow])
+
+
+def memory_table(memory: list[Memory]) -> str:
+    """The memory rows as a Markdown table, in MiB."""
+    def mib(n: int | None) -> str:
+        return "" if n is None else f"{n / 2 ** 20:.1f}"
+    return _markdown(["workload", "runtime", "threads", "plan MiB (arena+weights+I/O)",
+                      "RSS MiB, first load + run", "RSS MiB, each further instance"], "llrrrr",
+                     [[m.workload, m.runtime, str(m.threads), mib(m.plan_bytes),
+                       mib(m.first_bytes), mib(m.further_bytes)] for m in memory])
+
+
+def _thread_counts(text: str) -> list[int]:
+    """'1,2' -> [1, 2]; every count at least 1."""
+    try:
+        counts = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("thread counts must be at least 1")
+    return counts
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                   help="TVM_NUM_THREADS and ONNX Runtime intra-op threads (default: all)")
+    p.add_argument("--threads", type=_thread_counts, default=[os.cpu_count() or 1],
+                   help="TVM_NUM_THREADS, ONNX Runtime intra-op and OpenVINO inference "
+                        "threads; a comma list runs everything at each (default: all cores)")
     p.add_argument("--repeat", type=int, default=20, help="timed runs per implementation")
     p.add_argument("--filter", default="", help="only workloads whose name contains this")
-    p.add_argument("--json", type=Path, help="also write the rows and the setup as JSON")
+    p.add_argument("--shapes", default="", help="also every conv of these benchdnn shape "
+                   "sets, e.g. resnet50,mobilenet,mobilenet_dw (../shared/data/"
+                   "benchdnn-conv-shapes/shapes_<SET>, underscores ignored)")
+    p.add_argument("--contention", action="store_true",
+                   help="time the networks again beside a process spinning on one core")
+    p.add_argument("--json", type=Path, help="also write the results and the setup as JSON")
     args = p.parse_args(argv)
-    if args.threads < 1 or args.repeat < 1:
-        p.error("--threads and --repeat must be at least 1")
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    if args.shapes and SHAPES_FOLDER.is_dir():
+        try:
+            for name in args.shapes:
+                shape_file(name)
+        except ShapeError as e:
+            p.error(str(e))
     return args
 
 
+def _versions() -> dict[str, str]:
+    """Versions of the baselines' packages that import."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("onnxruntime", "onnx", "openvino"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def report(results: Results) -> None:
+    """Print the tables, the geometric means and what each baseline was checked against."""
+    print(table(results.rows), end="")
+    for g in geomeans(results.rows):
+        print(f"{g['suite']} ({g['shapes']} shapes, {g['threads']} threads): geometric mean "
+              f"of {g['baseline']} ms / cvmc ms = {g['geomean_ratio']:.2f}")
+    if results.memory:
+        print("\nloaded-model memory (benchmarks/memory.py):")
+        print(memory_table(results.memory), end="")
+    if results.slowdowns:
+        print(f"\ncontention: a process spinning on core {results.slowdowns[0].busy_core}:")
+        print(contention_table(results.slowdowns), end="")
+    print("checked before timing:")
+    for baseline, checks in dict.fromkeys((r.baseline, r.verified) for r in results.rows):
+        print(f"  {baseline}: {checks}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Command line: run the benchmarks, print the table, optionally write JSON."""
+    """Command line: run the benchmarks, print the tables, optionally write JSON."""
     from cvmc.errors import CvmcError
 
     args = _parse(argv)
     setup = {"date": datetime.date.today().isoformat(), "machine": machine(),
+             "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
              "threads": args.threads, "repeat": args.repeat,
              "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "unset"),
-             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "unset")}
+             "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "unset"),
+             **_versions()}
     print(" ".join(f"{k}={v}" for k, v in setup.items()))
     if not onnx_available():
         print("onnxruntime not installed: skipped")
+    if not openvino_available():
+        print("openvino not installed: skipped")
+    for note in shape_workloads(args.shapes)[1]:
+        print(note)
+    results = Results()
     try:
-        rows = run_benchmarks(args.threads, args.repeat, args.filter)
-    except (CvmcError, VerificationError) as e:
+        for threads in args.threads:
+            results.extend(run_benchmarks(threads, args.repeat, args.filter, args.shapes,
+                                          args.contention))
+    except (CvmcError, BenchmarkError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if not rows:
+    if not results.rows:
         print(f"no workload matches --filter {args.filter!r}", file=sys.stderr)
         return 1
-    print(table(rows), end="")
-    print("checked bit-exactly before timing:")
-    for baseline, checks in dict.fromkeys((r.baseline, r.verified) for r in rows):
-        print(f"  {baseline}: {checks}")
+    report(results)
     if args.json:
-        args.json.write_text(json.dumps({**setup, "rows": [asdict(r) for r in rows]}, indent=1))
+        args.json.write_text(json.dumps(
+            {**setup, "rows": [asdict(r) for r in results.rows],
+             "geomeans": geomeans(results.rows),
+             "memory": [asdict(m) for m in results.memory],
+             "contention": [asdict(s) for s in results.slowdowns]}, indent=1))
     return 0
 
 
