@@ -19,3 +19,22 @@ if not HAVE_SHARED and os.environ.get("CI"):
 requires_shared = pytest.mark.skipif(
     not HAVE_SHARED, reason=f"needs the shared corpus at {SHARED} (beside the checkout; "
                             f"CI has it)")
+
+
+def run_readme_example(heading: str, folder: Path) -> dict:
+    """Run the first ```python block after `heading` in README.md inside `folder` (paths
+    to `examples/` made absolute); returns the names it defined."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    section = text[text.index(heading):]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    code = code.replace('"examples/', f'"{root}/examples/')
+    cwd, scope = os.getcwd(), {}
+    os.chdir(folder)
+    try:
+        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
+    finally:
+        os.chdir(cwd)
+    return scope

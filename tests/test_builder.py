@@ -3,8 +3,6 @@ mistakes raised at the call."""
 from __future__ import annotations
 
 import inspect
-import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -16,21 +14,13 @@ from cvmc.frontend.fragments import stdlib
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.ops import all_ops
 from tests.ops.test_cinn import SPEC_PRIMITIVES
+from tests.shared import run_readme_example
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_builder_example_runs(tmp_path):
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python GraphBuilder (CINN primitives)"):]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    scope: dict = {}
-    try:
-        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
-    finally:
-        os.chdir(cwd)
+    scope = run_readme_example("## Python GraphBuilder (CINN primitives)", tmp_path)
     assert (tmp_path / "net.cvmx").is_file()
     # z by hand: relu(sum over a channel / 32 * 0.25 summed over the 3 channels + 0.5)
     x = scope["feeds"]["x"].astype(np.float64)

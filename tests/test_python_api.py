@@ -1,28 +1,18 @@
 """The README's Python API example runs as written, and API mistakes raise CvmcError."""
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
 import pytest
 
 import cvmc
+from tests.shared import run_readme_example
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_python_api_example_runs(tmp_path):
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Python API"):]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        code = code.replace('"examples/', f'"{ROOT}/examples/')
-        exec(compile(code, "README.md", "exec"), {})  # noqa: S102 (the README's own example)
-    finally:
-        os.chdir(cwd)
+    run_readme_example("## Python API", tmp_path)
     assert (tmp_path / "small_cnn.cvmx").is_file()
 
 
