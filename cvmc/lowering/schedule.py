@@ -137,10 +137,21 @@ def _tile_conv(sch, block, channel: int, vec: int) -> None:
     sch.parallel(fused)
     for consumer in sch.get_consumers(block):
         sch.reverse_compute_at(consumer, fused)
-        sch.vectorize(sch.get_loops(consumer)[-1])
+        vectorize_under(sch, consumer, fused)
     sch.unroll(ci)
     sch.vectorize(wi)
     sch.decompose_reduction(block, reduction[0])
+
+
+def vectorize_under(sch, block, outer) -> None:
+    """Vectorise the innermost loop of `block` below `outer`, if it has one: a tile whose
+    extents are all 1 leaves none, and vectorising `outer` itself (a loop holding the
+    reduction) made TVM compute every batch's result from the last one."""
+    loops = [sch.get(loop) for loop in sch.get_loops(block)]
+    own = sch.get_loops(block)[[i for i, loop in enumerate(loops)
+                                if loop.same_as(sch.get(outer))][0] + 1:]
+    if own:
+        sch.vectorize(own[-1])
 
 
 def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:

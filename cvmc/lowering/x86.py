@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from cvmc.lowering.schedule import inline_all, largest_divisor
+from cvmc.lowering.schedule import inline_all, largest_divisor, vectorize_under
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
 _COLUMN_TILE = 14  # output columns per tile (registers: 14 accumulators + weights)
@@ -75,7 +75,7 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     sch.parallel(sch.fuse(n, ob, oh))
     for consumer in sch.get_consumers(acc):
         sch.reverse_compute_at(consumer, wo)
-        sch.vectorize(sch.get_loops(consumer)[-1])  # the tile's columns
+        vectorize_under(sch, consumer, wo)  # the tile's columns
     sch.unroll(wi)
     if not vnni:
         sch.vectorize(oi)

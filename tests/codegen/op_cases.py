@@ -129,6 +129,13 @@ CASES: list[OpCase] = [
     OpCase("upsampling", [rand((1, 2, 2, 3), 8, 15)], {"scale": 3}),
     OpCase("concatenate", [rand((1, 3), 8, 16), rand((2, 3), 8, 17), rand((1, 3), 8, 18)],
            {"axis": 0}),
+    # A batch of 2 whose output is one pixel of one channel: the register tile covers the
+    # whole output, and vectorising the loop around the reduction computed every batch
+    # from the last one (found by the spec-oracle property test).
+    *[OpCase("conv2d", [rand((2, 2, 2, 3), 8, 19), rand((1, 2, 2, 3), 8, 20),
+                        rand((1,), 12, 21)],
+             {"padding": [1, 1], "stride": [3, 3], "dilation": [1, 2]}, weights=w)
+      for w in ((), (1, 2))],
     *[OpCase("get_valid_count", [(_BOXES, 8)], {"score_threshold": t}) for t in (-100, 100)],
     *[OpCase("non_max_suppression", [(_BOXES, 8), (np.array([v]), 8)],
              {"iou_threshold": 50, "top_k": 3, "max_output_size": 2}) for v in (9, -3)],
