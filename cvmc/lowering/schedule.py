@@ -147,9 +147,9 @@ def vectorize_under(sch, block, outer) -> None:
     """Vectorise the innermost loop of `block` below `outer`, if it has one: a tile whose
     extents are all 1 leaves none, and vectorising `outer` itself (a loop holding the
     reduction) made TVM compute every batch's result from the last one."""
-    loops = [sch.get(loop) for loop in sch.get_loops(block)]
-    own = sch.get_loops(block)[[i for i, loop in enumerate(loops)
-                                if loop.same_as(sch.get(outer))][0] + 1:]
+    loops = sch.get_loops(block)
+    position = next(i for i, loop in enumerate(loops) if sch.get(loop).same_as(sch.get(outer)))
+    own = loops[position + 1:]
     if own:
         sch.vectorize(own[-1])
 
