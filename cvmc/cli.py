@@ -436,5 +436,17 @@ def main(argv: list[str] | None = None) -> int:
     return 1
 
 
+def entry() -> None:
+    """The `cvmc` command: exit with main's code. An interrupt exits with 130 at once (its
+    temporary files are already removed): at interpreter shutdown TVM's FFI may re-raise
+    the interrupt as SIGINT, which turned 130 into death by signal (-2)."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
