@@ -28,37 +28,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cvmc.ir import TensorType
 from cvmc.ops.nnef_std import slice_starts
+from cvmc.ops.reduce import te_reduce
 from cvmc.ops.registry import lookup
-
-
-def _flat(indices: Sequence, shape: Sequence[int]):
-    """Row-major flat index of `indices` in `shape` (TIR or Python ints)."""
-    flat = 0
-    for i, e in zip(indices, shape):
-        flat = flat * e + i
-    return flat
-
-
-def _unflat(flat, shape: Sequence[int]) -> list:
-    """Inverse of `_flat`."""
-    out = []
-    for e in reversed(shape):
-        out.append(flat % e)
-        flat = flat // e
-    return out[::-1]
-
-
-def _index_map(x, out_shape: Sequence[int], source: Callable, name: str):
-    """`te.compute` of out[o] = x[source(o)]."""
-    from cvmc.lowering.te_facade import te
-    return te.compute(tuple(out_shape), lambda *o: x(*source(list(o))), name=name)
+from cvmc.ops.transform import ravel, reshape_like, te_concat, te_gather, types_of
 
 
 # ---- reductions ----------------------------------------------------------------------
 def _reduce_axes(shape: Sequence[int], axes: Sequence[int]):
-    """(reduce itervars, a function giving the input index for an output index)."""
+    """(reduce itervars, a function giving the input index for an output index): argmax
+    needs the itervars themselves (for the flat index), which `te_reduce` keeps inside."""
     from cvmc.lowering.te_facade import te
     rs = {k: te.reduce_axis((0, shape[k]), name=f"r{k}") for k in sorted(axes)}
     return list(rs.values()), lambda o: [rs[k] if k in rs else o[k] for k in range(len(shape))]
@@ -67,21 +46,18 @@ def _reduce_axes(shape: Sequence[int], axes: Sequence[int]):
 def _reduce_te(kind: str):
     def lower(xs, a):
         from cvmc.lowering.te_facade import shape_of, te, tirx
-        x = xs[0]
-        shape = shape_of(x)
-        rs, at = _reduce_axes(shape, a.axes)
-        out = tuple(1 if k in a.axes else e for k, e in enumerate(shape))
+        x, r = xs[0], tuple(sorted(a.axes))
         if kind == "sum":
-            y = te.compute(out, lambda *o: te.sum(x(*at(o)), axis=rs), name="sum_reduce_")
+            y = te_reduce(x, r, True, te.sum, "sum_reduce_")
             if not a.normalize:
                 return y
-            volume = tirx.const(float(math.prod(shape[k] for k in a.axes)), "float32")
-            return te.compute(out, lambda *o: y(*o) / volume, name="mean_reduce_")
+            volume = tirx.const(float(math.prod(shape_of(x)[k] for k in r)), "float32")
+            return te.compute(y.shape, lambda *o: y(*o) / volume, name="mean_reduce_")
         if kind in ("any", "all"):
             reducer = te.comm_reducer(
                 (lambda p, q: tirx.Or(p, q)) if kind == "any" else (lambda p, q: tirx.And(p, q)),
                 lambda t: tirx.const(kind == "all", "bool"))
-            return te.compute(out, lambda *o: reducer(x(*at(o)), axis=rs), name=f"{kind}_reduce_")
+            return te_reduce(x, r, True, reducer, f"{kind}_reduce_")
         # IEEE 754-2019 maximum / minimum, propagating NaN: a NaN element wins, and once
         # the accumulator is NaN no comparison is true, so it stays (the identity is -inf /
         # +inf); of equal zeros +0 is the larger. A total order: any combining order (a
@@ -98,7 +74,7 @@ def _reduce_te(kind: str):
         reducer = te.comm_reducer(
             lambda acc, v: tirx.Select(tirx.Or(tirx.isnan(v), better(v, acc)), v, acc),
             lambda t: tirx.const(-math.inf if kind == "max" else math.inf, t))
-        return te.compute(out, lambda *o: reducer(x(*at(o)), axis=rs), name=f"{kind}_reduce_")
+        return te_reduce(x, r, True, reducer, f"{kind}_reduce_")
     return lower
 
 
@@ -116,7 +92,7 @@ def _arg_te(kind: str):
             # NaN resolve as np.argmax / np.argmin do, in any reduction order
             v, b = x(*at(o)), best(*o)
             match = tirx.Or(v == b, tirx.And(tirx.isnan(v), tirx.isnan(b)))
-            return te.min(tirx.Select(match, _flat(rs, extents), tirx.const(2**31 - 1)),
+            return te.min(tirx.Select(match, ravel(rs, extents), tirx.const(2**31 - 1)),
                           axis=rs)
         return te.compute(best.shape, first_index, name=f"arg{kind}_reduce_")
     return lower
@@ -213,29 +189,13 @@ def _attach(name: str, ref: Callable, lower: Callable) -> None:
     d.lower(lower)
 
 
-def _out_shape(name: str, shapes, a) -> list[tuple[int, ...]]:
-    """Output shapes of op `name` on inputs of these shapes (its registry shape rule)."""
-    return lookup(name).infer_shapes([TensorType(tuple(s)) for s in shapes], a)
-
-
-def _reshape_like(name: str):
-    """Reference and lower rules of an op that keeps the row-major order (reshape,
-    squeeze, unsqueeze)."""
-    def ref(xs, a):
-        return xs[0].reshape(_out_shape(name, [xs[0].shape], a)[0])
-
-    def lower(xs, a):
-        from cvmc.lowering.te_facade import shape_of
-        x = xs[0]
-        shape = shape_of(x)
-        out = _out_shape(name, [shape], a)[0]
-        return _index_map(x, out, lambda o: _unflat(_flat(o, out), shape),
-                          name.removeprefix("nnef.") + "_")
-    return ref, lower
+def _out_shapes(name: str, xs, a) -> list[tuple[int, ...]]:
+    """Output shapes of op `name` on inputs `xs` (arrays or TE tensors): its shape rule."""
+    return lookup(name).infer_shapes(types_of(xs), a)
 
 
 for _name in ("nnef.reshape", "nnef.squeeze", "unsqueeze"):
-    _attach(_name, *_reshape_like(_name))
+    reshape_like(lookup(_name))
 
 
 def _transpose_perm(a, rank: int) -> list[int]:
@@ -250,8 +210,8 @@ def _transpose_lower(xs, a):
     perm = _transpose_perm(a, len(shape))
     out = [shape[p] for p in perm]
     inverse = [perm.index(k) for k in range(len(shape))]
-    return _index_map(x, out, lambda o: [o[inverse[k]] for k in range(len(shape))],
-                      "transpose_")
+    return te_gather(x, tuple(out), lambda o: [o[inverse[k]] for k in range(len(shape))],
+                     "transpose_")
 
 
 _attach("nnef.transpose",
@@ -259,19 +219,8 @@ _attach("nnef.transpose",
 
 
 def _concat_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
-    ends = [int(e) for e in np.cumsum([shape_of(x)[a.axis] for x in xs])]
-    out = list(shape_of(xs[0]))
-    out[a.axis] = ends[-1]
-
-    def element(*o):
-        def piece(p):  # xs[p] at o, its offset along the axis taken off
-            return xs[p](*o[:a.axis], o[a.axis] - (ends[p - 1] if p else 0), *o[a.axis + 1:])
-        value = piece(len(xs) - 1)
-        for p in reversed(range(len(xs) - 1)):  # each piece read only where it applies
-            value = tirx.if_then_else(o[a.axis] < ends[p], piece(p), value)
-        return value
-    return te.compute(tuple(out), element, name="concat_")
+    out = _out_shapes("concat", xs, a)[0]
+    return te_concat(xs, a.axis, out, "concat_")
 
 
 def _stack_lower(xs, a):
@@ -289,26 +238,23 @@ def _stack_lower(xs, a):
 
 
 def _split_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of
     x = xs[0]
-    outs = _out_shape("split", [shape_of(x)], a)
+    outs = _out_shapes("split", xs, a)
     result, start = [], 0
     for k, out in enumerate(outs):
         def source(o, start=start):
             index = list(o)
             index[a.axis] = o[a.axis] + start
             return index
-        result.append(_index_map(x, out, source, f"split{k}_"))
+        result.append(te_gather(x, out, source, f"split{k}_"))
         start += out[a.axis]
     return result
 
 
 def _unstack_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of
     x = xs[0]
-    out = _out_shape("unstack", [shape_of(x)], a)
-    return [_index_map(x, s, lambda o, k=k: [*o[:a.axis], k, *o[a.axis:]], f"unstack{k}_")
-            for k, s in enumerate(out)]
+    return [te_gather(x, s, lambda o, k=k: [*o[:a.axis], k, *o[a.axis:]], f"unstack{k}_")
+            for k, s in enumerate(_out_shapes("unstack", xs, a))]
 
 
 def _split_reference(xs, a):
@@ -330,7 +276,7 @@ def _slice_reference(xs, a):
     index = [slice(None)] * x.ndim
     stride = a.stride or (1,) * len(a.axes)
     starts = slice_starts(x.shape, a)
-    out = _out_shape("nnef.slice", [x.shape], a)[0]
+    out = _out_shapes("nnef.slice", xs, a)[0]
     for axis, s in zip(a.axes, stride):
         first = starts[axis]
         index[axis] = first + s * np.arange(out[axis])
@@ -342,11 +288,11 @@ def _slice_lower(xs, a):
     from cvmc.lowering.te_facade import shape_of
     x = xs[0]
     shape = shape_of(x)
-    out = _out_shape("nnef.slice", [shape], a)[0]
+    out = _out_shapes("nnef.slice", xs, a)[0]
     starts = slice_starts(shape, a)
     stride = dict(zip(a.axes, a.stride or (1,) * len(a.axes)))
-    return _index_map(x, out, lambda o: [starts[k] + stride.get(k, 1) * o[k]
-                                         for k in range(len(shape))], "slice_")
+    return te_gather(x, out, lambda o: [starts[k] + stride.get(k, 1) * o[k]
+                                        for k in range(len(shape))], "slice_")
 
 
 _attach("nnef.slice", _slice_reference, _slice_lower)
@@ -357,8 +303,8 @@ _attach("nnef.tile", lambda xs, a: np.tile(xs[0], a.repeats),
 def _tile_lower(x, a):
     from cvmc.lowering.te_facade import shape_of
     shape = shape_of(x)
-    out = [e * r for e, r in zip(shape, a.repeats)]
-    return _index_map(x, out, lambda o: [i % e for i, e in zip(o, shape)], "tile_")
+    out = tuple(e * r for e, r in zip(shape, a.repeats))
+    return te_gather(x, out, lambda o: [i % e for i, e in zip(o, shape)], "tile_")
 
 
 # ---- pad -----------------------------------------------------------------------------
@@ -437,5 +383,5 @@ def _gather_lower(xs, a):
 
 
 _attach("gather", _gather_reference, _gather_lower)
-_attach("update", lambda xs, a: xs[1].copy(), lambda xs, a: _index_map(
-    xs[1], [int(d) for d in xs[1].shape], lambda o: o, "update_"))
+_attach("update", lambda xs, a: xs[1].copy(), lambda xs, a: te_gather(
+    xs[1], tuple(int(d) for d in xs[1].shape), lambda o: o, "update_"))

@@ -56,7 +56,7 @@ def _np_gather(x: np.ndarray, out_shape: tuple[int, ...], index_map: IndexMap) -
     return np.broadcast_to(x[tuple(index_map(grids))], out_shape).copy()
 
 
-def _te_gather(x, out_shape: tuple[int, ...], index_map: IndexMap, name: str):
+def te_gather(x, out_shape: tuple[int, ...], index_map: IndexMap, name: str):
     """TE stage Y[d] = X[index_map(d)]."""
     from cvmc.lowering.te_facade import te
     return te.compute(out_shape, lambda *d: x(*index_map(d)), name=name)
@@ -72,13 +72,13 @@ def gather_rules(d: OpDef, make_map: Callable[[list[TensorType], tuple, object],
     def lower(xs, a):
         ins = types_of(xs)
         out = d.rules["shape"](ins, a)
-        return _te_gather(xs[0], out, make_map(ins, out, a), d.name)
+        return te_gather(xs[0], out, make_map(ins, out, a), d.name)
 
     d.reference(reference)
     d.lower(lower)
 
 
-def _ravel(index: Sequence, shape: Sequence[int]):
+def ravel(index: Sequence, shape: Sequence[int]):
     """Row-major flat position of `index` in `shape` (the spec's flatten_index)."""
     flat = index[0]
     for i, n in zip(index[1:], shape[1:]):
@@ -86,7 +86,7 @@ def _ravel(index: Sequence, shape: Sequence[int]):
     return flat
 
 
-def _unravel(flat, shape: Sequence[int]) -> tuple:
+def unravel(flat, shape: Sequence[int]) -> tuple:
     """The index in `shape` whose row-major flat position is `flat` (< volume of shape)."""
     index = []
     for n in reversed(shape[1:]):
@@ -112,7 +112,7 @@ def reshape_like(d: OpDef) -> None:
     def lower(xs, a):
         in_shape = types_of(xs)[0].shape
         out = d.rules["shape"](types_of(xs), a)
-        return _te_gather(xs[0], out, lambda i: _unravel(_ravel(i, out), in_shape), d.name)
+        return te_gather(xs[0], out, lambda i: unravel(ravel(i, out), in_shape), d.name)
 
     d.reference(reference)
     d.lower(lower)
@@ -402,7 +402,7 @@ def _take_lower(x, indices, axis: int | None, name: str):
     m = len(indices.shape)
     if axis is None:
         def element(*d):
-            return x(*_unravel(_te_clamp(indices(*d), 0, int(np.prod(shape)) - 1), shape))
+            return x(*unravel(_te_clamp(indices(*d), 0, int(np.prod(shape)) - 1), shape))
         out = tuple(indices.shape)
     else:
         ax = axis + len(shape) if axis < 0 else axis
