@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import re
 import shutil
 import subprocess
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from cvmc.codegen.shim import SHIM_C
 from cvmc.errors import CvmcError
-from cvmc.lowering.schedule import cuda_target
+from cvmc.lowering.schedule import cuda_target, reads_own_output
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 
@@ -68,12 +69,10 @@ def schedule_module(mod, target: dict, scalar: bool = False,
     table, `cvmc.lowering.rules`; cuda: dlight for the whole module)."""
     import tvm
 
-    from cvmc.lowering.rules import schedule_llvm
-    from cvmc.lowering.schedule import schedule_cuda
+    from cvmc.lowering.rules import schedule_cuda_module, schedule_llvm
 
     if target["kind"] == "cuda":
-        scheduled = schedule_cuda(mod, tvm.target.Target(target))
-        return scheduled, {gv.name_hint: "cuda-dlight" for gv in scheduled.functions}
+        return schedule_cuda_module(mod, tvm.target.Target(target))
     return schedule_llvm(mod, target["mcpu"], scalar, on_kernel)
 
 
@@ -123,18 +122,20 @@ def find_nvcc() -> str:
 
 
 def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | None = None):
-    """(scheduled module, one .cu source with kernels, host wrappers and memory helpers)."""
+    """(scheduled module, one .cu source with kernels, host wrappers and memory helpers,
+    {kernel: schedule rule})."""
     import tvm
     import tvm.backend.cuda
 
     from cvmc.codegen.shim import CUDA_HELPERS_CU
 
     target = tvm.target.Target(cuda_target(arch), host={"kind": "cuda_host"})
-    scheduled, _ = schedule_module(mod, cuda_target(arch))
+    scheduled, rules = schedule_module(mod, cuda_target(arch))
     try:
         ex = tvm.compile(scheduled, target=target)
     except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
-        scheduled = _reschedule_rejected_cuda(mod, scheduled, target, arch)
+        scheduled, rejected = _reschedule_rejected_cuda(mod, scheduled, target, arch)
+        rules.update(dict.fromkeys(rejected, "cuda-dlight-no-reductions"))
         ex = tvm.compile(scheduled, target=target)
     # A function left without thread bindings compiles to host-only code: catch it here.
     if len(ex.mod.imports) == 0:
@@ -142,17 +143,39 @@ def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | Non
     for gv in scheduled.functions:
         if on_kernel:
             on_kernel(gv.name_hint)
-    return scheduled, tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
+    source = tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
+    return scheduled, without_restrict(source, [gv.name_hint for gv, f in
+                                                scheduled.functions.items()
+                                                if reads_own_output(f)]), rules
+
+
+def without_restrict(source: str, symbols: list[str]) -> str:
+    """`source` with `__restrict__` dropped from the device kernels of `symbols`.
+
+    nvcc 13.0 miscompiles a kernel that accumulates in its output buffer when its
+    pointers are `__restrict__` (as TVM always declares them): a float min_reduce's
+    `acc = v < acc ? x[i] : out[j]` became one load through a selected pointer, issued
+    through the read-only cache (LDG.CONSTANT) and so reading a stale accumulator; on an
+    H100 it returned the wrong element (tests/gpu). Without the promise nvcc keeps plain
+    loads. Only these kernels (reductions left in global memory) lose it.
+    """
+    if not symbols:
+        return source
+    names = "|".join(map(re.escape, symbols))
+    kernel = re.compile(rf"__global__ .*\b(?:{names})_kernel(?:_\d+)?\(")
+    return "".join(line.replace(" __restrict__", "") if kernel.search(line) else line
+                   for line in source.splitlines(keepends=True))
 
 
 def _reschedule_rejected_cuda(mod, scheduled, target, arch: str):
-    """`scheduled` with every kernel that TVM fails to lower rescheduled without dlight's
-    cross-thread reduction rules (each kernel is tried alone to find them)."""
+    """(`scheduled` with every kernel that TVM fails to lower rescheduled by dlight without
+    its cross-thread reduction rules, the names of those kernels); each kernel is tried
+    alone to find them."""
     import tvm
 
     from cvmc.lowering.schedule import schedule_cuda
 
-    funcs = {}
+    funcs, rejected = {}, []
     for gv, func in scheduled.functions.items():
         try:
             tvm.compile(tvm.IRModule({gv: func}), target=target)
@@ -161,7 +184,8 @@ def _reschedule_rejected_cuda(mod, scheduled, target, arch: str):
             alone = tvm.IRModule({gv: mod[gv.name_hint]})
             funcs[gv] = schedule_cuda(alone, tvm.target.Target(cuda_target(arch)),
                                       reductions=False)[gv.name_hint]
-    return tvm.IRModule(funcs)
+            rejected.append(gv.name_hint)
+    return tvm.IRModule(funcs), rejected
 
 
 def nvcc_shared(source: str, arch: str, output: Path) -> None:
@@ -188,9 +212,9 @@ def build_cuda(mod, arch: str = "sm_80",
     """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability `arch`."""
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise CvmcError(f"--arch {arch}: expected sm_<digits>, e.g. sm_80 or sm_90")
-    scheduled, source = cuda_translation_unit(mod, arch, on_kernel)
+    scheduled, source, rules = cuda_translation_unit(mod, arch, on_kernel)
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)
         return Built(lib.read_bytes(), {"kind": "cuda", "arch": arch}, scheduled.script(),
-                     source, "cu", {gv.name_hint: "cuda-dlight" for gv in scheduled.functions})
+                     source, "cu", rules)

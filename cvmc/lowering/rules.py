@@ -2,8 +2,8 @@
 
 A kernel's anchor is the first op of its fused group (`cvmc.anchor` on its PrimFunc). The
 first rule whose anchor and required CPU features match is tried; if TVM rejects it, the
-next matching rule is. Adding a schedule for an op is one row here. CUDA kernels are
-scheduled module-wide by TVM's dlight rules (`schedule.schedule_cuda`).
+next matching rule is. Adding a schedule for an op is one row here. CUDA kernels: the
+rows of `CUDA_TABLE`, then TVM's dlight rules for every kernel left (`schedule_cuda`).
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cvmc.lowering.cuda import schedule_conv_cuda
 from cvmc.lowering.lower import ANCHOR_ATTR
 from cvmc.lowering.schedule import schedule_cpu
 from cvmc.lowering.x86 import schedule_conv_packed
@@ -54,17 +55,40 @@ def cpu_features(mcpu: str) -> frozenset[str]:
 def schedule_llvm(mod, mcpu: str, scalar: bool = False,
                   on_kernel: Callable[[str], None] | None = None):
     """(scheduled module, {kernel symbol: rule name}) for CPU `mcpu`."""
+    features = cpu_features(mcpu)
+    return _apply_rows(mod, lambda anchor: [SCALAR_RULE] if scalar else [
+        r for r in SCHEDULE_TABLE if r.anchor in (None, anchor) and set(r.features) <= features
+    ], on_kernel)
+
+
+# CUDA kernels: these rows first; every kernel none of them takes gets TVM's dlight rules.
+CUDA_TABLE: list[ScheduleRule] = [
+    ScheduleRule("cuda-conv-register-tile", "conv2d", (), schedule_conv_cuda),
+]
+
+
+def schedule_cuda_module(mod, target):
+    """(scheduled module, {kernel symbol: rule name}) for the CUDA `target`."""
+    from cvmc.lowering.schedule import schedule_cuda
+
+    mod, chosen = _apply_rows(mod, lambda anchor: [r for r in CUDA_TABLE if r.anchor == anchor])
+    # dlight leaves alone the functions marked scheduled
+    mod = type(mod)({gv: f.with_attr("tirx.is_scheduled", True) if gv.name_hint in chosen
+                     else f for gv, f in mod.functions.items()})
+    mod = schedule_cuda(mod, target)
+    return mod, {gv.name_hint: chosen.get(gv.name_hint, "cuda-dlight") for gv in mod.functions}
+
+
+def _apply_rows(mod, rows_for: Callable[[str | None], list[ScheduleRule]],
+                on_kernel: Callable[[str], None] | None = None):
+    """Give each kernel the first of `rows_for(its anchor)` that TVM accepts."""
     from tvm import s_tir
     from tvm.s_tir.schedule import ScheduleError
 
-    features = cpu_features(mcpu)
     chosen = {}
     for gv, func in list(mod.functions.items()):
         anchor = str(func.attrs[ANCHOR_ATTR]) if ANCHOR_ATTR in func.attrs else None
-        rows = [SCALAR_RULE] if scalar else [
-            r for r in SCHEDULE_TABLE
-            if r.anchor in (None, anchor) and set(r.features) <= features]
-        for rule in rows:
+        for rule in rows_for(anchor):
             sch = s_tir.Schedule(mod)
             sch.work_on(gv.name_hint)
             try:

@@ -221,6 +221,24 @@ def schedule_cuda(mod, target, reductions: bool = True):
     return mod
 
 
+def reads_own_output(func) -> bool:
+    """True if a block of `func` reads a parameter buffer that it also writes (a
+    reduction accumulating in its output in global memory)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    todo = [sch.get_sblock("root")]
+    while todo:
+        rv = todo.pop()
+        block = sch.get(rv)
+        for w in block.writes:
+            if any(w.source.same_as(p) for p in func.params) and \
+                    any(r.source.same_as(w.source) for r in block.reads):
+                return True
+        todo += sch.get_child_blocks(rv)
+    return False
+
+
 def _guarded(rule):
     """`rule`, not applicable (None) where its analysis asserts: dlight's read analysis
     asserts on reads it cannot model (a border-clamped or data-dependent index, as in NNEF's

@@ -64,7 +64,7 @@ import numpy as np
 
 from cvmc.ops.broadcast import broadcast_shapes, np_div, np_operands, te_broadcast, te_div
 from cvmc.ops.common import bitlen, prec_max, require
-from cvmc.ops.nnef_math import TRANSCENDENTAL, exact_unary, extern, te_ne, te_select
+from cvmc.ops.nnef_math import TRANSCENDENTAL, exact_te, extern, te_ne, te_select
 from cvmc.ops.nnef_std import check_axes, fmt
 from cvmc.ops.reduce import reduced_shape, te_reduce
 from cvmc.ops.registry import Attr, Fusion, OpDef, op
@@ -152,11 +152,6 @@ def _te(fn: Callable) -> Callable:
     return expr
 
 
-def _exact(name: str) -> Callable:
-    """nnef_math's exact float32 TE expression `name` (built when lowering)."""
-    return lambda *xs: exact_unary()[name][1](*xs)
-
-
 # -- unary ----------------------------------------------------------------------------------
 def _np_erf(x):
     return np.frompyfunc(math.erf, 1, 1)(x).astype(np.float64)
@@ -199,12 +194,12 @@ for _name, _rule in FLOAT_ONLY.items():
 
 # name: (float rule, integer rule, precision rule text, precision)
 NUMERIC_UNARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
-    "abs": ((np.abs, _exact("nnef.abs")), (np.abs, _te(lambda t, x: t.abs(x))), "p_x",
+    "abs": ((np.abs, exact_te("nnef.abs")), (np.abs, _te(lambda t, x: t.abs(x))), "p_x",
             lambda ins, a: _p(ins, 0)),
-    "negative": ((np.negative, _exact("neg")), (np.negative, lambda x: -x), "p_x",
+    "negative": ((np.negative, exact_te("neg")), (np.negative, lambda x: -x), "p_x",
                  lambda ins, a: _p(ins, 0)),
     # values -1, 0, 1: precision 2, or 1 when x is all zeros (precision 1)
-    "sign": ((np.sign, _exact("sign")), (np.sign, _te(_te_int_sign)), "min(p_x, 2)",
+    "sign": ((np.sign, exact_te("sign")), (np.sign, _te(_te_int_sign)), "min(p_x, 2)",
              lambda ins, a: min(_p(ins, 0), 2)),
 }
 for _name, (_float, _int, _words, _prec) in NUMERIC_UNARY.items():

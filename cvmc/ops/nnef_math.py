@@ -36,28 +36,37 @@ TRANSCENDENTAL: dict[str, tuple[Callable, str]] = {
 }
 
 
-def exact_unary() -> dict[str, tuple[Callable, Callable]]:
-    """NumPy formula and TE expression of the unary ops computed exactly in float32."""
+# NumPy formulas of the unary ops computed exactly in float32 (the reference interpreter
+# needs no TVM; their TE expressions are in `exact_unary_te`).
+EXACT_UNARY: dict[str, Callable] = {
+    "neg": np.negative, "rcp": lambda x: 1.0 / x, "nnef.abs": np.abs, "sign": np.sign,
+    "floor": np.floor, "ceil": np.ceil,
+    # round(x) = floor(x + 0.5) (spec 4.2.1)
+    "round": lambda x: np.floor(x + 0.5),
+}
+
+
+def exact_unary_te() -> dict[str, Callable]:
+    """TE expressions of EXACT_UNARY's ops (built when lowering: they need TVM)."""
     from cvmc.lowering.te_facade import tirx
 
     def f32(v: float):
         return tirx.const(v, "float32")
 
     return {
-        "neg": (np.negative, lambda x: -x),
-        "rcp": (lambda x: 1.0 / x, lambda x: f32(1.0) / x),
-        "nnef.abs": (np.abs, lambda x: tirx.abs(x)),
+        "neg": lambda x: -x,
+        "rcp": lambda x: f32(1.0) / x,
+        "nnef.abs": lambda x: tirx.abs(x),
         # sign(+-0) = +0 and sign(NaN) = NaN, as np.sign gives (isnan, not x == x: TVM's
         # simplifier folds x == x to true)
-        "sign": (np.sign, lambda x: tirx.Select(x > f32(0), f32(1), tirx.Select(
-            x < f32(0), f32(-1), tirx.Select(tirx.isnan(x), x, f32(0))))),
-        "floor": (np.floor, tirx.floor),
-        "ceil": (np.ceil, tirx.ceil),
-        # round(x) = floor(x + 0.5) (spec 4.2.1), with x + 0.5 in float64 where it is exact:
-        # in float32, 0.49999997 + 0.5 would round up to 1.
-        "round": (lambda x: np.floor(x + 0.5),
-                  lambda x: tirx.floor(x.astype("float64") + tirx.const(0.5, "float64"))
-                  .astype("float32")),
+        "sign": lambda x: tirx.Select(x > f32(0), f32(1), tirx.Select(
+            x < f32(0), f32(-1), tirx.Select(tirx.isnan(x), x, f32(0)))),
+        "floor": tirx.floor,
+        "ceil": tirx.ceil,
+        # x + 0.5 in float64, where it is exact: in float32, 0.49999997 + 0.5 would round
+        # up to 1.
+        "round": lambda x: tirx.floor(x.astype("float64") + tirx.const(0.5, "float64"))
+        .astype("float32"),
     }
 
 
@@ -122,17 +131,17 @@ def te_select(c, t, f):
     return tirx.Select(c, t, f)
 
 
-def _lazy_exact(name: str, which: int) -> Callable:
-    """The NumPy (0) or TE (1) rule of an exact unary op, built when first used (the TE
-    one needs TVM, which checking a graph never loads)."""
-    return lambda *xs: exact_unary()[name][which](*xs)
+def exact_te(name: str) -> Callable:
+    """The TE expression of exact unary op `name`, built when first used (it needs TVM,
+    which checking a graph or running the reference never loads)."""
+    return lambda *xs: exact_unary_te()[name](*xs)
 
 
 for _name in UNARY:
     if _name in TRANSCENDENTAL:
         _attach(_name, TRANSCENDENTAL[_name][0], extern(TRANSCENDENTAL[_name][1]))
     else:
-        _attach(_name, _lazy_exact(_name, 0), _lazy_exact(_name, 1))
+        _attach(_name, EXACT_UNARY[_name], exact_te(_name))
 for _name, (_ref, _expr) in _BINARY.items():
     _attach(_name, _ref, _expr)
 _attach("pow", np.power, extern("powf"))

@@ -1,17 +1,25 @@
-"""CUDA builds of every op case run on a GPU and equal the reference (skipped without one).
+"""CUDA builds of every op case and of two whole networks run on a GPU and equal the
+reference (skipped without one).
 
-All cases share one library (one nvcc run); each case runs through the runtime's Model.
-Run with `pytest tests/gpu -m gpu -s` to print per-op timings.
+All op cases share one library (one nvcc run); each runs through the runtime's Model.
+Run with `pytest tests/gpu -m gpu -s` to print per-op timings. On a GPU machine without
+TVM, build here first with `python -m tests.gpu.prebuilt DIR` and run there with
+`CVMC_GPU_PREBUILT=DIR` (see tests/gpu/prebuilt.py).
 """
 from __future__ import annotations
 
+import json
+import statistics
 import time
 
+import numpy as np
 import pytest
-from cvmc_runtime.model import Model, cuda_available
+from cvmc_runtime.model import Model, cuda_available, load
 
+from cvmc.frontend import load_graph
+from cvmc.reference import reference_run
 from tests.codegen.op_cases import CASES, case_id
-from tests.codegen.test_op_cases import cuda_module_of_cases
+from tests.gpu.prebuilt import NETWORKS, build_network, prebuilt_dir
 from tests.oputil import assert_matches, one_op_graph, run_reference
 
 pytestmark = [pytest.mark.gpu,
@@ -23,13 +31,14 @@ def cuda_library(tmp_path_factory):
     """(loaded module holding every case's kernels, {case index: plan})."""
     import tvm_ffi
 
-    from cvmc.codegen.build import cuda_translation_unit, nvcc_shared
+    from tests.gpu.prebuilt import build_op_cases
 
-    mod, plans = cuda_module_of_cases()
-    _, source = cuda_translation_unit(mod, "sm_80")
-    lib = tmp_path_factory.mktemp("cuda") / "all_ops.so"
-    nvcc_shared(source, "sm_80", lib)
-    return tvm_ffi.load_module(str(lib)), plans
+    folder = prebuilt_dir()
+    if folder is None:
+        folder = tmp_path_factory.mktemp("cuda")
+        build_op_cases(folder, "sm_80")  # PTX included: JIT-compiled on newer GPUs
+    plans = json.loads((folder / "all_ops.json").read_text())
+    return tvm_ffi.load_module(str(folder / "all_ops.so")), {int(k): v for k, v in plans.items()}
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[case_id(c) for c in CASES])
@@ -47,3 +56,22 @@ def test_case_runs_on_gpu_like_reference(cuda_library, index):
     for name, want, atol in zip(g.outputs, run_reference(g, xs), case.tolerances()):
         assert_matches(case.op, f"{name} (GPU)", want, got[name], case.ulp, atol)
     print(f"{case.op}: ok, {seconds * 1e3:.2f} ms (first run, includes copies)")
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_network_runs_on_gpu_like_reference(tmp_path, name):
+    """The whole network, bit-exact to the reference interpreter, the same bits every run."""
+    folder = prebuilt_dir()
+    if folder is None:
+        folder = tmp_path
+        build_network(folder, name, 64, "sm_80")
+    model = load(folder / f"{name}.cvmx")
+    graph = load_graph(folder / name)
+    x = np.random.default_rng(7).integers(-127, 128, graph.types["data"].shape, dtype=np.int8)
+    want = reference_run(graph, {"data": x})["logits"]
+    runs = [model.run({"data": x})["logits"] for _ in range(3)]
+    for got in runs:
+        assert np.array_equal(got, want), f"{name}: GPU logits differ from the reference"
+    _, seconds = model.profile({"data": x}, repeat=50)
+    print(f"{name} {list(x.shape)}: ok, median {statistics.median(seconds) * 1e3:.3f} ms "
+          f"per run (copies included)")

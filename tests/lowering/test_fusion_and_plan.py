@@ -8,7 +8,7 @@ import pytest
 from cvmc.codegen import compile_model
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.lower import lower_graph, lower_node
-from cvmc.passes.fusion import fuse_groups
+from cvmc.passes.fusion import fuse_groups, fuse_kernels
 from cvmc.passes.precision import infer_precision
 from cvmc.reference import reference_run
 from tests.codegen.op_cases import rand
@@ -64,9 +64,15 @@ def test_conv_absorbs_its_elementwise_epilogue():
     assert groups[0].inputs == ["x", "w"] and groups[0].outputs == ["r"]
 
 
-def test_cuda_keeps_conv_alone():
-    assert [g.ops for g in fuse_groups(cnn(), absorb_epilogues=False)][:2] == \
-        [["conv2d"], ["cvm_right_shift", "cvm_clip", "relu"]]
+def test_cuda_fuses_epilogues_into_conv2d_only():
+    """On CUDA conv2d (cvmc's own schedule) takes its epilogue; dense (dlight) does not."""
+    assert [len(k) for k in fuse_kernels(cnn(), "cuda").kernels] == [4, 1, 1, 1]
+    fc = graph({"x": ((1, 27), 8)}, [
+        ("dense", ["x", "dw"], "y", {}),
+        ("cvm_right_shift", ["y"], "s", {"precision": 8, "shift_bit": 4}),
+    ], ["s"], {"dw": rand((4, 27), 8, 2)})
+    assert [len(k) for k in fuse_kernels(fc, "cuda").kernels] == [1, 1]
+    assert [len(k) for k in fuse_kernels(fc, "llvm").kernels] == [2]
 
 
 def test_shared_values_outputs_and_reductions_end_groups():
