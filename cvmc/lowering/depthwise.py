@@ -18,10 +18,15 @@ each input vector) has nothing to share; it ran at 8-30 GOPS. This schedule:
   as an interleaved access (wide load + shuffle). Vectorising 56- or 112-column rows in
   TIR was 1.7-4x slower: per-lane byte gathers (`vpinsrb`) for stride 2, and odd-length
   vectors (56 lanes) that LLVM legalised element by element (`vpinsrd`/`vpextrd`).
-  Exception, measured: a stride-1 row of at most 16 columns (the 14x14 and 7x7 layers)
-  is one TIR vector with the window's taps outside it: 2x faster at 14 columns (a trip
-  count that short leaves LLVM's vectoriser in its remainder loop), 1.1x at 7; at
-  stride 2 the TIR vector's gathers lose (1.6x slower at 7 columns).
+- exception, measured: a row of at most 16 output columns (the 28x28 stride-2, 14x14 and
+  7x7 layers) is one TIR vector with the window's taps outside it, 2x faster at 14
+  columns (so short a trip count leaves LLVM's vectoriser in its remainder loop), 1.1x at
+  7. At stride 2 its reads must be contiguous: the padded plane is stored with even and
+  odd columns apart (`w -> (w % 2, w // 2)`, an odd width padded with a zero column),
+  so tap `kx` of output column `q` reads
+  column `q + kx // 2` of half `kx % 2` (2.2x faster on 256x28x28, 1.25x on 512x14x14).
+  Long stride-2 rows keep LLVM's interleaved loads: there the copy into the split layout
+  (scalar byte stores) cost more than it saved (1.7-2.4x slower on 112 and 56 columns).
 """
 from __future__ import annotations
 
@@ -48,7 +53,10 @@ def schedule_depthwise(sch, func_name: str) -> None:
     root = sch.get_sblock("root", func_name=func_name)
     pads = [b for b in sch.get_child_blocks(root) if MATERIALIZE in sch.get(b).annotations]
     n, c, p, q, rc, ry, rx = sch.get_loops(conv)
-    short = int(sch.get(q).extent) <= _SHORT_ROW and _column_stride(sch.get(conv)) == 1
+    stride = _column_stride(sch.get(conv))
+    fits = int(sch.get(q).extent) <= _SHORT_ROW
+    split_columns = fits and stride == 2 and bool(pads)
+    short = fits and (stride == 1 or split_columns)
     if short:
         sch.reorder(rc, ry, rx, q)
     plane = sch.fuse(n, c)
@@ -62,6 +70,9 @@ def schedule_depthwise(sch, func_name: str) -> None:
         # The zero fill goes before the plane's rows. A padding TVM could not decompose
         # would keep its bounds test: slower, still correct.
         _try(sch, lambda s, b=pad: s.decompose_padding(b, s.get_loops(b)[1]))
+        if split_columns:
+            sch.transform_layout(pad, ("write", 0), lambda n, c, h, w: (n, c, h, w % 2, w // 2),
+                                 pad_value=0)
     sch.unroll(ry)
     sch.unroll(rx)
     if short:

@@ -20,8 +20,9 @@ from tests.lowering.test_fusion_and_plan import graph
 from tests.lowering.test_packed_conv import compiled_vs_reference, conv_graph
 
 # name: (channels, input H x W, kernel, {stride, padding, dilation}, bias?, epilogue?)
-# Widths 7, 13 and 56 are not multiples of a 16-lane vector; rows of at most 16 output
-# columns at stride 1 take the schedule's short-row path, the others LLVM's vectoriser.
+# Widths 7, 13 and 56 are not multiples of a 16-lane vector. Rows of at most 16 output
+# columns take the schedule's short-row path (at column stride 2 with padding, through the
+# even/odd column split of the padded plane); the others LLVM's loop vectoriser.
 GEOMETRIES = {
     "c1 7x7 pad 1 epilogue": (1, (7, 7), 3, {"padding": [1, 1]}, True, True),
     "c3 13x13 pad 0": (3, (13, 13), 3, {}, True, False),
@@ -46,6 +47,8 @@ GEOMETRIES = {
     "c16 9x13 pad 0x1": (16, (9, 13), 3, {"padding": [0, 1]}, True, True),
     "c16 8x13 stride 1x2": (16, (8, 13), 3, {"padding": [1, 1], "stride": [1, 2]}, True,
                             True),
+    "c33 9x13 pad 1x0 stride 2": (33, (9, 13), 3, {"padding": [1, 0], "stride": [2, 2]},
+                                  True, True),
     "c16 8x13 stride 2x1": (16, (8, 13), 3, {"padding": [1, 1], "stride": [2, 1]}, True,
                             True),
 }
