@@ -22,9 +22,9 @@ each input vector) has nothing to share; it ran at 8-30 GOPS. This schedule:
   7x7 layers) is one TIR vector with the window's taps outside it, 2x faster at 14
   columns (so short a trip count leaves LLVM's vectoriser in its remainder loop), 1.1x at
   7. At stride 2 its reads must be contiguous: the padded plane is stored with even and
-  odd columns apart (`w -> (w % 2, w // 2)`, an odd width padded with a zero column),
-  so tap `kx` of output column `q` reads
-  column `q + kx // 2` of half `kx % 2` (2.2x faster on 256x28x28, 1.25x on 512x14x14).
+  odd columns apart (`w -> (w % 2, w // 2)`, an odd width padded with a zero column), so
+  tap `kx` of output column `q` reads column `q + kx // 2` of half `kx % 2` (2.2x faster
+  on 256x28x28, 1.25x on 512x14x14).
   Long stride-2 rows keep LLVM's interleaved loads: there the copy into the split layout
   (scalar byte stores) cost more than it saved (1.7-2.4x slower on 112 and 56 columns).
 """
@@ -37,7 +37,7 @@ from cvmc.lowering.schedule import MATERIALIZE, _try, _uses, inline_all, vectori
 # shapes (an ordinary conv, a grouped one with several channels per group and a depthwise
 # one with a channel multiplier all share the block's form).
 DEPTHWISE = "cvmc.depthwise"
-# A stride-1 output row this short is one TIR vector (one AVX-512 register of int32).
+# An output row this short is one TIR vector (one AVX-512 register of int32).
 _SHORT_ROW = 16
 
 
