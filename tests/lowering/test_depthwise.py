@@ -22,10 +22,13 @@ from tests.lowering.test_packed_conv import compiled_vs_reference, conv_graph
 # name: (channels, input H x W, kernel, {stride, padding, dilation}, bias?, epilogue?)
 # Widths 7, 13 and 56 are not multiples of a 16-lane vector. Rows of at most 16 output
 # columns take the schedule's short-row path (at column stride 2 with padding, through the
-# even/odd column split of the padded plane); the others LLVM's loop vectoriser.
+# even/odd column split of the padded plane; below 8 columns at stride 1, through an int32
+# padded plane); the others LLVM's loop vectoriser.
 GEOMETRIES = {
     "c1 7x7 pad 1 epilogue": (1, (7, 7), 3, {"padding": [1, 1]}, True, True),
     "c3 13x13 pad 0": (3, (13, 13), 3, {}, True, False),
+    "c16 7x7 pad 1 epilogue": (16, (7, 7), 3, {"padding": [1, 1]}, True, True),
+    "c33 9x9 5x5 pad 1 no bias": (33, (9, 9), 5, {"padding": [1, 1]}, False, True),
     "c16 56x56 pad 1 epilogue": (16, (56, 56), 3, {"padding": [1, 1]}, True, True),
     "c32 14x14 pad 1 epilogue": (32, (14, 14), 3, {"padding": [1, 1]}, False, True),
     "c32 14x14 stride 2": (32, (14, 14), 3, {"padding": [1, 1], "stride": [2, 2]}, True,
