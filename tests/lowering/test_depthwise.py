@@ -20,10 +20,10 @@ from tests.lowering.test_fusion_and_plan import graph
 from tests.lowering.test_packed_conv import compiled_vs_reference, conv_graph
 
 # name: (channels, input H x W, kernel, {stride, padding, dilation}, bias?, epilogue?)
-# Widths 7, 13 and 56 are not multiples of a 16-lane vector. Rows of at most 16 output
-# columns take the schedule's short-row path (at column stride 2 with padding, through the
-# even/odd column split of the padded plane; below 8 columns at stride 1, through an int32
-# padded plane); the others LLVM's loop vectoriser.
+# Widths 7, 13, 26, 56 and 69 are not multiples of a 16-lane vector; they cover each path
+# of the schedule: rows of up to 32 output columns vectorised in TIR (at stride 1, under 8
+# columns through an int32 padded plane), longer ones by LLVM, and at column stride 2 with
+# padding the padded plane split into even and odd columns (odd widths included).
 GEOMETRIES = {
     "c1 7x7 pad 1 epilogue": (1, (7, 7), 3, {"padding": [1, 1]}, True, True),
     "c3 13x13 pad 0": (3, (13, 13), 3, {}, True, False),
@@ -37,6 +37,8 @@ GEOMETRIES = {
                                       True, False),
     "c16 56x56 stride 2 epilogue": (16, (56, 56), 3, {"padding": [1, 1], "stride": [2, 2]},
                                     True, True),
+    "c16 6x26 pad 1": (16, (6, 26), 3, {"padding": [1, 1]}, True, True),
+    "c3 5x69 stride 2": (3, (5, 69), 3, {"padding": [1, 1], "stride": [2, 2]}, True, True),
     "c3 13x13 5x5 pad 2": (3, (13, 13), 5, {"padding": [2, 2]}, True, True),
     "c16 9x56 5x5 stride 2 pad 2": (16, (9, 56), 5, {"padding": [2, 2], "stride": [2, 2]},
                                     False, True),
