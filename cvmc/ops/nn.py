@@ -86,10 +86,10 @@ def _lower_bias(y, xs, axis: int, name: str):
 
 
 def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int,
-                   dtype: str = "int32"):
+                   dtype: str | None = None):
     """(n, c, i, j) -> x[n, c, i - ph, j - pw] inside the input, `value` outside (spec pad()),
-    as `dtype` (narrowed inside the select, so that the select is the whole stored value:
-    the pattern TVM's `decompose_padding` recognises).
+    converted to `dtype` if given (inside the select, so that a stage storing it stores the
+    select itself: the pattern TVM's `decompose_padding` recognises).
 
     `rows` x `cols` is the extent of padded coordinates the consumer reads. A bound is
     tested only where a read can cross it: the low side when there is padding, the high
@@ -103,8 +103,11 @@ def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int,
     def read(n, c, i, j):
         tests = [t for need, t in ((low_h, i >= ph), (high_h, i < h + ph), (low_w, j >= pw),
                                    (high_w, j < w + pw)) if need]
-        pixel = x[n, c, i - ph, j - pw].astype(dtype)
-        return tirx.if_then_else(tirx.all(*tests), pixel, const(value, dtype)) if tests else pixel
+        pixel = x[n, c, i - ph, j - pw]
+        if dtype:
+            pixel = pixel.astype(dtype)
+        return tirx.if_then_else(tirx.all(*tests), pixel, const(value, dtype or "int32")) \
+            if tests else pixel
     return read
 
 
