@@ -70,9 +70,11 @@ def kernel_rules(plan: dict) -> list[tuple[str, str]]:
     return [(k["ops"][0], k["schedule"]) for k in plan["kernels"]]
 
 
+# The host CPU (AVX-512 here), AVX2 and plain SSE2: the rule assumes no vector width.
+@pytest.mark.parametrize("mcpu", [None, "haswell", "x86-64"])
 @pytest.mark.parametrize("name", GEOMETRIES)
-def test_depthwise_conv_is_exact(name):
-    plan = compiled_vs_reference(depthwise_graph(name))
+def test_depthwise_conv_is_exact(name, mcpu):
+    plan = compiled_vs_reference(depthwise_graph(name), mcpu)
     ((anchor, rule),) = kernel_rules(plan)
     if GEOMETRIES[name][0] == 1:  # groups = 1, an ordinary conv too: the layout pass packs it
         assert anchor == "conv2d_packed"
