@@ -85,8 +85,11 @@ def _lower_bias(y, xs, axis: int, name: str):
     return te.compute(y.shape, lambda *i: y(*i) + b[i[axis]], name=name)
 
 
-def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int):
-    """(n, c, i, j) -> x[n, c, i - ph, j - pw] inside the input, `value` outside (spec pad()).
+def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int,
+                   dtype: str | None = None):
+    """(n, c, i, j) -> x[n, c, i - ph, j - pw] inside the input, `value` outside (spec pad()),
+    converted to `dtype` if given (inside the select, so that a stage storing it stores the
+    select itself: the pattern TVM's `decompose_padding` recognises).
 
     `rows` x `cols` is the extent of padded coordinates the consumer reads. A bound is
     tested only where a read can cross it: the low side when there is padding, the high
@@ -101,7 +104,10 @@ def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int):
         tests = [t for need, t in ((low_h, i >= ph), (high_h, i < h + ph), (low_w, j >= pw),
                                    (high_w, j < w + pw)) if need]
         pixel = x[n, c, i - ph, j - pw]
-        return tirx.if_then_else(tirx.all(*tests), pixel, const(value)) if tests else pixel
+        if dtype:
+            pixel = pixel.astype(dtype)
+        return tirx.if_then_else(tirx.all(*tests), pixel, const(value, dtype or "int32")) \
+            if tests else pixel
     return read
 
 
@@ -209,6 +215,7 @@ def _conv2d_reference(xs, a):
 
 @conv2d.lower
 def _conv2d_lower(xs, a):
+    from cvmc.lowering.depthwise import DEPTHWISE
     from cvmc.lowering.schedule import MATERIALIZE
     from cvmc.lowering.te_facade import shape_of, te
     x, w = xs[0], xs[1]
@@ -219,15 +226,17 @@ def _conv2d_lower(xs, a):
     oh, ow = _conv_out_hw(shape_of(x), shape_of(w), a)
     _, c, h, wd = shape_of(x)
     padded = (n, c, h + 2 * a.padding[0], wd + 2 * a.padding[1])
-    read = _padded_reader(x, a.padding[0], a.padding[1], 0, padded[2], padded[3])
     if a.padding[0] or a.padding[1]:
         # Its own stage, marked for the CPU schedule to keep as a buffer: the conv's inner
         # loop then reads without a bounds test and vectorises (other schedules inline it).
         # Stored as int8: conv2d's data has precision <= 8 (|x| <= 127), so the narrowing
         # is exact, and the buffer is a quarter of an int32 one.
-        stage = te.compute(padded, lambda *i: read(*i).astype("int8"), name="conv2d_pad",
-                           attrs={MATERIALIZE: 1})
+        stage = te.compute(padded, _padded_reader(x, a.padding[0], a.padding[1], 0, padded[2],
+                                                  padded[3], "int8"),
+                           name="conv2d_pad", attrs={MATERIALIZE: 1})
         read = lambda *i: stage(*i).astype("int32")
+    else:
+        read = x
     rc = te.reduce_axis((0, ic), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
@@ -236,7 +245,10 @@ def _conv2d_lower(xs, a):
         # int32 inputs: products < 2^14 and the precision rule keeps the sum inside int32.
         pixel = read(b, o // opg * ic + rc, p * sh + ry * dh, q * sw + rx * dw)
         return te.sum(pixel * w[o, rc, ry, rx], axis=[rc, ry, rx])
-    y = te.compute((n, oc, oh, ow), acc, name="conv2d")
+    # Depthwise (one input channel per group, one output channel per input channel): the
+    # op says so on its block, and the CPU schedule table gives that block its own rule.
+    y = te.compute((n, oc, oh, ow), acc, name="conv2d",
+                   attrs={DEPTHWISE: 1} if a.groups == c == oc else {})
     return _lower_bias(y, xs, 1, "conv2d_bias")
 
 
