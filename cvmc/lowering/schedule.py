@@ -17,6 +17,10 @@ _VECTOR_WIDTHS = (64, 32, 16, 8, 4)
 # Block annotation a lower rule puts on a stage the CPU schedule must keep as a buffer
 # rather than inline (conv padding: the conv's inner loop then reads without a test).
 MATERIALIZE = "cvmc.materialize"
+# Block annotation [axis, start, stop]: the block's value along iterator `axis` is padding
+# outside [start, stop). `split_interior` partitions that loop so the interior part runs
+# without the padding test (TVM's simplifier drops it there), and vectorises.
+INTERIOR = "cvmc.interior"
 # Conv register tile: up to 16 output channels x 16 int32 lanes (one AVX-512 register
 # each) stay in registers across the reduction loops (16 x 16 measured best on Zen 4).
 _TILE_CHANNELS = 16
@@ -168,6 +172,17 @@ def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:
             _try(sch, lambda s, blk=b: parallelize_rows(s, blk))
         elif sch.get(b).name_hint not in tiled:
             _try(sch, lambda s, blk=b: _parallelize(s, blk, vectorize))
+
+
+def split_interior(sch, block) -> None:
+    """Partition the loop of `block`'s INTERIOR axis into the border before the interior,
+    the interior and the border after it (call before fusing that loop with others)."""
+    axis, start, stop = (int(v) for v in sch.get(block).annotations[INTERIOR])
+    loop = sch.get_loops(block)[axis]
+    extent = int(sch.get(loop).extent)
+    cuts = [c for c in (start, stop) if 0 < c < extent]  # no empty part
+    if cuts:  # loop_partition takes the sizes of all parts but the last (the rest)
+        sch.loop_partition(loop, [b - a for a, b in zip([0, *cuts], cuts)])
 
 
 def parallelize_rows(sch, block) -> None:

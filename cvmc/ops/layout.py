@@ -189,7 +189,7 @@ def _conv2d_packed_reference(xs, a):
 
 @conv2d_packed.lower
 def _conv2d_packed_lower(xs, a):
-    from cvmc.lowering.schedule import MATERIALIZE
+    from cvmc.lowering.schedule import INTERIOR, MATERIALIZE
     from cvmc.lowering.te_facade import const, shape_of, te, tirx
     x, wp, comp = xs[0], xs[1], xs[2]
     n, c, h, w = shape_of(x)
@@ -202,9 +202,11 @@ def _conv2d_packed_lower(xs, a):
         inside = tirx.all(channel < c, i >= ph, i < h + ph, j >= pw, j < w + pw)
         value = x[b, tirx.min(channel, c - 1), i - ph, j - pw] + 128
         return tirx.if_then_else(inside, value, const(128)).astype("uint8")
-    # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word).
+    # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word);
+    # its columns outside [pw, w + pw) are padding (the schedule copies the others
+    # without a test).
     u = te.compute((n, icb, h + 2 * ph, w + 2 * pw, IC_BLOCK), byte, name="conv2d_packed_data",
-                   attrs={MATERIALIZE: 1})
+                   attrs={MATERIALIZE: 1, INTERIOR: [3, pw, w + pw]})
     rcb = te.reduce_axis((0, icb), name="rcb")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
