@@ -32,14 +32,23 @@ def _root_blocks(sch, func_name: str):
 
 
 def inline_all(sch, func_name: str) -> None:
-    """Inline every non-output block into its consumer (or its producer) until none can."""
+    """Inline every non-output block into its consumer (or its producer) until none can.
+    A block marked INTERIOR keeps its annotation for the schedule: its consumers are
+    inlined into it rather than it into them."""
     changed = True
     while changed:
         changed = False
         root = sch.get_sblock("root", func_name=func_name)
         outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
         for b in sch.get_child_blocks(root):
-            if sch.get(b).name_hint in outputs or MATERIALIZE in sch.get(b).annotations:
+            annotations = sch.get(b).annotations
+            if INTERIOR in annotations and MATERIALIZE not in annotations:
+                consumers = sch.get_consumers(b)
+                if consumers and _try(sch, lambda s, c=consumers[0]: s.reverse_compute_inline(c)):
+                    changed = True
+                    break
+                continue
+            if sch.get(b).name_hint in outputs or MATERIALIZE in annotations:
                 continue
             if _try(sch, lambda s, blk=b: s.compute_inline(blk)) or \
                     _try(sch, lambda s, blk=b: s.reverse_compute_inline(blk)):
@@ -170,6 +179,8 @@ def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:
     for b in _root_blocks(sch, func_name):
         if MATERIALIZE in sch.get(b).annotations:
             _try(sch, lambda s, blk=b: parallelize_rows(s, blk))
+        elif INTERIOR in sch.get(b).annotations:
+            _try(sch, lambda s, blk=b: parallelize_interior(s, blk))
         elif sch.get(b).name_hint not in tiled:
             _try(sch, lambda s, blk=b: _parallelize(s, blk, vectorize))
 
@@ -183,6 +194,17 @@ def split_interior(sch, block) -> None:
     cuts = [c for c in (start, stop) if 0 < c < extent]  # no empty part
     if cuts:  # loop_partition takes the sizes of all parts but the last (the rest)
         sch.loop_partition(loop, [b - a for a, b in zip([0, *cuts], cuts)])
+
+
+def parallelize_interior(sch, block) -> None:
+    """Parallel over the loops outside `block`'s INTERIOR axis; that loop split by
+    `split_interior`, each part left whole with its inner loops for LLVM, which
+    vectorises the interior's test-free copy."""
+    axis = int(sch.get(block).annotations[INTERIOR][0])
+    outer = sch.get_loops(block)[:axis]
+    split_interior(sch, block)
+    if outer:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
 def parallelize_rows(sch, block) -> None:

@@ -15,7 +15,12 @@ from __future__ import annotations
 
 import functools
 
-from cvmc.lowering.schedule import inline_all, largest_divisor, split_interior, vectorize_under
+from cvmc.lowering.schedule import (
+    inline_all,
+    largest_divisor,
+    parallelize_interior,
+    vectorize_under,
+)
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
 _COLUMN_TILE = 14  # output columns per tile
@@ -114,6 +119,4 @@ def _schedule_data(sch, block) -> None:
     splitting them into parallel tasks: measured on a 1x1 conv, 256 -> 64, 56x56). The
     columns are split into the padding borders and the interior, whose copy then has no
     per-column test (the row's test is the same for the whole row)."""
-    n, cb, h, _, _ = sch.get_loops(block)
-    split_interior(sch, block)
-    sch.parallel(sch.fuse(n, cb, h))
+    parallelize_interior(sch, block)
