@@ -15,6 +15,12 @@ picks VNNI, or a plain vector loop, for it.
 A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes.
 Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
 a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
+
+`block_activations` then keeps the activations between two such convs in the kernels'
+own layout, NCHW16c: a conv2d_packed whose result (after its unary element-wise epilogue:
+shift, clip, relu) feeds another conv2d_packed's data writes it blocked and that conv
+reads it blocked; a `layout_transform` back to NCHW serves any other consumer and a graph
+output.
 """
 from __future__ import annotations
 
@@ -22,8 +28,8 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.layout import MAX_PACKED_REDUCTION, WEIGHT_LAYOUT
-from cvmc.ops.registry import Attrs
+from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIGHT_LAYOUT
+from cvmc.ops.registry import Attrs, Fusion
 from cvmc.passes.precision import infer_precision
 
 
@@ -52,12 +58,7 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
         return output
 
     def fresh(stem: str) -> str:
-        name, k = stem, 0
-        while name in taken:
-            k += 1
-            name = f"{stem}_{k}"
-        taken.add(name)
-        return name
+        return _fresh(stem, taken)
 
     def packed_conv(x: str, w: str, bias: list[str], attrs: dict, out: str, span) -> None:
         oc = types[w].shape[0]
@@ -85,3 +86,89 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
         packed_conv(x4, w4, bias, {}, y4, node.span)
         add("reshape", (y4,), {"target_shape": [m, n]}, out, node.span)
     return infer_precision(graph.replace(nodes=nodes, types=types))
+
+
+def _blocked_chain(node: Node, consumers, outputs) -> list[Node]:
+    """`node` (a conv2d_packed writing NCHW) and its unary element-wise epilogue: the nodes
+    whose values can be blocked, up to a value that is a graph output or that several
+    nodes (or a non-element-wise one) read."""
+    chain = [node]
+    while True:
+        value = chain[-1].outputs[0]
+        users = consumers.get(value, [])
+        if value in outputs or len(users) != 1 or len(users[0].inputs) != 1 or \
+                lookup(users[0].op).fusion is not Fusion.ELEMWISE:
+            return chain
+        chain.append(users[0])
+
+
+def _reads_blocked(node: Node, value: str) -> bool:
+    """True if `node` can read `value` in NCHW16c: a conv2d_packed taking it as its data."""
+    return node.op == "conv2d_packed" and node.inputs[0] == value and \
+        node.attrs["data_layout"] == "NCHW"
+
+
+def block_activations(graph: Graph, target: str | None = None) -> Graph:
+    """Keep conv2d_packed -> [unary element-wise ops] -> conv2d_packed activations in
+    NCHW16c (the pipeline runs it for llvm only). Only a conv with a multiple of 16
+    output channels is blocked: a blocked tensor then holds no padding channel, so every
+    op in between computes exactly the values it computed on NCHW."""
+    consumers, outputs = graph.consumers(), set(graph.outputs)
+    taken = set(graph.values())
+    attrs = {id(n): dict(n.attrs) for n in graph.nodes}
+    renamed: dict[str, str] = {}  # chain end -> its blocked value's name
+    unblock: dict[int, Node] = {}  # id(last node of a chain) -> the layout_transform after it
+    for node in graph.nodes:
+        if node.op != "conv2d_packed" or node.attrs["out_layout"] != "NCHW" or \
+                node.attrs["channels"] % OC_BLOCK:
+            continue
+        chain = _blocked_chain(node, consumers, outputs)
+        end = chain[-1].outputs[0]
+        readers = [c for c in consumers.get(end, []) if _reads_blocked(c, end)]
+        if not readers:
+            continue
+        attrs[id(node)]["out_layout"] = BLOCKED_LAYOUT
+        for reader in readers:
+            attrs[id(reader)]["data_layout"] = BLOCKED_LAYOUT
+        if end in outputs or len(readers) < len(consumers[end]):
+            # The others (and the graph output) keep the NCHW value under its name.
+            blocked = _fresh(f"{end}_{BLOCKED_LAYOUT.lower()}", taken)
+            renamed[end] = blocked
+            unblock[id(chain[-1])] = Node(
+                "layout_transform", (blocked,), (end,),
+                {"src_layout": BLOCKED_LAYOUT, "dst_layout": "NCHW"}, span=chain[-1].span)
+    nodes = []
+    for n in graph.nodes:
+        reads_blocked = n.op == "conv2d_packed" and attrs[id(n)]["data_layout"] != "NCHW"
+        inputs = (renamed.get(n.inputs[0], n.inputs[0]), *n.inputs[1:]) if reads_blocked \
+            else n.inputs
+        nodes.append(Node(n.op, inputs, tuple(renamed.get(o, o) for o in n.outputs),
+                          attrs[id(n)], span=n.span))
+        if id(n) in unblock:
+            nodes.append(unblock[id(n)])
+    return infer_precision(graph.replace(nodes=nodes,
+                                         types=_infer_shapes(graph, nodes, renamed)))
+
+
+def _fresh(stem: str, taken: set[str]) -> str:
+    """A value name not yet in `taken` (added to it)."""
+    name, k = stem, 0
+    while name in taken:
+        k += 1
+        name = f"{stem}_{k}"
+    taken.add(name)
+    return name
+
+
+def _infer_shapes(graph: Graph, nodes: list[Node], renamed: dict[str, str]
+                  ) -> dict[str, TensorType]:
+    """Value types with every node output's shape inferred again, in order; a renamed
+    value's new name takes its dtype (precisions are inferred afterwards)."""
+    known = set(graph.inputs) | set(graph.weights())
+    types = {k: v for k, v in graph.types.items() if k in known}
+    dtypes = {o: graph.types[o].dtype for n in graph.nodes for o in n.outputs}
+    dtypes.update({new: dtypes[old] for old, new in renamed.items()})
+    for n in nodes:
+        shapes = lookup(n.op).infer_shapes([types[i] for i in n.inputs], Attrs(n.attrs))
+        types.update({o: TensorType(shape, dtypes[o]) for o, shape in zip(n.outputs, shapes)})
+    return types
