@@ -23,12 +23,16 @@ from cvmc.lowering.schedule import (
 )
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
-_COLUMN_TILE = 14  # output columns per tile
+# Output columns per tile: the largest divisor of the row up to 16 (14 on 56-, 28- and
+# 14-wide rows; 16 on ResNet's 112-wide 7x7/2 first conv, where 14 ran 1.33 ms and 16
+# 0.91 ms at 1 thread).
+_COLUMN_TILE = 16
 # Accumulator registers per tile (columns x output channel blocks). 28 would fit the 32
 # zmm registers with a broadcast input word and a weight vector per block, but LLVM keeps
 # the unrolled kernel window's broadcast words live to reuse them at the next tap: at 28
-# it spills (14x14 3x3 conv 256 -> 256: 0.53 -> 0.68 ms, 1 thread), at 14 it does not.
-_ACCUMULATORS = 14
+# it spills (14x14 3x3 conv 256 -> 256: 0.53 -> 0.68 ms, 1 thread), at 14 or 16 it does
+# not.
+_ACCUMULATORS = 16
 # Parallel tasks (n x output channel block groups x rows) a tile shape must leave, so 2
 # threads stay balanced.
 _MIN_TASKS = 16

@@ -93,6 +93,7 @@ def test_packed_conv_is_exact_on_every_path(geometry, mcpu):
 @pytest.mark.parametrize("n, blocks, rows, columns, tile", [
     (1, 32, 7, 7, (7, 2)),  # ResNet-18's last stage: 2 blocks of 16 channels per tile
     (1, 16, 14, 14, (14, 1)),  # 14 columns fill the accumulators alone
+    (1, 4, 112, 112, (16, 1)),  # ResNet-18's first conv: 16 columns
     (1, 8, 5, 5, (5, 2)),  # "narrow, 2 channel blocks" above
     (1, 4, 3, 3, (3, 1)),  # 2 blocks would leave 6 parallel tasks
     (1, 63, 1, 1, (1, 3)),  # dense 512 -> 1000: 21 tasks of 3 blocks
