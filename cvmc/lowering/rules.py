@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from cvmc.lowering.cuda import schedule_conv_cuda
 from cvmc.lowering.lower import ANCHOR_ATTR
-from cvmc.lowering.schedule import schedule_cpu
+from cvmc.lowering.schedule import schedule_cpu, schedule_layout_transform
 from cvmc.lowering.x86 import schedule_conv_packed
 
 
@@ -34,6 +34,7 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     # Any CPU (AVX2, AVX-512 without VNNI, or none): 16 output channels per int32 vector.
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
+    ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]
 # When LLVM rejects a vectorised kernel, the whole module is rebuilt with this one.

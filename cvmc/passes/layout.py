@@ -16,11 +16,11 @@ A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two resh
 Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
 a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
 
-`block_activations` then keeps the activations between two such convs in the kernels'
-own layout, NCHW16c: a conv2d_packed whose result (after its unary element-wise epilogue:
-shift, clip, relu) feeds another conv2d_packed's data writes it blocked and that conv
-reads it blocked; a `layout_transform` back to NCHW serves any other consumer and a graph
-output.
+`block_activations` then keeps the activations between such convs in the kernels' own
+layout, NCHW16c: a conv2d_packed result that feeds another conv2d_packed's data, through
+element-wise epilogues (shift, clip, relu) and residual joins (elemwise_add), is written
+blocked and read blocked; a `layout_transform` to NCHW16c brings a join's other operand
+in (a pool's result), one back to NCHW serves any other reader and a graph output.
 """
 from __future__ import annotations
 
@@ -88,64 +88,87 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
     return infer_precision(graph.replace(nodes=nodes, types=types))
 
 
-def _blocked_chain(node: Node, consumers, outputs) -> list[Node]:
-    """`node` (a conv2d_packed writing NCHW) and its unary element-wise epilogue: the nodes
-    whose values can be blocked, up to a value that is a graph output or that several
-    nodes (or a non-element-wise one) read."""
-    chain = [node]
-    while True:
-        value = chain[-1].outputs[0]
-        users = consumers.get(value, [])
-        if value in outputs or len(users) != 1 or len(users[0].inputs) != 1 or \
-                lookup(users[0].op).fusion is not Fusion.ELEMWISE:
-            return chain
-        chain.append(users[0])
+def _elementwise(node: Node, types) -> bool:
+    """An element-wise node whose inputs all have its output's shape (no broadcasting):
+    it computes the same values on any layout of them."""
+    out = types[node.outputs[0]].shape
+    return lookup(node.op).fusion is Fusion.ELEMWISE and len(node.outputs) == 1 and \
+        all(types[i].shape == out for i in node.inputs)
 
 
-def _reads_blocked(node: Node, value: str) -> bool:
-    """True if `node` can read `value` in NCHW16c: a conv2d_packed taking it as its data."""
-    return node.op == "conv2d_packed" and node.inputs[0] == value and \
-        node.attrs["data_layout"] == "NCHW"
+def _whole_blocks(shape: tuple[int, ...]) -> bool:
+    """An NCHW shape whose channels fill NCHW16c blocks exactly."""
+    return len(shape) == 4 and shape[1] % OC_BLOCK == 0
+
+
+def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
+    """(values that can be computed blocked, seeds). A conv2d_packed result can, and so
+    can an element-wise node's when one of its inputs can: its other inputs (a ResNet
+    join's shortcut, e.g. a pool's result) are the seeds, blocked by a layout_transform.
+    Only whole blocks: a blocked tensor then holds no padding channel, so every op computes
+    exactly the values it computed on NCHW."""
+    types, blockable, seeds = graph.types, set(), set()
+    for node in graph.nodes:
+        out = node.outputs[0]
+        if not _whole_blocks(types[out].shape):
+            continue
+        if node.op == "conv2d_packed" and node.attrs["out_layout"] == "NCHW":
+            blockable.add(out)
+        elif _elementwise(node, types) and any(i in blockable for i in node.inputs):
+            others = [i for i in node.inputs if i not in blockable]
+            if not any(i in graph.constants for i in others):
+                seeds.update(others)
+                blockable.add(out)
+    return blockable, seeds
 
 
 def block_activations(graph: Graph, target: str | None = None) -> Graph:
-    """Keep conv2d_packed -> [unary element-wise ops] -> conv2d_packed activations in
-    NCHW16c (the pipeline runs it for llvm only). Only a conv with a multiple of 16
-    output channels is blocked: a blocked tensor then holds no padding channel, so every
-    op in between computes exactly the values it computed on NCHW."""
+    """Keep activations between conv2d_packed kernels in NCHW16c (the pipeline runs it for
+    llvm only): a value is blocked when it can be (`_blockable`) and a layout-aware node
+    reads it: a conv2d_packed as its data, or an element-wise node computing blocked. Any
+    other reader, and a graph output, reads an NCHW copy under the value's name."""
+    blockable, seeds = _blockable(graph)
     consumers, outputs = graph.consumers(), set(graph.outputs)
+    blocked: set[str] = set()
+
+    def aware(node: Node, value: str) -> bool:
+        """True if `node` reads `value` blocked once it is."""
+        if node.op == "conv2d_packed":
+            return node.inputs[0] == value and node.attrs["data_layout"] == "NCHW"
+        return node.outputs[0] in blocked and _elementwise(node, graph.types)
+
+    for value in reversed(list(graph.values())):  # readers are decided before their inputs
+        readers = [c for c in consumers.get(value, []) if aware(c, value)]
+        # A seed costs a transform: worth it for a blocked join only (a conv reads NCHW
+        # data as fast as blocked).
+        if readers and (value in blockable or value in seeds and any(
+                c.op != "conv2d_packed" for c in readers)):
+            blocked.add(value)
     taken = set(graph.values())
-    attrs = {id(n): dict(n.attrs) for n in graph.nodes}
-    renamed: dict[str, str] = {}  # chain end -> its blocked value's name
-    unblock: dict[int, Node] = {}  # id(last node of a chain) -> the layout_transform after it
-    for node in graph.nodes:
-        if node.op != "conv2d_packed" or node.attrs["out_layout"] != "NCHW" or \
-                node.attrs["channels"] % OC_BLOCK:
-            continue
-        chain = _blocked_chain(node, consumers, outputs)
-        end = chain[-1].outputs[0]
-        readers = [c for c in consumers.get(end, []) if _reads_blocked(c, end)]
-        if not readers:
-            continue
-        attrs[id(node)]["out_layout"] = BLOCKED_LAYOUT
-        for reader in readers:
-            attrs[id(reader)]["data_layout"] = BLOCKED_LAYOUT
-        if end in outputs or len(readers) < len(consumers[end]):
-            # The others (and the graph output) keep the NCHW value under its name.
-            blocked = _fresh(f"{end}_{BLOCKED_LAYOUT.lower()}", taken)
-            renamed[end] = blocked
-            unblock[id(chain[-1])] = Node(
-                "layout_transform", (blocked,), (end,),
-                {"src_layout": BLOCKED_LAYOUT, "dst_layout": "NCHW"}, span=chain[-1].span)
-    nodes = []
+    # The blocked version's name: a new one where the NCHW value stays too (seeds, values
+    # with other readers or that are graph outputs).
+    name = {v: _fresh(f"{v}_{BLOCKED_LAYOUT.lower()}", taken)
+            if v in seeds or v in outputs or not all(aware(c, v) for c in consumers[v]) else v
+            for v in sorted(blocked)}
+
+    def transform(value: str, to_blocked: bool, span=None) -> Node:
+        src, dst = (value, name[value]) if to_blocked else (name[value], value)
+        layouts = ("NCHW", BLOCKED_LAYOUT) if to_blocked else (BLOCKED_LAYOUT, "NCHW")
+        return Node("layout_transform", (src,), (dst,),
+                    {"src_layout": layouts[0], "dst_layout": layouts[1]}, span=span)
+    nodes = [transform(v, True) for v in graph.inputs if v in blocked]
     for n in graph.nodes:
-        reads_blocked = n.op == "conv2d_packed" and attrs[id(n)]["data_layout"] != "NCHW"
-        inputs = (renamed.get(n.inputs[0], n.inputs[0]), *n.inputs[1:]) if reads_blocked \
-            else n.inputs
-        nodes.append(Node(n.op, inputs, tuple(renamed.get(o, o) for o in n.outputs),
-                          attrs[id(n)], span=n.span))
-        if id(n) in unblock:
-            nodes.append(unblock[id(n)])
+        attrs = dict(n.attrs)
+        if n.op == "conv2d_packed" and n.outputs[0] in blocked:
+            attrs["out_layout"] = BLOCKED_LAYOUT
+        if n.op == "conv2d_packed" and n.inputs[0] in blocked:
+            attrs["data_layout"] = BLOCKED_LAYOUT
+        inputs = tuple(name[i] if i in blocked and aware(n, i) else i for i in n.inputs)
+        outs = tuple(name[o] if o in blocked and o not in seeds else o for o in n.outputs)
+        nodes.append(Node(n.op, inputs, outs, attrs, span=n.span))
+        nodes += [transform(o, o in seeds, n.span) for o in n.outputs
+                  if o in blocked and name[o] != o]
+    renamed = {v: name[v] for v in blocked}
     return infer_precision(graph.replace(nodes=nodes,
                                          types=_infer_shapes(graph, nodes, renamed)))
 
@@ -166,7 +189,7 @@ def _infer_shapes(graph: Graph, nodes: list[Node], renamed: dict[str, str]
     value's new name takes its dtype (precisions are inferred afterwards)."""
     known = set(graph.inputs) | set(graph.weights())
     types = {k: v for k, v in graph.types.items() if k in known}
-    dtypes = {o: graph.types[o].dtype for n in graph.nodes for o in n.outputs}
+    dtypes = {k: v.dtype for k, v in graph.types.items()}
     dtypes.update({new: dtypes[old] for old, new in renamed.items()})
     for n in nodes:
         shapes = lookup(n.op).infer_shapes([types[i] for i in n.inputs], Attrs(n.attrs))
