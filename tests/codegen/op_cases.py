@@ -128,6 +128,9 @@ CASES: list[OpCase] = [
     OpCase("take", [rand((4, 5), 12, 10), (np.array([0, 4, -1, 7, -9]), 6)]),
     OpCase("max_pool2d", [rand((1, 1, 7, 5), 8, 11)], {"pool_size": [2, 3], "strides": [3, 2],
                                                        "padding": [0, 0], "ceil_mode": True}),
+    # A window above _MAX_UNROLLED_WINDOW taps stays a reduction.
+    OpCase("max_pool2d", [rand((1, 2, 10, 11), 8, 25)], {"pool_size": [9, 9], "strides": [1, 2],
+                                                         "padding": [1, 1]}),
     # Border columns on both sides of a test-free interior (the CPU schedule splits them).
     OpCase("max_pool2d", [rand((1, 3, 5, 21), 8, 15)], {"pool_size": [3, 3], "strides": [2, 2],
                                                         "padding": [1, 1]}),
