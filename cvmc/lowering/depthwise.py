@@ -35,9 +35,9 @@ from __future__ import annotations
 
 from cvmc.lowering.schedule import (
     MATERIALIZE,
-    _uses,
     inline_all,
     largest_divisor,
+    uses,
     vectorize_under,
 )
 
@@ -120,6 +120,6 @@ def _column_stride(block) -> int | None:
     from tvm.sym.pattern import detect_linear_equation
 
     column = block.iter_vars[3].var  # iterators (batch, channel, row, column, reductions)
-    data = next(r for r in block.reads if _uses(r.region[-1].min, column))
+    data = next(r for r in block.reads if uses(r.region[-1].min, column))
     coeff = detect_linear_equation(data.region[-1].min, [column])
     return int(coeff[0]) if len(coeff) == 2 else None

@@ -191,8 +191,9 @@ def arith_ops(node: Node, types: Mapping[str, TensorType]) -> int:
     weight = types[node.inputs[1]].shape if len(node.inputs) > 1 else ()
     if node.op in ("conv2d", "conv2d_packed"):
         taps = weight[2] * weight[3]
-        return 2 * out.size * types[node.inputs[0]].shape[1] // node.attrs.get("groups", 1) \
-            * taps
+        data = types[node.inputs[0]].shape  # NCHW, or NCHW16c (conv2d_packed's data_layout)
+        channels = data[1] * (data[4] if len(data) == 5 else 1)
+        return 2 * out.size * channels // node.attrs.get("groups", 1) * taps
     if node.op == "dense":
         return 2 * out.size * weight[1]
     return sum(types[o].size for o in node.outputs)

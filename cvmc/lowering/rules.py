@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cvmc.lowering.cuda import schedule_conv_cuda
 from cvmc.lowering.depthwise import schedule_depthwise
 from cvmc.lowering.lower import ANCHOR_ATTR
-from cvmc.lowering.schedule import schedule_cpu
+from cvmc.lowering.schedule import schedule_cpu, schedule_layout_transform
 from cvmc.lowering.x86 import schedule_conv_packed
 
 
@@ -36,6 +36,7 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),
+    ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]
 # When LLVM rejects a vectorised kernel, the whole module is rebuilt with this one.

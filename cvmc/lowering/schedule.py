@@ -17,6 +17,10 @@ _VECTOR_WIDTHS = (64, 32, 16, 8, 4)
 # Block annotation a lower rule puts on a stage the CPU schedule must keep as a buffer
 # rather than inline (conv padding: the conv's inner loop then reads without a test).
 MATERIALIZE = "cvmc.materialize"
+# Block annotation [axis, start, stop]: the block's value along iterator `axis` is padding
+# outside [start, stop). `split_interior` partitions that loop so the interior part runs
+# without the padding test (TVM's simplifier drops it there), and vectorises.
+INTERIOR = "cvmc.interior"
 # Conv register tile: up to 16 output channels x 16 int32 lanes (one AVX-512 register
 # each) stay in registers across the reduction loops (16 x 16 measured best on Zen 4).
 _TILE_CHANNELS = 16
@@ -28,14 +32,23 @@ def _root_blocks(sch, func_name: str):
 
 
 def inline_all(sch, func_name: str) -> None:
-    """Inline every non-output block into its consumer (or its producer) until none can."""
+    """Inline every non-output block into its consumer (or its producer) until none can.
+    A block marked INTERIOR keeps its annotation for the schedule: its consumers are
+    inlined into it rather than it into them."""
     changed = True
     while changed:
         changed = False
         root = sch.get_sblock("root", func_name=func_name)
         outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)}
         for b in sch.get_child_blocks(root):
-            if sch.get(b).name_hint in outputs or MATERIALIZE in sch.get(b).annotations:
+            annotations = sch.get(b).annotations
+            if INTERIOR in annotations and MATERIALIZE not in annotations:
+                consumers = sch.get_consumers(b)
+                if consumers and _try(sch, lambda s, c=consumers[0]: s.reverse_compute_inline(c)):
+                    changed = True
+                    break
+                continue
+            if sch.get(b).name_hint in outputs or MATERIALIZE in annotations:
                 continue
             if _try(sch, lambda s, blk=b: s.compute_inline(blk)) or \
                     _try(sch, lambda s, blk=b: s.reverse_compute_inline(blk)):
@@ -84,7 +97,7 @@ def _parallelize(sch, block, vectorize: bool) -> None:
         sch.parallel(fused)
 
 
-def _uses(expr, var) -> bool:
+def uses(expr, var) -> bool:
     """True if `var` occurs in `expr`."""
     from tvm.tirx.analysis import undefined_vars
 
@@ -107,11 +120,11 @@ def _conv_axes(sch, block_rv) -> tuple[int, int] | None:
         return None
     vec = iters[spatial - 1]
     reads = [r for r in block.reads if not any(r.source.same_as(w.source) for w in block.writes)]
-    if not any(_uses(r.region[-1].min, vec) for r in reads):
+    if not any(uses(r.region[-1].min, vec) for r in reads):
         return None
-    weights = [r for r in reads if not any(_uses(d.min, vec) for d in r.region)]
+    weights = [r for r in reads if not any(uses(d.min, vec) for d in r.region)]
     channel = next((i for i in range(spatial - 1)
-                    if any(_uses(d.min, iters[i]) for r in weights for d in r.region)), None)
+                    if any(uses(d.min, iters[i]) for r in weights for d in r.region)), None)
     return None if channel is None else (channel, spatial - 1)
 
 
@@ -166,8 +179,44 @@ def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:
     for b in _root_blocks(sch, func_name):
         if MATERIALIZE in sch.get(b).annotations:
             _try(sch, lambda s, blk=b: parallelize_rows(s, blk))
+        elif INTERIOR in sch.get(b).annotations:
+            _try(sch, lambda s, blk=b: parallelize_interior(s, blk))
         elif sch.get(b).name_hint not in tiled:
             _try(sch, lambda s, blk=b: _parallelize(s, blk, vectorize))
+
+
+def split_interior(sch, block) -> None:
+    """Partition the loop of `block`'s INTERIOR axis into the border before the interior,
+    the interior and the border after it (call before fusing that loop with others)."""
+    axis, start, stop = (int(v) for v in sch.get(block).annotations[INTERIOR])
+    loop = sch.get_loops(block)[axis]
+    extent = int(sch.get(loop).extent)
+    cuts = [c for c in (start, stop) if 0 < c < extent]  # no empty part
+    if cuts:  # loop_partition takes the sizes of all parts but the last (the rest)
+        sch.loop_partition(loop, [b - a for a, b in zip([0, *cuts], cuts)])
+
+
+def parallelize_interior(sch, block) -> None:
+    """Parallel over the loops outside `block`'s INTERIOR axis; that loop split by
+    `split_interior`, each part left whole with its inner loops for LLVM, which
+    vectorises the interior's test-free copy."""
+    axis = int(sch.get(block).annotations[INTERIOR][0])
+    outer = sch.get_loops(block)[:axis]
+    split_interior(sch, block)
+    if outer:
+        sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+
+
+def schedule_layout_transform(sch, func_name: str) -> None:
+    """A layout_transform kernel: parallel over all loops but the innermost (the inner
+    block: 16 channels of NCHW16c), which TVM vectorises. Measured NCHW -> NCHW16c,
+    64x56x56 int8, 1 thread: 0.029 ms; the default fused-and-split vector loop 0.092 ms,
+    LLVM's own vectoriser on whole rows 0.068 ms."""
+    inline_all(sch, func_name)
+    (block,) = _root_blocks(sch, func_name)
+    *outer, inner = sch.get_loops(block)
+    sch.parallel(sch.fuse(*outer))
+    sch.vectorize(inner)
 
 
 def parallelize_rows(sch, block) -> None:

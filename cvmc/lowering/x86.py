@@ -15,10 +15,38 @@ from __future__ import annotations
 
 import functools
 
-from cvmc.lowering.schedule import inline_all, largest_divisor, vectorize_under
+from cvmc.lowering.schedule import (
+    inline_all,
+    largest_divisor,
+    parallelize_interior,
+    vectorize_under,
+)
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
-_COLUMN_TILE = 14  # output columns per tile (registers: 14 accumulators + weights)
+# Output columns per tile: the largest divisor of the row up to 16 (14 on 56-, 28- and
+# 14-wide rows; 16 on ResNet's 112-wide 7x7/2 first conv, where 14 ran 1.33 ms and 16
+# 0.91 ms at 1 thread).
+_COLUMN_TILE = 16
+# Accumulator registers per tile (columns x output channel blocks). 28 would fit the 32
+# zmm registers with a broadcast input word and a weight vector per block, but LLVM keeps
+# the unrolled kernel window's broadcast words live to reuse them at the next tap: at 28
+# it spills (14x14 3x3 conv 256 -> 256: 0.53 -> 0.68 ms, 1 thread), at 14 or 16 it does
+# not.
+_ACCUMULATORS = 16
+# Parallel tasks (n x output channel block groups x rows) a tile shape must leave, so 2
+# threads stay balanced.
+_MIN_TASKS = 16
+
+
+def tile_shape(n: int, blocks: int, rows: int, columns: int) -> tuple[int, int]:
+    """(columns, output channel blocks) of one register tile. A narrow row (7 columns:
+    ResNet's last stage) leaves registers free: the tile takes as many 16-channel blocks
+    as fit, each input word then feeding several dot products (3x3 conv 512 -> 512 on
+    7x7, 1 thread: 0.537 -> 0.518 ms with 2 blocks)."""
+    tile = largest_divisor(columns, _COLUMN_TILE)
+    fits = [k for k in range(1, blocks + 1) if blocks % k == 0 and k * tile <= _ACCUMULATORS
+            and n * blocks // k * rows >= _MIN_TASKS]
+    return tile, max(fits, default=1)
 
 
 @functools.cache
@@ -69,14 +97,18 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     inline_all(sch, func_name)
     acc = sch.get_sblock("conv2d_packed_acc", func_name=func_name)
     n, ob, oh, ow, oi, rcb, ry, rx, rci = sch.get_loops(acc)
-    wo, wi = sch.split(ow, [None, largest_divisor(int(sch.get(ow).extent), _COLUMN_TILE)])
+    extents = [int(sch.get(loop).extent) for loop in (n, ob, oh, ow)]
+    columns, blocks = tile_shape(*extents)
+    wo, wi = sch.split(ow, [None, columns])
+    obo, obi = sch.split(ob, [None, blocks])
     inner = (oi, rci) if vnni else (rci, oi)
-    sch.reorder(n, ob, oh, wo, rcb, ry, rx, wi, *inner)
-    sch.parallel(sch.fuse(n, ob, oh))
+    sch.reorder(n, obo, oh, wo, rcb, ry, rx, wi, obi, *inner)
+    sch.parallel(sch.fuse(n, obo, oh))
     for consumer in sch.get_consumers(acc):
         sch.reverse_compute_at(consumer, wo)
         vectorize_under(sch, consumer, wo)  # the tile's columns
     sch.unroll(wi)
+    sch.unroll(obi)
     if not vnni:
         sch.vectorize(oi)
     sch.decompose_reduction(acc, rcb)
@@ -88,6 +120,7 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
 def _schedule_data(sch, block) -> None:
     """The byte stage: (n, channel block, row) in parallel; each row's (column, 4
     channels) loops are left whole for LLVM, which vectorises them (2x faster than
-    splitting them into parallel tasks: measured on a 1x1 conv, 256 -> 64, 56x56)."""
-    n, cb, h, _, _ = sch.get_loops(block)
-    sch.parallel(sch.fuse(n, cb, h))
+    splitting them into parallel tasks: measured on a 1x1 conv, 256 -> 64, 56x56). The
+    columns are split into the padding borders and the interior, whose copy then has no
+    per-column test (the row's test is the same for the whole row)."""
+    parallelize_interior(sch, block)

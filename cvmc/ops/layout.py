@@ -20,18 +20,18 @@ from cvmc.ops.nn import (
     _conv_out_hw,
     _exact_matmul,
     _gather_windows,
-    _lower_bias,
     _pair_attr,
     _require_low_precision,
     _require_rank,
 )
-from cvmc.ops.registry import Attr, Fusion, op
+from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 # ---- layout_transform -----------------------------------------------------------------
 # A layout names each axis by an upper-case letter ("OIHW"); a blocked layout lists the
 # outer axes in their new order, then inner blocks "<factor><letter>" ("OIHW16o4i": O split
 # into O/16 outer and 16 inner, I into I/4 and 4). An axis is padded with zeros up to a
-# multiple of its factor.
+# multiple of its factor. The inverse (a blocked source, a plain destination: "NCHW16c" ->
+# "NCHW") merges each block back into its axis, padding included.
 _BLOCK = re.compile(r"(\d+)([a-z])")
 
 layout_transform = op(
@@ -40,32 +40,47 @@ layout_transform = op(
     precision_rule="p_x", seeds=("cvmc",))
 
 
+def _plain(layout: str) -> bool:
+    return layout.isalpha() and layout.isupper()
+
+
 def _parse_layouts(a, ndim: int) -> tuple[str, str, list[tuple[int, str]]]:
-    """(src axes, dst outer axes, [(factor, axis letter), ...]) after checking them."""
-    src = a.src_layout
-    outer = a.dst_layout.rstrip("0123456789abcdefghijklmnopqrstuvwxyz")
-    tail = a.dst_layout[len(outer):]
+    """(plain axes, blocked outer axes, [(factor, axis letter), ...]) after checking them;
+    `ndim` is the rank of the source."""
+    inverse = not _plain(a.src_layout) and _plain(a.dst_layout)
+    plain, blocked = (a.dst_layout, a.src_layout) if inverse else (a.src_layout, a.dst_layout)
+    outer = blocked.rstrip("0123456789abcdefghijklmnopqrstuvwxyz")
+    tail = blocked[len(outer):]
     blocks = [(int(f), letter.upper()) for f, letter in _BLOCK.findall(tail)]
-    ok = (src.isalpha() and src.isupper() and len(set(src)) == len(src) == ndim
-          and sorted(outer) == sorted(src) and "".join(f"{f}{x.lower()}" for f, x in blocks)
-          == tail and all(f >= 1 and x in src for f, x in blocks)
+    ok = (_plain(plain) and len(set(plain)) == len(plain)
+          and ndim == len(plain) + (len(blocks) if inverse else 0)
+          and sorted(outer) == sorted(plain) and "".join(f"{f}{x.lower()}" for f, x in blocks)
+          == tail and all(f >= 1 and x in plain for f, x in blocks)
           and len({x for _, x in blocks}) == len(blocks))
     require(ok, f"layout_transform: cannot transform a rank-{ndim} tensor from "
-                f"'{a.src_layout}' to '{a.dst_layout}' (expected e.g. 'OIHW' -> 'OIHW16o4i')")
-    return src, outer, blocks
+                f"'{a.src_layout}' to '{a.dst_layout}' (expected e.g. 'OIHW' -> 'OIHW16o4i' "
+                f"or 'NCHW16c' -> 'NCHW')")
+    return plain, outer, blocks
 
 
-def _blocked_shape(shape: tuple[int, ...], a) -> tuple[int, ...]:
-    """The destination shape: each outer axis divided (rounding up) by its block factor."""
-    src, outer, blocks = _parse_layouts(a, len(shape))
+def _inverse(a) -> bool:
+    return not _plain(a.src_layout)
+
+
+def _transformed_shape(shape: tuple[int, ...], a) -> tuple[int, ...]:
+    """The destination shape: each blocked axis divided (rounding up) by its factor, or,
+    for the inverse, multiplied back."""
+    plain, outer, blocks = _parse_layouts(a, len(shape))
     factor = {x: f for f, x in blocks}
-    return (*(-(-shape[src.index(x)] // factor.get(x, 1)) for x in outer),
+    if _inverse(a):
+        return tuple(shape[outer.index(x)] * factor.get(x, 1) for x in plain)
+    return (*(-(-shape[plain.index(x)] // factor.get(x, 1)) for x in outer),
             *(f for f, _ in blocks))
 
 
 @layout_transform.shape
 def _layout_transform_shape(ins, a):
-    return _blocked_shape(ins[0].shape, a)
+    return _transformed_shape(ins[0].shape, a)
 
 
 @layout_transform.precision
@@ -76,15 +91,21 @@ def _layout_transform_precision(ins, a):
 @layout_transform.reference
 def _layout_transform_reference(xs, a):
     x = xs[0]
-    src, outer, blocks = _parse_layouts(a, x.ndim)
+    plain, outer, blocks = _parse_layouts(a, x.ndim)
     factor = {ax: f for f, ax in blocks}
+    if _inverse(a):
+        # Put each axis's inner block right after its outer part, then merge the two.
+        inner = {ax: len(outer) + k for k, (_, ax) in enumerate(blocks)}
+        order = [k for ax in plain
+                 for k in (outer.index(ax), *((inner[ax],) if ax in factor else ()))]
+        return x.transpose(order).reshape(_transformed_shape(x.shape, a))
     # Pad each blocked axis to a multiple of its factor, split it into (outer, inner),
     # then order the axes as the destination names them.
-    x = np.pad(x, [(0, -d % factor.get(ax, 1)) for d, ax in zip(x.shape, src)])
-    split = x.reshape([n for d, ax in zip(x.shape, src)
+    x = np.pad(x, [(0, -d % factor.get(ax, 1)) for d, ax in zip(x.shape, plain)])
+    split = x.reshape([n for d, ax in zip(x.shape, plain)
                        for n in ((d // factor[ax], factor[ax]) if ax in factor else (d,))])
     position, k = {}, 0
-    for ax in src:
+    for ax in plain:
         position[ax] = k
         k += 2 if ax in factor else 1
     order = [position[ax] for ax in outer] + [position[ax] + 1 for _, ax in blocks]
@@ -96,18 +117,24 @@ def _layout_transform_lower(xs, a):
     from cvmc.lowering.te_facade import const, shape_of, te, tirx
     x = xs[0]
     shape = shape_of(x)
-    src, outer, blocks = _parse_layouts(a, len(shape))
+    plain, outer, blocks = _parse_layouts(a, len(shape))
     factor = {ax: f for f, ax in blocks}
 
-    def read(*i):
+    def unblock(*i):
+        index = dict(zip(plain, i))
+        return x[(*(index[ax] // factor.get(ax, 1) for ax in outer),
+                  *(index[ax] % f for f, ax in blocks))]
+
+    def block(*i):
         index = {ax: i[k] for k, ax in enumerate(outer)}
         for k, (f, ax) in enumerate(blocks):
             index[ax] = index[ax] * f + i[len(outer) + k]
-        coords = [index[ax] for ax in src]
-        inside = [c < d for c, d, ax in zip(coords, shape, src) if ax in factor]
+        coords = [index[ax] for ax in plain]
+        inside = [c < d for c, d, ax in zip(coords, shape, plain) if ax in factor]
         value = x[tuple(coords)]
         return tirx.if_then_else(tirx.all(*inside), value, const(0)) if inside else value
-    return te.compute(_blocked_shape(shape, a), read, name="layout_transform")
+    return te.compute(_transformed_shape(shape, a), unblock if _inverse(a) else block,
+                      name="layout_transform")
 
 
 # ---- conv2d_packed --------------------------------------------------------------------
@@ -116,9 +143,17 @@ def _layout_transform_lower(xs, a):
 # layout OIHW16o4i. With comp = 128 * sum(W[o]) this is exactly conv2d(x, W) (+ B): the
 # form VNNI's u8 x s8 dot product computes (x86 `vpdpbusd`). Sums stay inside int32 while
 # 255 * 127 * C*KH*KW < 2^31, i.e. C*KH*KW <= MAX_PACKED_REDUCTION (the pass checks it).
+#
+# Activations may stay blocked between such convs (the pass `block-activations`):
+# `data_layout` / `out_layout` "NCHW16c" read the data as (N, C/16, H, W, 16) and write the
+# result as (N, OC/16, OH, OW, 16), the layout the kernel's accumulators have, so no kernel
+# transposes 16 channels x a row of pixels. Blocked tensors hold whole blocks only: the
+# shape rule requires OC % 16 == 0 for a blocked output (the pass blocks only those).
 OC_BLOCK, IC_BLOCK = 16, 4
 MAX_PACKED_REDUCTION = (2**31 - 1) // (255 * 127)  # 66,311
 WEIGHT_LAYOUT = f"OIHW{OC_BLOCK}o{IC_BLOCK}i"
+BLOCKED_LAYOUT = f"NCHW{OC_BLOCK}c"
+_ACTIVATION_LAYOUTS = ("NCHW", BLOCKED_LAYOUT)
 
 conv2d_packed = op(
     "conv2d_packed", family="layout", inputs=("data", "weight", "compensation", "bias?"),
@@ -128,21 +163,40 @@ conv2d_packed = op(
         _pair_attr("stride", 1, (1, 1)),
         _pair_attr("dilation", 1, (1, 1)),
         Attr("channels", "int", lo=1),  # OC before padding to a multiple of 16
+        Attr("data_layout", "str", "NCHW", choices=_ACTIVATION_LAYOUTS),
+        Attr("out_layout", "str", "NCHW", choices=_ACTIVATION_LAYOUTS),
     ),
     precision_rule="as conv2d: p_x + p_w + bitlen(C*KH*KW); with bias max(that, p_b) + 1")
+
+_TO_BLOCKED = Attrs(src_layout="NCHW", dst_layout=BLOCKED_LAYOUT)
+_TO_PLAIN = Attrs(src_layout=BLOCKED_LAYOUT, dst_layout="NCHW")
+
+
+def _data_shape(ins, a) -> tuple[int, int, int, int]:
+    """The data's (N, C, H, W), whichever its layout."""
+    x = ins[0]
+    if a.data_layout == "NCHW":
+        _require_rank("conv2d_packed", "data", x, 4, "(N, C, H, W)")
+        return x.shape
+    _require_rank("conv2d_packed", "data", x, 5, f"(N, C/{OC_BLOCK}, H, W, {OC_BLOCK})")
+    require(x.shape[4] == OC_BLOCK, f"conv2d_packed: data in layout {BLOCKED_LAYOUT} must "
+                                    f"have {OC_BLOCK} channels in its last axis")
+    return _transformed_shape(x.shape, _TO_PLAIN)
 
 
 def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
     """(C, OC, KH, KW) after checking the packed weight against data and attributes."""
-    _require_rank("conv2d_packed", "data", ins[0], 4, "(N, C, H, W)")
     _require_rank("conv2d_packed", "weight", ins[1], 6, f"(OC/{OC_BLOCK}, C/{IC_BLOCK}, KH, KW, "
                                                         f"{OC_BLOCK}, {IC_BLOCK})")
-    c, (ocb, icb, kh, kw, ob, ib) = ins[0].shape[1], ins[1].shape
+    c, (ocb, icb, kh, kw, ob, ib) = _data_shape(ins, a)[1], ins[1].shape
     oc = a.channels
     require((ob, ib) == (OC_BLOCK, IC_BLOCK) and icb == -(-c // IC_BLOCK)
             and ocb == -(-oc // OC_BLOCK),
             f"conv2d_packed: weight shape {list(ins[1].shape)} does not pack {oc} output and "
             f"{c} input channels as {WEIGHT_LAYOUT}")
+    require(a.out_layout == "NCHW" or oc % OC_BLOCK == 0,
+            f"conv2d_packed: out_layout {BLOCKED_LAYOUT} needs a multiple of {OC_BLOCK} "
+            f"output channels, got {oc}")
     require(ins[2].shape == (oc,), f"conv2d_packed: compensation must have shape ({oc},)")
     if len(ins) == 4:
         require(ins[3].shape == (oc,), f"conv2d_packed: bias must have shape ({oc},)")
@@ -155,7 +209,9 @@ def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
 @conv2d_packed.shape
 def _conv2d_packed_shape(ins, a):
     c, oc, kh, kw = _packed_geometry(ins, a)
-    return (ins[0].shape[0], oc, *_conv_out_hw(ins[0].shape, (oc, c, kh, kw), a))
+    data = _data_shape(ins, a)
+    out = (data[0], oc, *_conv_out_hw(data, (oc, c, kh, kw), a))
+    return out if a.out_layout == "NCHW" else _transformed_shape(out, _TO_BLOCKED)
 
 
 @conv2d_packed.precision
@@ -175,6 +231,8 @@ def _unpacked_weight(wp: np.ndarray, oc: int, c: int) -> np.ndarray:
 @conv2d_packed.reference
 def _conv2d_packed_reference(xs, a):
     x, wp, comp = xs[0], xs[1], xs[2]
+    if a.data_layout != "NCHW":
+        x = _layout_transform_reference([x], _TO_PLAIN)
     n, c = x.shape[:2]
     w = _unpacked_weight(wp, a.channels, c)
     oc, _, kh, kw = w.shape
@@ -183,42 +241,63 @@ def _conv2d_packed_reference(xs, a):
     oh, ow = _conv_out_hw(x.shape, w.shape, a)
     taps = _gather_windows(u, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
     y = _exact_matmul(w.reshape(oc, c * kh * kw), taps.reshape(n, c * kh * kw, oh * ow))
-    y = y.reshape(n, oc, oh, ow) - comp.reshape(1, oc, 1, 1)
-    return _add_bias(y, xs[:2] + xs[3:], 1)
+    y = _add_bias(y.reshape(n, oc, oh, ow) - comp.reshape(1, oc, 1, 1), xs[:2] + xs[3:], 1)
+    return y if a.out_layout == "NCHW" else _layout_transform_reference([y], _TO_BLOCKED)
 
 
 @conv2d_packed.lower
 def _conv2d_packed_lower(xs, a):
-    from cvmc.lowering.schedule import MATERIALIZE
+    from cvmc.lowering.schedule import INTERIOR, MATERIALIZE
     from cvmc.lowering.te_facade import const, shape_of, te, tirx
     x, wp, comp = xs[0], xs[1], xs[2]
-    n, c, h, w = shape_of(x)
+    blocked_in = a.data_layout != "NCHW"
+    n, c, h, w = _transformed_shape(shape_of(x), _TO_PLAIN) if blocked_in else shape_of(x)
     ocb, icb, kh, kw = shape_of(wp)[:4]
     (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
     oh, ow = _conv_out_hw((n, c, h, w), (a.channels, c, kh, kw), a)
 
+    # The unsigned bytes keep the data's channel blocking: NCHW4c for NCHW data, NCHW16c
+    # (4 words of 4 channels per pixel) for NCHW16c data, which then needs no
+    # de-interleaving, only padding and + 128.
+    group = OC_BLOCK // IC_BLOCK if blocked_in else 1  # 4-channel words per block
+
+    def pixel(b, channel, i, j):
+        if blocked_in:
+            return x[b, channel // OC_BLOCK, i, j, channel % OC_BLOCK]
+        return x[b, tirx.min(channel, c - 1), i, j]
+
     def byte(b, cb, i, j, ci):
-        channel = cb * IC_BLOCK + ci
+        channel = cb * IC_BLOCK * group + ci
         inside = tirx.all(channel < c, i >= ph, i < h + ph, j >= pw, j < w + pw)
-        value = x[b, tirx.min(channel, c - 1), i - ph, j - pw] + 128
+        value = pixel(b, channel, i - ph, j - pw) + 128
         return tirx.if_then_else(inside, value, const(128)).astype("uint8")
-    # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word).
-    u = te.compute((n, icb, h + 2 * ph, w + 2 * pw, IC_BLOCK), byte, name="conv2d_packed_data",
-                   attrs={MATERIALIZE: 1})
+    # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word);
+    # its columns outside [pw, w + pw) are padding (the schedule copies the others
+    # without a test).
+    u = te.compute((n, icb // group, h + 2 * ph, w + 2 * pw, IC_BLOCK * group), byte,
+                   name="conv2d_packed_data", attrs={MATERIALIZE: 1, INTERIOR: [3, pw, w + pw]})
     rcb = te.reduce_axis((0, icb), name="rcb")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
     rci = te.reduce_axis((0, IC_BLOCK), name="rci")
 
     def dot(b, ob, p, q, oi):
-        pixel = u[b, rcb, p * sh + ry * dh, q * sw + rx * dw, rci].astype("int32")
-        return te.sum(pixel * wp[ob, rcb, ry, rx, oi, rci].astype("int32"),
+        tap = u[b, rcb // group, p * sh + ry * dh, q * sw + rx * dw,
+                rcb % group * IC_BLOCK + rci].astype("int32")
+        return te.sum(tap * wp[ob, rcb, ry, rx, oi, rci].astype("int32"),
                       axis=[rcb, ry, rx, rci])
     acc = te.compute((n, ocb, oh, ow, OC_BLOCK), dot, name="conv2d_packed_acc")
-    y = te.compute((n, a.channels, oh, ow),
-                   lambda b, o, p, q: acc[b, o // OC_BLOCK, p, q, o % OC_BLOCK] - comp[o],
-                   name="conv2d_packed")
-    return _lower_bias(y, xs[:2] + xs[3:], 1, "conv2d_packed_bias")
+    bias = xs[3] if len(xs) == 4 else None
+
+    def result(b, o, p, q, oi):
+        value = acc[b, o // OC_BLOCK, p, q, o % OC_BLOCK] if oi is None else acc[b, o, p, q, oi]
+        channel = o if oi is None else o * OC_BLOCK + oi
+        value = value - comp[channel]
+        return value if bias is None else value + bias[channel]
+    if a.out_layout == "NCHW":
+        return te.compute((n, a.channels, oh, ow), lambda b, o, p, q: result(b, o, p, q, None),
+                          name="conv2d_packed")
+    return te.compute(acc.shape, result, name="conv2d_packed")
 
 
 @conv2d_packed.cost

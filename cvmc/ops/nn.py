@@ -7,6 +7,8 @@ is MAX_ATTR - 1.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from cvmc.ops.common import INT32_MIN, bitlen, require
@@ -408,13 +410,23 @@ def _max_pool2d_reference(xs, a):
     return taps.max(axis=(2, 3))
 
 
+# Windows up to this many taps are unrolled into a chain of maxima (a larger one, which
+# the attributes allow, stays a reduction: the chain's expression grows with the window).
+_MAX_UNROLLED_WINDOW = 64
+
+
 @max_pool2d.lower
 def _max_pool2d_lower(xs, a):
+    from cvmc.lowering.schedule import INTERIOR
     from cvmc.lowering.te_facade import shape_of, te, tirx
     x = xs[0]
     ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
     (kh, kw), (sh, sw) = a.pool_size, a.strides
     h, w = shape_of(x)[2:]
+    # Output columns whose whole window lies inside the input: q*SW - PW >= 0 and
+    # q*SW - PW + KW <= W. There the clamps below vanish (the CPU schedule splits them off).
+    start = min(-(-pw // sw), ow)
+    stop = max(start, min(ow, (w - kw + pw) // sw + 1))
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
@@ -423,10 +435,18 @@ def _max_pool2d_lower(xs, a):
         # at least one input pixel (the shape rule) and its pixels are contiguous, so
         # that nearest pixel is in the window too and the maximum is unchanged -- with
         # no test in the loop and no read outside the input (ceil_mode included).
-        i = tirx.max(tirx.min(p * sh + ry - ph, h - 1), 0)
-        j = tirx.max(tirx.min(q * sw + rx - pw, w - 1), 0)
-        return te.max(x[n, c, i, j], axis=[ry, rx])
-    return te.compute((*shape_of(x)[:2], oh, ow), window_max, name="max_pool2d")
+        def tap(ky, kx):
+            i = tirx.max(tirx.min(p * sh + ky - ph, h - 1), 0)
+            return x[n, c, i, tirx.max(tirx.min(q * sw + kx - pw, w - 1), 0)]
+        if kh * kw > _MAX_UNROLLED_WINDOW:
+            return te.max(tap(ry, rx), axis=[ry, rx])
+        # Unrolled, the pooling block is all spatial and its output columns vectorise
+        # (ResNet-18's 3x3/2 pool on 64x112x112, with the interior split: 0.93 -> 0.048 ms
+        # at 1 thread).
+        return functools.reduce(tirx.max, [tap(ky, kx) for ky in range(kh)
+                                           for kx in range(kw)])
+    return te.compute((*shape_of(x)[:2], oh, ow), window_max, name="max_pool2d",
+                      attrs={INTERIOR: [3, start, stop]})
 
 
 @max_pool2d.cost

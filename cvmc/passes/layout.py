@@ -15,6 +15,12 @@ picks VNNI, or a plain vector loop, for it.
 A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes.
 Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
 a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
+
+`block_activations` then keeps the activations between such convs in the kernels' own
+layout, NCHW16c: a conv2d_packed result that feeds another conv2d_packed's data, through
+element-wise epilogues (shift, clip, relu) and residual joins (elemwise_add), is written
+blocked and read blocked; a `layout_transform` to NCHW16c brings a join's other operand
+in (a pool's result), one back to NCHW serves any other reader and a graph output.
 """
 from __future__ import annotations
 
@@ -22,8 +28,8 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.layout import MAX_PACKED_REDUCTION, WEIGHT_LAYOUT
-from cvmc.ops.registry import Attrs
+from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIGHT_LAYOUT
+from cvmc.ops.registry import Attrs, Fusion
 from cvmc.passes.precision import infer_precision
 
 
@@ -52,12 +58,7 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
         return output
 
     def fresh(stem: str) -> str:
-        name, k = stem, 0
-        while name in taken:
-            k += 1
-            name = f"{stem}_{k}"
-        taken.add(name)
-        return name
+        return _fresh(stem, taken)
 
     def packed_conv(x: str, w: str, bias: list[str], attrs: dict, out: str, span) -> None:
         oc = types[w].shape[0]
@@ -85,3 +86,112 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
         packed_conv(x4, w4, bias, {}, y4, node.span)
         add("reshape", (y4,), {"target_shape": [m, n]}, out, node.span)
     return infer_precision(graph.replace(nodes=nodes, types=types))
+
+
+def _elementwise(node: Node, types) -> bool:
+    """An element-wise node whose inputs all have its output's shape (no broadcasting):
+    it computes the same values on any layout of them."""
+    out = types[node.outputs[0]].shape
+    return lookup(node.op).fusion is Fusion.ELEMWISE and len(node.outputs) == 1 and \
+        all(types[i].shape == out for i in node.inputs)
+
+
+def _whole_blocks(shape: tuple[int, ...]) -> bool:
+    """An NCHW shape whose channels fill NCHW16c blocks exactly."""
+    return len(shape) == 4 and shape[1] % OC_BLOCK == 0
+
+
+def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
+    """(values that can be computed blocked, seeds). A conv2d_packed result can, and so
+    can an element-wise node's when one of its inputs can: its other inputs (a ResNet
+    join's shortcut, e.g. a pool's result) are the seeds, blocked by a layout_transform.
+    Only whole blocks: a blocked tensor then holds no padding channel, so every op computes
+    exactly the values it computed on NCHW."""
+    types, blockable, seeds = graph.types, set(), set()
+    for node in graph.nodes:
+        out = node.outputs[0]
+        if not _whole_blocks(types[out].shape):
+            continue
+        if node.op == "conv2d_packed" and node.attrs["out_layout"] == "NCHW":
+            blockable.add(out)
+        elif _elementwise(node, types) and any(i in blockable for i in node.inputs):
+            others = [i for i in node.inputs if i not in blockable]
+            if not any(i in graph.constants for i in others):
+                seeds.update(others)
+                blockable.add(out)
+    return blockable, seeds
+
+
+def block_activations(graph: Graph, target: str | None = None) -> Graph:
+    """Keep activations between conv2d_packed kernels in NCHW16c (the pipeline runs it for
+    llvm only): a value is blocked when it can be (`_blockable`) and a layout-aware node
+    reads it: a conv2d_packed as its data, or an element-wise node computing blocked. Any
+    other reader, and a graph output, reads an NCHW copy under the value's name."""
+    blockable, seeds = _blockable(graph)
+    consumers, outputs = graph.consumers(), set(graph.outputs)
+    blocked: set[str] = set()
+
+    def aware(node: Node, value: str) -> bool:
+        """True if `node` reads `value` blocked once it is."""
+        if node.op == "conv2d_packed":
+            return node.inputs[0] == value and node.attrs["data_layout"] == "NCHW"
+        return node.outputs[0] in blocked and _elementwise(node, graph.types)
+
+    for value in reversed(list(graph.values())):  # readers are decided before their inputs
+        readers = [c for c in consumers.get(value, []) if aware(c, value)]
+        # A seed costs a transform: worth it for a blocked join only (a conv reads NCHW
+        # data as fast as blocked).
+        if readers and (value in blockable or value in seeds and any(
+                c.op != "conv2d_packed" for c in readers)):
+            blocked.add(value)
+    taken = set(graph.values())
+    # The blocked version's name: a new one where the NCHW value stays too (seeds, values
+    # with other readers or that are graph outputs).
+    name = {v: _fresh(f"{v}_{BLOCKED_LAYOUT.lower()}", taken)
+            if v in seeds or v in outputs or not all(aware(c, v) for c in consumers[v]) else v
+            for v in sorted(blocked)}
+
+    def transform(value: str, to_blocked: bool, span=None) -> Node:
+        src, dst = (value, name[value]) if to_blocked else (name[value], value)
+        layouts = ("NCHW", BLOCKED_LAYOUT) if to_blocked else (BLOCKED_LAYOUT, "NCHW")
+        return Node("layout_transform", (src,), (dst,),
+                    {"src_layout": layouts[0], "dst_layout": layouts[1]}, span=span)
+    nodes = [transform(v, True) for v in graph.inputs if v in blocked]
+    for n in graph.nodes:
+        attrs = dict(n.attrs)
+        if n.op == "conv2d_packed" and n.outputs[0] in blocked:
+            attrs["out_layout"] = BLOCKED_LAYOUT
+        if n.op == "conv2d_packed" and n.inputs[0] in blocked:
+            attrs["data_layout"] = BLOCKED_LAYOUT
+        inputs = tuple(name[i] if i in blocked and aware(n, i) else i for i in n.inputs)
+        outs = tuple(name[o] if o in blocked and o not in seeds else o for o in n.outputs)
+        nodes.append(Node(n.op, inputs, outs, attrs, span=n.span))
+        nodes += [transform(o, o in seeds, n.span) for o in n.outputs
+                  if o in blocked and name[o] != o]
+    renamed = {v: name[v] for v in blocked}
+    return infer_precision(graph.replace(nodes=nodes,
+                                         types=_infer_shapes(graph, nodes, renamed)))
+
+
+def _fresh(stem: str, taken: set[str]) -> str:
+    """A value name not yet in `taken` (added to it)."""
+    name, k = stem, 0
+    while name in taken:
+        k += 1
+        name = f"{stem}_{k}"
+    taken.add(name)
+    return name
+
+
+def _infer_shapes(graph: Graph, nodes: list[Node], renamed: dict[str, str]
+                  ) -> dict[str, TensorType]:
+    """Value types with every node output's shape inferred again, in order; a renamed
+    value's new name takes its dtype (precisions are inferred afterwards)."""
+    known = set(graph.inputs) | set(graph.weights())
+    types = {k: v for k, v in graph.types.items() if k in known}
+    dtypes = {k: v.dtype for k, v in graph.types.items()}
+    dtypes.update({new: dtypes[old] for old, new in renamed.items()})
+    for n in nodes:
+        shapes = lookup(n.op).infer_shapes([types[i] for i in n.inputs], Attrs(n.attrs))
+        types.update({o: TensorType(shape, dtypes[o]) for o, shape in zip(n.outputs, shapes)})
+    return types

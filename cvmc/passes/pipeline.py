@@ -7,7 +7,7 @@ from pathlib import Path
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 from cvmc.passes.fusion import fuse_kernels
-from cvmc.passes.layout import pack_conv_weights
+from cvmc.passes.layout import block_activations, pack_conv_weights
 from cvmc.passes.precision import infer_precision
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
@@ -25,6 +25,9 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     ("fold-constants", fold_constants, ()),
     # Nodes (and weights) that no output depends on are dropped.
     ("eliminate-dead-code", eliminate_dead_code, ()),
+    # Activations between two packed convs stay in the kernels' NCHW16c layout (each
+    # conv would otherwise transpose its result to NCHW and the next one back).
+    ("block-activations", block_activations, ("llvm",)),
     # The kernel partition: epilogues into their conv / dense, element-wise chains into one
     # kernel (Graph.kernels; lowering builds one kernel per group).
     ("fuse-kernels", fuse_kernels, ("llvm", "cuda")),

@@ -62,6 +62,7 @@ def packed_conv_inputs(oc: int, c: int, kh: int, kw: int, seed: int):
 
 
 _W, _WP, _COMP = packed_conv_inputs(20, 6, 3, 2, 11)
+_, _WP32, _COMP32 = packed_conv_inputs(32, 16, 3, 3, 21)  # NCHW16c in and out
 
 CASES: list[OpCase] = [
     *[OpCase(op, [rand((2, 3, 4), 8, 1), rand((3, 1), 8, 2)])
@@ -106,6 +107,12 @@ CASES: list[OpCase] = [
                              rand((20,), 12, 14)],
            {"padding": [1, 2], "stride": [2, 1], "dilation": [1, 2], "channels": 20},
            weights=(1, 2, 3)),
+    OpCase("conv2d_packed", [rand((1, 1, 6, 5, 16), 8, 22), (_WP32, 8), (_COMP32, 20),
+                             rand((32,), 12, 23)],
+           {"padding": [1, 1], "stride": [1, 2], "channels": 32, "data_layout": "NCHW16c",
+            "out_layout": "NCHW16c"}, weights=(1, 2, 3)),
+    OpCase("layout_transform", [rand((1, 2, 3, 4, 16), 8, 24)],
+           {"src_layout": "NCHW16c", "dst_layout": "NCHW"}),
     # Geometries whose reads reach the edges of their inputs (buffer-bounds class tests):
     # ceil_mode's last window overhangs the input even with zero padding.
     OpCase("max_pool2d", [(np.array([[[[-5, -6, -7], [-8, -9, -10], [-11, -12, -13]]]]), 8)],
@@ -121,6 +128,12 @@ CASES: list[OpCase] = [
     OpCase("take", [rand((4, 5), 12, 10), (np.array([0, 4, -1, 7, -9]), 6)]),
     OpCase("max_pool2d", [rand((1, 1, 7, 5), 8, 11)], {"pool_size": [2, 3], "strides": [3, 2],
                                                        "padding": [0, 0], "ceil_mode": True}),
+    # A window above _MAX_UNROLLED_WINDOW taps stays a reduction.
+    OpCase("max_pool2d", [rand((1, 2, 10, 11), 8, 25)], {"pool_size": [9, 9], "strides": [1, 2],
+                                                         "padding": [1, 1]}),
+    # Border columns on both sides of a test-free interior (the CPU schedule splits them).
+    OpCase("max_pool2d", [rand((1, 3, 5, 21), 8, 15)], {"pool_size": [3, 3], "strides": [2, 2],
+                                                        "padding": [1, 1]}),
     OpCase("slice", [rand((5, 6), 8, 12)], {"begin": [-10, 2], "end": [100, 100],
                                             "strides": [1, 2]}),
     OpCase("slice", [rand((5, 6), 8, 13)], {"begin": [10, 0], "end": [-100, 6],

@@ -135,3 +135,20 @@ def test_dense_and_pooling_keep_the_default_schedule():
                  ["y"])
     for g in (dense, pool):
         assert 'scope="local"' not in _scheduled_kernel(g)
+
+
+def test_pool_interior_is_split_off_and_takes_its_epilogue():
+    """max_pool2d's columns split into borders and a clamp-free interior; the fused relu is
+    inlined into the pool (not the pool into it, which would lose the split)."""
+    g = graph({"x": ((1, 3, 9, 20), 8)}, [
+        ("max_pool2d", ["x"], "p", {"pool_size": [3, 3], "strides": [2, 2], "padding": [1, 1]}),
+        ("relu", ["p"], "y", {}),
+    ], ["y"])
+    script = _scheduled_kernel(g)
+    assert [n for n in ("max_pool2d_q0", "max_pool2d_q1", "max_pool2d_q2")
+            if f'T.sblock("{n}")' in script] == ["max_pool2d_q0", "max_pool2d_q1"]
+    interior = _block(script, "max_pool2d_q1")[1]
+    # relu and the int8 cast are inlined: the pool writes the kernel's output, max(., 0)
+    assert "y_cast[v_n, v_c, v_p, v_q] = " in interior and interior.endswith(", 0))")
+    assert script.count("T.sblock(") == 2 + 2 * 2  # root, common; 2 parts x (part, block)
+    run_both(g)

@@ -99,7 +99,7 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
     assert fused.replace(nodes=fused.nodes[:1], outputs=["a"]).kernels == []
     # --dump-ir: each kernel is a comment before its first node; the text parses back
     run_pipeline(diamond(), dump_dir=tmp_path, target="llvm")
-    text = (tmp_path / "04-fuse-kernels.nnef").read_text()
+    text = (tmp_path / "05-fuse-kernels.nnef").read_text()
     assert "    # kernel 3: abs, elemwise_add\n    d = abs(z);\n    e = elemwise_add(c, d);" \
         in text
     assert infer_precision(parse_nnef(text, "dump.nnef")) == diamond()

@@ -18,6 +18,7 @@ import pytest
 
 from cvmc.codegen import compile_model
 from cvmc.ir import Graph, Node, TensorType
+from cvmc.lowering.x86 import tile_shape
 from cvmc.ops import lookup
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
 from cvmc.passes.precision import infer_precision
@@ -38,6 +39,9 @@ GEOMETRIES = {
                             False),
     "odd channels": ((1, 6, 5, 7), (3, 6, 3, 3), {"padding": [1, 1]}, False, False),
     "wide row": ((1, 8, 3, 29), (16, 8, 3, 3), {"padding": [1, 1]}, True, True),
+    # 5 columns: the register tile takes 2 output channel blocks (see test_tile_shape).
+    "narrow, 2 channel blocks": ((1, 16, 5, 5), (128, 16, 3, 3), {"padding": [1, 1]}, True,
+                                 True),
 }
 
 
@@ -84,6 +88,18 @@ def test_packed_conv_is_exact_on_every_path(geometry, mcpu):
     plan = compiled_vs_reference(conv_graph(*GEOMETRIES[geometry]), mcpu)
     (kernel,) = plan["kernels"]
     assert kernel["ops"][0] == "conv2d_packed" and kernel["schedule"] == PATHS[mcpu]
+
+
+@pytest.mark.parametrize("n, blocks, rows, columns, tile", [
+    (1, 32, 7, 7, (7, 2)),  # ResNet-18's last stage: 2 blocks of 16 channels per tile
+    (1, 16, 14, 14, (14, 1)),  # 14 columns fill the accumulators alone
+    (1, 4, 112, 112, (16, 1)),  # ResNet-18's first conv: 16 columns
+    (1, 8, 5, 5, (5, 2)),  # "narrow, 2 channel blocks" above
+    (1, 4, 3, 3, (3, 1)),  # 2 blocks would leave 6 parallel tasks
+    (1, 63, 1, 1, (1, 3)),  # dense 512 -> 1000: 21 tasks of 3 blocks
+])
+def test_tile_shape(n, blocks, rows, columns, tile):
+    assert tile_shape(n, blocks, rows, columns) == tile
 
 
 def test_vnni_code_uses_vpdpbusd():
