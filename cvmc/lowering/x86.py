@@ -10,6 +10,16 @@ fused and parallel, then a tile of output columns; inside it the reduction over 
 channel blocks and the kernel window; then the tile's columns, unrolled, each one 16-lane
 accumulator; innermost the 16 output channels x 4 input channels that one `vpdpbusd`
 computes. The epilogue runs on each finished tile while it is in cache.
+
+NCHW data, NCHW output, column stride 1, a row of a multiple of 8 columns (MobileNet's
+1x1 convs on 112- and 56-wide rows): the lanes of each accumulator are instead 16 (or 8)
+output columns of one output channel (`schedule_conv_lanes`), so the epilogue reads and
+writes whole rows. With channels in the lanes the NCHW epilogue transposes the 16x16 tile
+through memory with scalar loads and `vpinsrd`: perf on a 1x1 conv 32 -> 64, 112x112,
+1 thread, put ~60% of the kernel in the epilogue and ~35% in the `vpdpbusd` loop. In
+MobileNet-v1 (cvmc bench, 1 / 2 threads) that conv went 0.369 -> 0.266 / 0.202 -> 0.157 ms,
+64 -> 128 on 56x56 0.255 -> 0.211 / 0.147 -> 0.125 ms, 128 -> 128 on 56x56 0.376 -> 0.340 /
+0.215 -> 0.198 ms. (Tile shapes with channels in the lanes moved these by under 8%.)
 """
 from __future__ import annotations
 
@@ -91,11 +101,102 @@ def register_vnni_intrinsic() -> str:
     return VNNI_INTRIN
 
 
+@functools.cache
+def register_lanes_intrinsic(lanes: int) -> str:
+    """Register the (`lanes` columns x 4 channels) u8 x (4 channels) s8 -> `lanes` s32 VNNI
+    dot product: one input vector of `lanes` pixels x 4 channels, one broadcast weight word
+    (LLVM folds it into `vpdpbusd`'s memory operand, {1to16})."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def dot(a: T.Buffer((lanes, 4), "uint8", offset_factor=1),
+            b: T.Buffer((4,), "int8", offset_factor=1),
+            c: T.Buffer((lanes,), "int32", offset_factor=1)):
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:lanes, 0:4], b[0:4])
+            T.writes(c[0:lanes])
+            for i, k in T.grid(lanes, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.cast(a[vi, vk], "int32") * T.cast(b[vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def vnni(a: T.Buffer((lanes, 4), "uint8", offset_factor=1),
+             b: T.Buffer((4,), "int8", offset_factor=1),
+             c: T.Buffer((lanes,), "int32", offset_factor=1)):
+        with T.sblock("root"):
+            T.reads(c[0:lanes], a[0:lanes, 0:4], b[0:4])
+            T.writes(c[0:lanes])
+            word = T.reinterpret(b.vload([0], "int8x4"), dtype="int32")
+            c[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}"),
+                c.vload([0], dtype=f"int32x{lanes}"),
+                a.vload([0, 0], dtype=f"uint8x{4 * lanes}"),
+                T.reinterpret(T.broadcast(word, lanes), dtype=f"int8x{4 * lanes}"),
+                dtype=f"int32x{lanes}")
+
+    name = f"cvmc_dot_{lanes}x4_columns_u8i8i32_vnni"
+    TensorIntrin.register(name, dot, vnni)
+    return name
+
+
+def column_lanes(columns: int) -> int:
+    """Output columns per accumulator of `schedule_conv_lanes`, 0 where it does not apply.
+    16 on 112-wide rows (1x1 conv 32 -> 64, 112x112, 1 thread: 0.264 ms with 8 lanes,
+    0.253 ms with 16); 8 on 56-wide rows (a 256-bit `vpdpbusd`, as fast per lane on Zen 4:
+    64 -> 128, 56x56: 0.249 -> 0.211 ms). Not 4 (28-wide rows: 256 -> 256, 0.320 ->
+    0.561 ms): 28-, 14- and 7-wide rows keep channels in the lanes."""
+    return next((lanes for lanes in (16, 8) if columns % lanes == 0), 0)
+
+
+def _lanes_apply(sch, acc) -> int:
+    """The lane count of `schedule_conv_lanes` for the acc block, 0 where it does not apply:
+    NCHW data (its bytes NCHW4c: `lanes` pixels x 4 channels are contiguous only with
+    column stride 1), NCHW output, and a row that `column_lanes` accepts."""
+    from tvm.sym.pattern import detect_linear_equation
+
+    block = sch.get(acc)
+    q = block.iter_vars[3].var
+    data = [r for r in block.reads if r.source.name == "conv2d_packed_data"]
+    outputs = [sch.get(c).writes[0].source for c in sch.get_consumers(acc)]
+    if len(data) != 1 or int(data[0].source.shape[-1]) != 4 or \
+            any(len(buffer.shape) != 4 for buffer in outputs):
+        return 0
+    stride = detect_linear_equation(data[0].region[3].min, [q])
+    if len(stride) != 2 or not hasattr(stride[0], "value") or stride[0].value != 1:
+        return 0
+    return column_lanes(int(block.iter_vars[3].dom.extent))
+
+
+def schedule_conv_lanes(sch, func_name: str, acc, lanes: int) -> None:
+    """The acc buffer as (n, OC/16, row, 16 channels, columns); per tile `lanes` columns x
+    16 output channels, one accumulator per channel (16 registers), each step one input
+    vector and 16 `vpdpbusd` with a broadcast weight word. The epilogue then loads each
+    channel's row of columns as one vector and stores it to the NCHW output."""
+    sch.transform_layout(acc, ("write", 0), lambda b, o, p, q, i: (b, o, p, i, q))
+    n, ob, oh, ow, oi, rcb, ry, rx, rci = sch.get_loops(acc)
+    wo, wi = sch.split(ow, [None, lanes])
+    sch.reorder(n, ob, oh, wo, rcb, ry, rx, oi, wi, rci)
+    sch.parallel(sch.fuse(n, ob, oh))
+    for consumer in sch.get_consumers(acc):
+        sch.reverse_compute_at(consumer, wo)
+        vectorize_under(sch, consumer, wo)  # the tile's columns
+    sch.unroll(oi)
+    sch.decompose_reduction(acc, rcb)
+    sch.tensorize(wi, register_lanes_intrinsic(lanes))
+    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
+
+
 def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     """Schedule a conv2d_packed kernel; `vnni` tensorizes the inner 16x4 dot product, else
     the 16 output channels form one vector and the 4 input channels a scalar loop."""
     inline_all(sch, func_name)
     acc = sch.get_sblock("conv2d_packed_acc", func_name=func_name)
+    lanes = _lanes_apply(sch, acc) if vnni else 0
+    if lanes:
+        schedule_conv_lanes(sch, func_name, acc, lanes)
+        return
     n, ob, oh, ow, oi, rcb, ry, rx, rci = sch.get_loops(acc)
     extents = [int(sch.get(loop).extent) for loop in (n, ob, oh, ow)]
     columns, blocks = tile_shape(*extents)

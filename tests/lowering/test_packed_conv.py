@@ -18,7 +18,7 @@ import pytest
 
 from cvmc.codegen import compile_model
 from cvmc.ir import Graph, Node, TensorType
-from cvmc.lowering.x86 import tile_shape
+from cvmc.lowering.x86 import column_lanes, tile_shape
 from cvmc.ops import lookup
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
 from cvmc.passes.precision import infer_precision
@@ -42,6 +42,14 @@ GEOMETRIES = {
     # 5 columns: the register tile takes 2 output channel blocks (see test_tile_shape).
     "narrow, 2 channel blocks": ((1, 16, 5, 5), (128, 16, 3, 3), {"padding": [1, 1]}, True,
                                  True),
+    # Rows of 16 and 8 columns, NCHW in and out, column stride 1: on the VNNI path the
+    # accumulator lanes are output columns (see test_column_lanes); odd channel counts pad
+    # the 4-channel words and the 16-channel block.
+    "1x1, 16-column rows": ((2, 20, 3, 16), (24, 20, 1, 1), {}, True, True),
+    "3x3 pad 1, 8-column rows": ((1, 8, 4, 8), (16, 8, 3, 3), {"padding": [1, 1]}, True, True),
+    # 16 output columns but column stride 2: channels stay in the lanes.
+    "1x1 stride 2, 16-column rows": ((1, 8, 4, 32), (16, 8, 1, 1), {"stride": [2, 2]}, False,
+                                     True),
 }
 
 
@@ -100,6 +108,27 @@ def test_packed_conv_is_exact_on_every_path(geometry, mcpu):
 ])
 def test_tile_shape(n, blocks, rows, columns, tile):
     assert tile_shape(n, blocks, rows, columns) == tile
+
+
+@pytest.mark.parametrize("columns, lanes", [
+    (112, 16), (16, 16), (56, 8), (8, 8), (28, 0), (14, 0), (7, 0)])
+def test_column_lanes(columns, lanes):
+    assert column_lanes(columns) == lanes
+
+
+@pytest.mark.parametrize("geometry, width", [
+    ("1x1, 16-column rows", 512), ("3x3 pad 1, 8-column rows", 256),
+    ("1x1 stride 2, 16-column rows", None), ("1x1", None)])
+def test_columns_in_lanes_where_they_apply(geometry, width):
+    """Columns in the lanes: `vpdpbusd` on 16 (512-bit) or 8 (256-bit) columns, the input
+    bytes a vector and the weight word broadcast; else the 16x4 channel form (the input
+    word broadcast)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tir = compile_model(conv_graph(*GEOMETRIES[geometry]), Path(tmp) / "m.cvmx",
+                            mcpu="znver4").tir
+    channels = 'T.reinterpret("uint8x64", T.Broadcast(word, 16))' in tir
+    assert channels == (width is None)
+    assert ("llvm.x86.avx512.vpdpbusd.256" in tir) == (width == 256)
 
 
 def test_vnni_code_uses_vpdpbusd():
