@@ -37,6 +37,7 @@ from cvmc.lowering.schedule import (
     MATERIALIZE,
     inline_all,
     largest_divisor,
+    stride_along,
     uses,
     vectorize_under,
 )
@@ -117,9 +118,6 @@ def _column_pairs(sch, block):
 
 def _column_stride(block) -> int | None:
     """How far the conv block's data read moves per output column (None: not linear)."""
-    from tvm.sym.pattern import detect_linear_equation
-
     column = block.iter_vars[3].var  # iterators (batch, channel, row, column, reductions)
     data = next(r for r in block.reads if uses(r.region[-1].min, column))
-    coeff = detect_linear_equation(data.region[-1].min, [column])
-    return int(coeff[0]) if len(coeff) == 2 else None
+    return stride_along(data.region[-1].min, column)

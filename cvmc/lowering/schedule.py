@@ -97,6 +97,15 @@ def _parallelize(sch, block, vectorize: bool) -> None:
         sch.parallel(fused)
 
 
+def stride_along(index, var) -> int | None:
+    """How far `index` moves per step of `var` (None: not linear in it with a constant
+    coefficient)."""
+    from tvm.sym.pattern import detect_linear_equation
+
+    coeff = detect_linear_equation(index, [var])
+    return int(coeff[0]) if len(coeff) == 2 and hasattr(coeff[0], "value") else None
+
+
 def uses(expr, var) -> bool:
     """True if `var` occurs in `expr`."""
     from tvm.tirx.analysis import undefined_vars

@@ -29,6 +29,7 @@ from cvmc.lowering.schedule import (
     inline_all,
     largest_divisor,
     parallelize_interior,
+    stride_along,
     vectorize_under,
 )
 
@@ -154,8 +155,6 @@ def _lanes_apply(sch, acc) -> int:
     """The lane count of `schedule_conv_lanes` for the acc block, 0 where it does not apply:
     NCHW data (its bytes NCHW4c: `lanes` pixels x 4 channels are contiguous only with
     column stride 1), NCHW output, and a row that `column_lanes` accepts."""
-    from tvm.sym.pattern import detect_linear_equation
-
     block = sch.get(acc)
     q = block.iter_vars[3].var
     data = [r for r in block.reads if r.source.name == "conv2d_packed_data"]
@@ -163,8 +162,7 @@ def _lanes_apply(sch, acc) -> int:
     if len(data) != 1 or int(data[0].source.shape[-1]) != 4 or \
             any(len(buffer.shape) != 4 for buffer in outputs):
         return 0
-    stride = detect_linear_equation(data[0].region[3].min, [q])
-    if len(stride) != 2 or not hasattr(stride[0], "value") or stride[0].value != 1:
+    if stride_along(data[0].region[3].min, q) != 1:
         return 0
     return column_lanes(int(block.iter_vars[3].dom.extent))
 
@@ -179,9 +177,7 @@ def schedule_conv_lanes(sch, func_name: str, acc, lanes: int) -> None:
     wo, wi = sch.split(ow, [None, lanes])
     sch.reorder(n, ob, oh, wo, rcb, ry, rx, oi, wi, rci)
     sch.parallel(sch.fuse(n, ob, oh))
-    for consumer in sch.get_consumers(acc):
-        sch.reverse_compute_at(consumer, wo)
-        vectorize_under(sch, consumer, wo)  # the tile's columns
+    _epilogue_per_tile(sch, acc, wo)
     sch.unroll(oi)
     sch.decompose_reduction(acc, rcb)
     sch.tensorize(wi, register_lanes_intrinsic(lanes))
@@ -205,9 +201,7 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     inner = (oi, rci) if vnni else (rci, oi)
     sch.reorder(n, obo, oh, wo, rcb, ry, rx, wi, obi, *inner)
     sch.parallel(sch.fuse(n, obo, oh))
-    for consumer in sch.get_consumers(acc):
-        sch.reverse_compute_at(consumer, wo)
-        vectorize_under(sch, consumer, wo)  # the tile's columns
+    _epilogue_per_tile(sch, acc, wo)
     sch.unroll(wi)
     sch.unroll(obi)
     if not vnni:
@@ -216,6 +210,14 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     if vnni:
         sch.tensorize(oi, register_vnni_intrinsic())
     _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
+
+
+def _epilogue_per_tile(sch, acc, tile) -> None:
+    """The epilogue (the acc block's consumers) computed under loop `tile`, on each
+    finished tile while it is in cache, vectorised over the tile's columns."""
+    for consumer in sch.get_consumers(acc):
+        sch.reverse_compute_at(consumer, tile)
+        vectorize_under(sch, consumer, tile)
 
 
 def _schedule_data(sch, block) -> None:

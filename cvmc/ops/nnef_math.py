@@ -17,6 +17,7 @@ accurate one, within 1 ULP of the two roundings of the reference.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -46,6 +47,7 @@ EXACT_UNARY: dict[str, Callable] = {
 }
 
 
+@functools.cache
 def exact_unary_te() -> dict[str, Callable]:
     """TE expressions of EXACT_UNARY's ops (built when lowering: they need TVM)."""
     from cvmc.lowering.te_facade import tirx

@@ -10,12 +10,12 @@ when that value has exactly this one consumer, is not a graph output, and that g
 is the most recent one, so every other input is already computed when the group runs.
 conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues (on
 the CPU; on CUDA only the anchors that a CUDA schedule of cvmc's own takes with its
-epilogue, `CUDA_EPILOGUE_ANCHORS`: dlight schedules the others without one);
+epilogue, the anchors of `cvmc.lowering.rules.CUDA_TABLE`: dlight schedules the others without one);
 reductions and opaque ops stand alone (their consumers start a new group).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 from cvmc.ir import Graph, Node
@@ -23,8 +23,6 @@ from cvmc.ops import lookup
 from cvmc.ops.registry import Fusion
 
 _LIGHT = (Fusion.ELEMWISE, Fusion.BROADCAST)
-# Anchors whose CUDA schedule takes an epilogue (cvmc/lowering/rules.py: CUDA_TABLE).
-CUDA_EPILOGUE_ANCHORS = frozenset({"conv2d"})
 # Which node kinds may join a group, by the group's anchor kind.
 _ABSORBS = {
     Fusion.ELEMWISE: (*_LIGHT, Fusion.INJECTIVE),
@@ -53,8 +51,12 @@ class Group:
 
 def fuse_kernels(graph: Graph, target: str | None = None) -> Graph:
     """The graph with its kernel partition for `target` recorded in `Graph.kernels`."""
-    groups = fuse_groups(graph, (lambda op: op in CUDA_EPILOGUE_ANCHORS) if target == "cuda"
-                         else (lambda op: True))
+    anchors = None
+    if target == "cuda":
+        from cvmc.lowering.rules import CUDA_TABLE  # imports no TVM
+
+        anchors = {rule.anchor for rule in CUDA_TABLE}
+    groups = fuse_groups(graph, anchors)
     return graph.replace(kernels=[[n.name for n in g.nodes] for g in groups])
 
 
@@ -69,17 +71,16 @@ def kernel_groups(graph: Graph) -> list[Group]:
     return groups
 
 
-def fuse_groups(graph: Graph, absorbs_epilogue: Callable[[str], bool] = lambda op: True
-                ) -> list[Group]:
+def fuse_groups(graph: Graph, epilogue_anchors: Container[str] | None = None) -> list[Group]:
     """Partition `graph.nodes` into kernel groups, in execution order; an out-elementwise
-    op anchors a group with its epilogue where `absorbs_epilogue(op)`."""
+    op anchors a group with its epilogue if it is in `epilogue_anchors` (None: any)."""
     consumers = graph.consumers()
     outputs = set(graph.outputs)
     owner: dict[str, int] = {}  # value -> index of the group that produced it
     groups: list[Group] = []
     for node in graph.nodes:
         kind = lookup(node.op).fusion
-        target = _fusion_target(node, kind, groups, owner, consumers, outputs, absorbs_epilogue)
+        target = _fusion_target(node, kind, groups, owner, consumers, outputs, epilogue_anchors)
         if target is None:
             groups.append(Group([node], kind))
             target = len(groups) - 1
@@ -92,14 +93,14 @@ def fuse_groups(graph: Graph, absorbs_epilogue: Callable[[str], bool] = lambda o
     return groups
 
 
-def _fusion_target(node, kind, groups, owner, consumers, outputs, absorbs_epilogue):
+def _fusion_target(node, kind, groups, owner, consumers, outputs, epilogue_anchors):
     """Index of the group `node` may join, or None."""
     if not groups:
         return None
     last = len(groups) - 1
     allowed = _ABSORBS[groups[last].anchor]
-    if groups[last].anchor is Fusion.OUT_ELEMWISE and \
-            not absorbs_epilogue(groups[last].nodes[0].op):
+    if groups[last].anchor is Fusion.OUT_ELEMWISE and epilogue_anchors is not None and \
+            groups[last].nodes[0].op not in epilogue_anchors:
         allowed = ()
     if kind not in allowed:
         return None
