@@ -127,7 +127,7 @@ def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | Non
     import tvm
     import tvm.backend.cuda
 
-    from cvmc.codegen.shim import CUDA_HELPERS_CU
+    from cvmc.codegen.shim import CUDA_DEVICE_HELPERS_CU, CUDA_HELPERS_CU
 
     target = tvm.target.Target(cuda_target(arch), host={"kind": "cuda_host"})
     scheduled, rules = schedule_module(mod, cuda_target(arch))
@@ -143,7 +143,7 @@ def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | Non
     for gv in scheduled.functions:
         if on_kernel:
             on_kernel(gv.name_hint)
-    source = tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
+    source = CUDA_DEVICE_HELPERS_CU + tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
     return scheduled, without_restrict(source, [gv.name_hint for gv, f in
                                                 scheduled.functions.items()
                                                 if reads_own_output(f)]), rules

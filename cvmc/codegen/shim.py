@@ -67,6 +67,18 @@ __attribute__((constructor)) static void cvmc_register_backend(void) {
 }
 """
 
+# Put before the CUDA kernels: device functions they call. `cvmc_dp4a_u8s8` is PTX
+# `dp4a.u32.s32` (u8 x s8 dot product of 4 bytes, added to c), which CUDA's `__dp4a`
+# overloads do not offer (TVM's header declares one for the device pass only, so the host
+# pass of the same file finds the call ambiguous).
+CUDA_DEVICE_HELPERS_CU = r"""
+static __device__ __forceinline__ int cvmc_dp4a_u8s8(unsigned int a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+"""
+
 # Appended to the CUDA translation unit: device memory for the runtime, which has only
 # tvm-ffi (no allocator of its own) and must not need any CUDA Python package.
 CUDA_HELPERS_CU = r"""

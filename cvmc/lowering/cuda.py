@@ -10,7 +10,9 @@ cache lines; the weights a warp reads are shared by all its threads.
 """
 from __future__ import annotations
 
-from cvmc.lowering.schedule import largest_divisor
+import functools
+
+from cvmc.lowering.schedule import inline_all, largest_divisor
 
 # A thread's tile: up to 4 output channels x 4 output columns (16 int32 accumulators),
 # smaller where the outputs are few, so that at least _MIN_THREADS threads run (132 SMs x
@@ -20,6 +22,10 @@ _TILES = ((4, 4), (4, 2), (2, 2), (2, 1), (1, 1))
 _MIN_THREADS = 16384
 _CHANNEL_THREADS = 4
 _PIXEL_THREADS = 32
+_PACKED_TILES = _TILES
+_PACKED_MIN_THREADS = _MIN_THREADS
+_WHOLE_BLOCK_TILES = ((16, 4), (16, 2), (16, 1))
+_BLOCK_THREADS = 128
 
 
 def schedule_conv_cuda(sch, func_name: str) -> None:
@@ -39,14 +45,8 @@ def schedule_conv_cuda(sch, func_name: str) -> None:
     n, o, p, q, *reduction = sch.get_loops(conv)
     batch, oc, oh, ow = (int(sch.get(loop).extent) for loop in (n, o, p, q))
     o_i, q_i = _thread_tile(batch * oc * oh * ow, oc, ow)
-    o_t = largest_divisor(oc // o_i, _CHANNEL_THREADS)
-    q_t = largest_divisor(ow // q_i, _PIXEL_THREADS)
-    p_t = largest_divisor(oh, max(1, _PIXEL_THREADS // q_t))
-    # Rows and columns are split apart (not fused), so each thread's tile is a box: the
-    # write-back of its registers then covers exactly that tile.
-    o_o, o_t, o_i = sch.split(o, [None, o_t, o_i])
-    p_o, p_t = sch.split(p, [None, p_t])
-    q_o, q_t, q_i = sch.split(q, [None, q_t, q_i])
+    o_o, o_t, o_i = sch.split(o, [None, largest_divisor(oc // o_i, _CHANNEL_THREADS), o_i])
+    p_o, p_t, q_o, q_t, q_i = _pixel_threads(sch, p, q, oh, ow, q_i)
     sch.reorder(n, o_o, p_o, q_o, o_t, p_t, q_t, *reduction, o_i, q_i)
     sch.bind(sch.fuse(n, o_o, p_o, q_o), "blockIdx.x")
     thread = sch.fuse(o_t, p_t, q_t)
@@ -62,11 +62,120 @@ def schedule_conv_cuda(sch, func_name: str) -> None:
     sch.unroll(q_i)
 
 
-def _thread_tile(outputs: int, oc: int, ow: int) -> tuple[int, int]:
-    """(output channels, output columns) per thread: the largest tile of _TILES (each
-    side a divisor of its extent) that leaves at least _MIN_THREADS threads."""
-    for a, b in _TILES:
+def _pixel_threads(sch, p, q, oh: int, ow: int, q_i: int):
+    """Split rows `p` and columns `q` into (p_o, p_t, q_o, q_t, q_i): up to _PIXEL_THREADS
+    threads of a block on neighbouring pixels, q_i columns per thread. Rows and columns are
+    split apart (not fused), so each thread's tile is a box: the write-back of its
+    registers then covers exactly that tile."""
+    q_t = largest_divisor(ow // q_i, _PIXEL_THREADS)
+    p_t = largest_divisor(oh, max(1, _PIXEL_THREADS // q_t))
+    return (*sch.split(p, [None, p_t]), *sch.split(q, [None, q_t, q_i]))
+
+
+def _thread_tile(outputs: int, oc: int, ow: int, tiles=_TILES,
+                 min_threads: int = _MIN_THREADS) -> tuple[int, int]:
+    """(output channels, output columns) per thread: the first tile of `tiles` (each side
+    a divisor of its extent) that leaves at least `min_threads` threads, else the last."""
+    for a, b in tiles:
         tile = largest_divisor(oc, a), largest_divisor(ow, b)
-        if outputs // (tile[0] * tile[1]) >= _MIN_THREADS:
+        if outputs // (tile[0] * tile[1]) >= min_threads:
             return tile
-    return 1, 1
+    return tile
+
+
+DP4A_INTRIN = "cvmc_dot_4_u8i8i32_dp4a"
+
+
+@functools.cache
+def register_dp4a_intrinsic() -> str:
+    """Register the 4-element u8 x s8 -> s32 dot product (once per process): one `dp4a`
+    with an unsigned first operand (`dp4a.u32.s32`, `cvmc_dp4a_u8s8` in
+    `cvmc/codegen/shim.py`), as the packed conv's data bytes are x + 128."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def dot(a: T.Buffer((4,), "uint8", offset_factor=1, scope="local"),
+            b: T.Buffer((4,), "int8", offset_factor=1, scope="local"),
+            c: T.Buffer((1,), "int32", offset_factor=1, scope="local")):
+        with T.sblock("root"):
+            T.reads(c[0], a[0:4], b[0:4])
+            T.writes(c[0])
+            for k in range(4):
+                with T.sblock("update"):
+                    vk = T.axis.remap("R", [k])
+                    c[0] = c[0] + T.cast(a[vk], "int32") * T.cast(b[vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def dp4a(a: T.Buffer((4,), "uint8", offset_factor=1, scope="local"),
+             b: T.Buffer((4,), "int8", offset_factor=1, scope="local"),
+             c: T.Buffer((1,), "int32", offset_factor=1, scope="local")):
+        with T.sblock("root"):
+            T.reads(c[0], a[0:4], b[0:4])
+            T.writes(c[0])
+            c[0] = T.call_pure_extern(
+                "int32", "cvmc_dp4a_u8s8", T.reinterpret(a.vload([0], "uint8x4"), dtype="uint32"),
+                T.reinterpret(b.vload([0], "int8x4"), dtype="int32"), c[0])
+
+    TensorIntrin.register(DP4A_INTRIN, dot, dp4a)
+    return DP4A_INTRIN
+
+
+def schedule_conv_packed_cuda(sch, func_name: str) -> None:
+    """Schedule a conv2d_packed kernel (and its epilogue) on a GPU: `__dp4a` on 4 input
+    channels at a time.
+
+    Each thread keeps a register tile of output channels x columns (as the conv2d rule);
+    a thread block takes one or more blocks of 16 output channels of a patch of rows x
+    columns. Under the kernel window loop the thread copies the data words its columns
+    need (4 channels of a pixel, + 128, padding included) and its channels' weight words
+    (the same for all the block's pixel threads, so cached) into registers."""
+    inline_all(sch, func_name)
+    acc = sch.get_sblock("conv2d_packed_acc", func_name=func_name)
+    (out,) = sch.get_consumers(acc)
+    n, ob, p, q, oi, rcb, ry, rx, rci = sch.get_loops(acc)
+    batch, blocks, oh, ow, lanes = (int(sch.get(loop).extent) for loop in (n, ob, p, q, oi))
+    # An NCHW output whose channels end inside a block: each thread then takes whole
+    # blocks. (Split across threads, TVM cannot map a thread's channels of the block to
+    # the output's `o // 16, o % 16` when the last block is partial: the epilogue of each
+    # thread would read every channel of its registers, most never computed.)
+    result = sch.get(out).writes[0].source.shape
+    whole = len(result) == 4 and int(result[1]) % lanes != 0
+    tile = _thread_tile(batch * blocks * lanes * oh * ow, lanes, ow,
+                        _WHOLE_BLOCK_TILES if whole else _PACKED_TILES, _PACKED_MIN_THREADS)
+    o_t, o_i = sch.split(oi, [None, tile[0]])
+    p_o, p_t, q_o, q_t, q_i = _pixel_threads(sch, p, q, oh, ow, tile[1])
+    # Blocks of 16 output channels per thread block: enough for _BLOCK_THREADS threads
+    # where the rows are short (a dense layer is a 1x1 conv on one pixel).
+    per_block = lanes // int(sch.get(o_i).extent) * int(sch.get(p_t).extent) * \
+        int(sch.get(q_t).extent)
+    ob_o, ob_t = sch.split(ob, [None, largest_divisor(blocks, max(1, _BLOCK_THREADS // per_block))])
+    sch.reorder(n, ob_o, p_o, q_o, ob_t, o_t, p_t, q_t, rcb, ry, rx, o_i, q_i, rci)
+    sch.bind(sch.fuse(n, ob_o, p_o, q_o), "blockIdx.x")
+    thread = sch.fuse(ob_t, o_t, p_t, q_t)
+    sch.bind(thread, "threadIdx.x")
+    sch.set_scope(acc, 0, "local")
+    sch.reverse_compute_at(out, thread)
+    # Under the kernel window loop: the tile's data words (+ 128, padding included) and
+    # weight words (contiguous, 4 bytes per output channel: loaded as vectors of up to
+    # 16 bytes) copied into registers.
+    depth = len(sch.get_loops(acc)) - 3  # the loops down to rx
+    words = sch.cache_read(acc, 0, "local")
+    sch.compute_inline(sch.get_sblock("conv2d_packed_data", func_name=func_name))
+    sch.compute_at(words, rx)
+    *columns, channels = sch.get_loops(words)[depth:]
+    for loop in columns:
+        sch.unroll(loop)
+    # NCHW16c data: a word's 4 bytes are contiguous, one 32-bit load
+    blocked = any(len(r.source.shape) == 5 for r in sch.get(words).reads)
+    (sch.vectorize if blocked else sch.unroll)(channels)
+    weights = sch.cache_read(acc, 1, "local")
+    sch.compute_at(weights, rx)
+    outer, vector = sch.split(sch.fuse(*sch.get_loops(weights)[depth:]),
+                              [None, min(16, 4 * tile[0])])
+    sch.unroll(outer)
+    sch.vectorize(vector)
+    sch.decompose_reduction(acc, rcb)
+    sch.tensorize(rci, register_dp4a_intrinsic())
+    sch.unroll(o_i)
+    sch.unroll(q_i)

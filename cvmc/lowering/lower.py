@@ -70,16 +70,19 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
 
 
 def needs_global_memory(func) -> bool:
-    """True if `func`, scheduled for CUDA, still allocates a global intermediate buffer,
-    or if one of its reductions reads another's result (argmax: the maximum, then its
-    index): dlight cannot keep that on chip, and TVM's fallback then needs a global
-    workspace, which CUDA kernels built for `cuda_host` cannot allocate."""
+    """True if `func`, scheduled for CUDA (the CUDA rows of the schedule table, then dlight),
+    still allocates a global intermediate buffer, or if one of its reductions reads
+    another's result (argmax: the maximum, then its index): dlight cannot keep that on
+    chip, and TVM's fallback then needs a global workspace, which CUDA kernels built for
+    `cuda_host` cannot allocate."""
     import tvm
     from tvm import s_tir
 
-    from cvmc.lowering.schedule import cuda_target, schedule_cuda
+    from cvmc.lowering.rules import schedule_cuda_module
+    from cvmc.lowering.schedule import cuda_target
 
-    mod = schedule_cuda(tvm.IRModule({"f": func}), tvm.target.Target(cuda_target("sm_80")))
+    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}),
+                                  tvm.target.Target(cuda_target("sm_80")))
     allocs = [line for line in mod.script().splitlines() if "alloc_buffer(" in line]
     if any("scope=" not in line or 'scope="global"' in line for line in allocs):
         return True

@@ -298,16 +298,18 @@ def reads_own_output(func) -> bool:
 
 
 def _guarded(rule):
-    """`rule`, not applicable (None) where its analysis asserts: dlight's read analysis
+    """`rule`, not applicable (None) where its analysis fails: dlight's read analysis
     asserts on reads it cannot model (a border-clamped or data-dependent index, as in NNEF's
-    reflect-border convs and RoI pooling); the next rule (at last Fallback) schedules those."""
+    reflect-border convs and RoI pooling), and GEMV's epilogue split raises ValueError on a
+    1-d epilogue (a packed conv with one output pixel); the next rule (at last Fallback)
+    schedules those."""
     from tvm.s_tir.dlight.base import ScheduleRule
 
     class Guarded(ScheduleRule):
         def apply(self, func, target, tunable):
             try:
                 return rule.apply(func, target, tunable)
-            except AssertionError:
+            except (AssertionError, ValueError):
                 return None
 
     return Guarded()

@@ -1,4 +1,4 @@
-"""The layout pass: give conv2d and dense the packed weight layout their CPU kernels want.
+"""The layout pass: give conv2d and dense the packed weight layout their kernels want.
 
 `y = conv2d(x, w, b)` with a constant weight becomes
 
@@ -8,9 +8,9 @@
     y    = conv2d_packed(x, wp, comp, b, ...)
 
 and constant folding then turns `wp` and `comp` into weights: nothing is repacked per call
-(see `cvmc/ops/layout.py` for why the compensation makes the u8 x s8 form exact). Only
-the llvm target runs this pass; every CPU gets the packed form, and the schedule table
-picks VNNI, or a plain vector loop, for it.
+(see `cvmc/ops/layout.py` for why the compensation makes the u8 x s8 form exact). The
+llvm and cuda targets run this pass; the schedule table then picks, per CPU, VNNI or a
+plain vector loop for it, and on CUDA `dp4a` (`cvmc/lowering/rules.py`).
 
 A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes.
 Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
@@ -44,7 +44,7 @@ def _packable(graph: Graph, node: Node) -> bool:
 def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
     """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
     (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes. (The
-    pipeline runs it for llvm only; `target` is that.)"""
+    pipeline runs it for llvm and cuda; every target gets the same graph.)"""
     types, nodes = dict(graph.types), []
     taken = set(graph.values())
 

@@ -18,9 +18,11 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # Shapes are inferred as the frontend builds the graph; precisions need the whole
     # graph (weights' data), and prove int32 never overflows.
     ("infer-precision", infer_precision, ()),
-    # CPU kernels want packed weights (OIHW16o4i) and a precomputed VNNI compensation:
-    # conv2d -> conv2d_packed on layout_transform-ed weights (folded just below).
-    ("pack-conv-weights", pack_conv_weights, ("llvm",)),
+    # Conv kernels want packed weights (OIHW16o4i: 4 input channels of an output channel
+    # in one 32-bit word, for VNNI's `vpdpbusd` and CUDA's `dp4a`) and a precomputed
+    # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
+    # below).
+    ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
     ("fold-constants", fold_constants, ()),
     # Nodes (and weights) that no output depends on are dropped.

@@ -6,7 +6,9 @@ writes into DIR:
 - `all_ops.so` and `all_ops.json`: every op case's kernels in one library (one nvcc run)
   and each case's execution plan;
 - `<network>/` (graph.nnef + .dat weights) and `<network>.cvmx` for ResNet-18 and
-  MobileNet-v1 of benchmarks/models.py, built for CUDA.
+  MobileNet-v1 of benchmarks/models.py, built for CUDA;
+- `packed_conv/<i>.cvmx`: the packed conv cases (`packed_conv_graphs`), through the
+  pipeline (the layout pass, then the `dp4a` rule).
 
 On the GPU machine, `CVMC_GPU_PREBUILT=DIR pytest tests/gpu -m gpu -s` runs them. That
 needs cvmc_runtime, NumPy, lark and apache-tvm-ffi only: the reference interpreter, the
@@ -43,6 +45,32 @@ def build_op_cases(folder: Path, arch: str) -> None:
     (folder / "all_ops.json").write_text(json.dumps({str(k): v for k, v in plans.items()}))
 
 
+def packed_conv_graphs() -> dict:
+    """{name: graph} of the packed conv cases: every geometry of
+    tests/lowering/test_packed_conv.py and the longest reduction the packed form takes."""
+    from cvmc.ops.layout import MAX_PACKED_REDUCTION
+    from tests.lowering.test_packed_conv import GEOMETRIES, conv_graph
+
+    graphs = {name: conv_graph(*geometry) for name, geometry in GEOMETRIES.items()}
+    k = MAX_PACKED_REDUCTION
+    graphs["longest reduction"] = conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2)
+    return graphs
+
+
+def packed_conv_artifact(folder: Path, index: int) -> Path:
+    return folder / "packed_conv" / f"{index}.cvmx"
+
+
+def build_packed_conv(folder: Path, index: int, arch: str) -> Path:
+    """The CUDA artifact of packed conv case `index`."""
+    from cvmc.codegen import compile_model
+
+    artifact = packed_conv_artifact(folder, index)
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    compile_model(list(packed_conv_graphs().values())[index], artifact, "cuda", arch=arch)
+    return artifact
+
+
 def write_network(folder: Path, name: str, size: int) -> Path:
     """The NNEF folder of benchmarks/models.py's network `name` at size x size."""
     sys.path.insert(0, str(BENCHMARKS))
@@ -70,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
     build_op_cases(args.folder, args.arch)
+    for index in range(len(packed_conv_graphs())):
+        build_packed_conv(args.folder, index, args.arch)
     for name in NETWORKS:
         print(f"built {build_network(args.folder, name, args.size, args.arch)}")
     return 0

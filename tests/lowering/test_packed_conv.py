@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cvmc.codegen import compile_model
+from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.x86 import column_lanes, tile_shape
 from cvmc.ops import lookup
@@ -163,3 +164,42 @@ def test_grouped_conv_stays_unpacked():
     plan = compiled_vs_reference(conv_graph((1, 8, 5, 5), (8, 4, 3, 3), {"groups": 2},
                                             True, False))
     assert plan["kernels"][0]["ops"] == ["conv2d"]
+
+
+def test_cuda_packed_convs_take_the_dp4a_rule():
+    """On CUDA every geometry above is packed too and scheduled with `dp4a` (u8 x s8, the
+    PTX `dp4a.u32.s32`); tests/gpu runs them on a GPU. Here: the rule applies to all, and
+    one of them compiles with nvcc."""
+    from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
+    from cvmc.lowering.lower import lower_graph
+    from cvmc.passes.pipeline import run_pipeline
+
+    for name, geometry in GEOMETRIES.items():
+        graph = run_pipeline(conv_graph(*geometry), target="cuda")
+        mod, _, _ = lower_graph(graph, "cuda")
+        _, source, rules = cuda_translation_unit(mod, "sm_80")
+        assert list(rules.values()) == ["cuda-conv-dp4a"], name
+        assert "cvmc_dp4a_u8s8(" in source.split("extern \"C\" __global__", 1)[1], name
+    try:
+        find_nvcc()
+    except CvmcError as e:
+        pytest.skip(e.message)
+    with tempfile.TemporaryDirectory() as tmp:
+        nvcc_shared(source, "sm_80", Path(tmp) / "k.so")
+
+
+def test_dlight_schedules_a_one_pixel_packed_conv():
+    """A kernel the CUDA rows leave goes to dlight, whose GEMV rule raises ValueError on a
+    packed conv with one output pixel (its epilogue has one loop): the rule is skipped."""
+    import tvm
+
+    from cvmc.lowering.lower import lower_graph
+    from cvmc.lowering.schedule import cuda_target, has_thread_binding, schedule_cuda
+    from cvmc.passes.pipeline import run_pipeline
+
+    k = MAX_PACKED_REDUCTION
+    graph = run_pipeline(conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2),
+                         target="cuda")
+    mod, _, _ = lower_graph(graph, "cuda")
+    scheduled = schedule_cuda(mod, tvm.target.Target(cuda_target("sm_80")))
+    assert all(has_thread_binding(f) for f in scheduled.functions.values())
