@@ -15,7 +15,7 @@ from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda
 from cvmc.lowering.depthwise import schedule_depthwise
 from cvmc.lowering.lower import ANCHOR_ATTR
 from cvmc.lowering.schedule import schedule_cpu, schedule_layout_transform
-from cvmc.lowering.x86 import schedule_conv_packed
+from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,10 @@ class ScheduleRule:
 SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("x86-avx512-vnni", "conv2d_packed", ("avx512vnni",),
                  functools.partial(schedule_conv_packed, vnni=True)),
-    # Any CPU (AVX2, AVX-512 without VNNI, or none): 16 output channels per int32 vector.
+    # AVX2 without VNNI (haswell, znver3; AVX-512 CPUs without VNNI too, on 256-bit
+    # vectors): `vpmaddwd` on int16, 2 partial sums per channel.
+    ScheduleRule("x86-avx2", "conv2d_packed", ("avx2",), schedule_conv_avx2),
+    # Any other CPU (x86-64: SSE2): 16 output channels per int32 vector.
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),

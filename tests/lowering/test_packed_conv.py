@@ -4,8 +4,8 @@ compensation folded at compile time, then each CPU schedule path of the table.
 The oracle is the reference interpreter on the graph as written (plain conv2d, itself
 checked against `tvm.topi.testing` in tests/ops/test_nn.py); compiled outputs must equal
 it bit for bit on every path. Paths are forced with --mcpu: `znver4` has AVX-512 VNNI
-(`vpdpbusd`), `haswell` (AVX2) and `x86-64` (SSE2) take the plain vector loop; this
-machine (Zen 4/5) runs all three.
+(`vpdpbusd`), `haswell` and `znver3` (AVX2) take `vpmaddwd` on int16 and `x86-64`
+(SSE2) the plain vector loop; this machine (Zen 4/5) runs them all.
 """
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ import pytest
 from cvmc.codegen import compile_model
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
-from cvmc.lowering.x86 import column_lanes, tile_shape
+from cvmc.lowering.x86 import avx2_tile_shape, column_lanes, tile_shape
 from cvmc.ops import lookup
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
 from cvmc.passes.precision import infer_precision
 from cvmc.reference import reference_run
 from tests.oputil import rand_in_precision
 
-PATHS = {"znver4": "x86-avx512-vnni", "haswell": "cpu-packed-vector",
+PATHS = {"znver4": "x86-avx512-vnni", "haswell": "x86-avx2", "znver3": "x86-avx2",
          "x86-64": "cpu-packed-vector"}
 
 # (data shape, weight shape, attributes, bias?, epilogue?)
@@ -77,11 +77,13 @@ def conv_graph(x_shape, w_shape, attrs, bias: bool, epilogue: bool, seed: int = 
     return infer_precision(Graph("conv", ["x"], [nodes[-1].outputs[0]], nodes, types, consts))
 
 
-def compiled_vs_reference(graph: Graph, mcpu: str | None = None) -> dict:
-    """Compile for llvm (`mcpu`), run on random data, assert equal to the reference;
-    returns the plan."""
+def compiled_vs_reference(graph: Graph, mcpu: str | None = None,
+                          x: np.ndarray | None = None) -> dict:
+    """Compile for llvm (`mcpu`), run on `x` (default: random data), assert equal to the
+    reference; returns the plan."""
     t = graph.types["x"]
-    x = rand_in_precision(np.random.default_rng(1), t.shape, t.precision)
+    if x is None:
+        x = rand_in_precision(np.random.default_rng(1), t.shape, t.precision)
     want = reference_run(graph, {"x": x})
     with tempfile.TemporaryDirectory() as tmp:
         plan = compile_model(graph, Path(tmp) / "m.cvmx", mcpu=mcpu).plan
@@ -111,6 +113,19 @@ def test_tile_shape(n, blocks, rows, columns, tile):
     assert tile_shape(n, blocks, rows, columns) == tile
 
 
+@pytest.mark.parametrize("n, blocks, rows, columns, tile", [
+    (1, 4, 56, 56, (2, 1)),  # ResNet's 56x56 stage: 2 columns x 1 block (8 accumulators)
+    (1, 16, 14, 14, (2, 1)),
+    (1, 32, 7, 7, (1, 2)),  # an odd row: 1 column x 2 blocks
+    (1, 8, 5, 5, (1, 2)),
+    (1, 4, 3, 3, (1, 1)),  # 2 blocks would leave 6 parallel tasks
+    (1, 63, 1, 1, (1, 1)),  # 63 blocks: no 2-block tile divides them
+])
+def test_avx2_tile_shape(n, blocks, rows, columns, tile):
+    """The AVX2 tile: (columns x blocks) pairs of 4 ymm accumulators, 2 pairs at most."""
+    assert avx2_tile_shape(n, blocks, rows, columns) == tile
+
+
 @pytest.mark.parametrize("columns, lanes", [
     (112, 16), (16, 16), (56, 8), (8, 8), (28, 0), (14, 0), (7, 0)])
 def test_column_lanes(columns, lanes):
@@ -137,6 +152,33 @@ def test_vnni_code_uses_vpdpbusd():
     with tempfile.TemporaryDirectory() as tmp:
         source = compile_model(graph, Path(tmp) / "m.cvmx", mcpu="znver4").source
     assert "llvm.x86.avx512.vpdpbusd.512" in source
+
+
+def test_avx2_code_uses_pmaddwd_never_pmaddubsw():
+    """AVX2: `vpmaddwd` on int16; never the saturating u8 x s8 `vpmaddubsw`."""
+    graph = conv_graph(*GEOMETRIES["3x3 pad 1"])
+    with tempfile.TemporaryDirectory() as tmp:
+        result = compile_model(graph, Path(tmp) / "m.cvmx", mcpu="haswell")
+    assert result.plan["kernels"][0]["schedule"] == "x86-avx2"
+    assert "llvm.x86.avx2.pmadd.wd" in result.source
+    assert "pmadd.ub.sw" not in result.source
+
+
+@pytest.mark.parametrize("mcpu", list(PATHS))
+def test_long_reduction_at_the_extremes(mcpu):
+    """C*KH*KW = 4608 with every weight +-127 and every input +-127 (input bytes 255 and
+    1): the largest sums and partial sums the 8-bit precisions allow, exact on every path
+    (`vpmaddwd`'s partials included)."""
+    graph = conv_graph((2, 512, 3, 3), (32, 512, 3, 3), {"padding": [1, 1]}, False, False)
+    w = np.full((32, 512, 3, 3), 127, np.int32)
+    w[1::2] = -127  # odd output channels all negative
+    w[2::4, ::2] = -127  # and some mixed
+    graph.constants["w"] = w
+    x = np.full((2, 512, 3, 3), 127, np.int32)
+    x[1] = -127  # the second image: bytes 1
+    x[1, 3::5] = 127
+    plan = compiled_vs_reference(graph, mcpu, x)
+    assert plan["kernels"][0]["schedule"] == PATHS[mcpu]
 
 
 def test_weights_are_packed_at_compile_time():
