@@ -131,8 +131,9 @@ def register_avx2_intrinsic() -> str:
 
     Exact: the int16 operands are the bytes themselves (0..255 and -128..127), each pair
     sum at most 2 * 255 * 128 < 2^31, so `vpmaddwd` (which wraps only on 2 * (-32768)^2)
-    never wraps; each partial is at most half the whole sum, which the pass bounds by
-    255 * 127 * C*KH*KW < 2^31 (MAX_PACKED_REDUCTION). Never `vpmaddubsw` (u8 x s8 pairs
+    never wraps; each partial sums half the products, so it is at most
+    255 * 128 * C*KH*KW / 2 in magnitude, inside the bound the pass keeps the whole sum in
+    (255 * 127 * C*KH*KW < 2^31, MAX_PACKED_REDUCTION). Never `vpmaddubsw` (u8 x s8 pairs
     summed into int16): it saturates at 2 * 255 * 127 > 32767.
     """
     from tvm.s_tir import TensorIntrin
