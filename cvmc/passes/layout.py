@@ -12,8 +12,8 @@ and constant folding then turns `wp` and `comp` into weights: nothing is repacke
 llvm and cuda targets run this pass; the schedule table then picks, per CPU, VNNI or a
 plain vector loop for it, and on CUDA `dp4a` (`cvmc/lowering/rules.py`).
 
-A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes.
-Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
+A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes (on
+the CPU; on CUDA dense stays as it is: `_PACKED_OPS`). Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
 a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
 
 `block_activations` then keeps the activations between such convs in the kernels' own
@@ -32,9 +32,15 @@ from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIG
 from cvmc.ops.registry import Attrs, Fusion
 from cvmc.passes.precision import infer_precision
 
+# Ops whose kernels take the packed form, per target. CUDA keeps dense as it is: as a
+# conv on one pixel it gives too few threads (dp4a, H200: dense 1024 -> 1000 81 us, under
+# 15 us as dlight's GEMV on int32).
+_PACKED_OPS = {"llvm": ("conv2d", "dense"), "cuda": ("conv2d",)}
 
-def _packable(graph: Graph, node: Node) -> bool:
-    if node.op not in ("conv2d", "dense") or node.inputs[1] not in graph.constants:
+
+def _packable(graph: Graph, node: Node, target: str | None) -> bool:
+    if node.op not in _PACKED_OPS.get(target, ("conv2d", "dense")) or \
+            node.inputs[1] not in graph.constants:
         return False
     w = graph.types[node.inputs[1]].shape
     return node.attrs.get("groups", 1) == 1 and \
@@ -43,8 +49,8 @@ def _packable(graph: Graph, node: Node) -> bool:
 
 def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
     """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
-    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes. (The
-    pipeline runs it for llvm and cuda; every target gets the same graph.)"""
+    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes (llvm
+    only: `_PACKED_OPS`). The pipeline runs it for llvm and cuda."""
     types, nodes = dict(graph.types), []
     taken = set(graph.values())
 
@@ -71,7 +77,7 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
         add("conv2d_packed", (x, packed, comp, *bias), {**attrs, "channels": oc}, out, span)
 
     for node in graph.nodes:
-        if not _packable(graph, node):
+        if not _packable(graph, node, target):
             nodes.append(node)
             continue
         (x, w, *bias), a, out = node.inputs, Attrs(node.attrs), node.outputs[0]
@@ -123,8 +129,7 @@ def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
 
 
 def block_activations(graph: Graph, target: str | None = None) -> Graph:
-    """Keep activations between conv2d_packed kernels in NCHW16c (the pipeline runs it for
-    llvm only): a value is blocked when it can be (`_blockable`) and a layout-aware node
+    """Keep activations between conv2d_packed kernels in NCHW16c (llvm and cuda): a value is blocked when it can be (`_blockable`) and a layout-aware node
     reads it: a conv2d_packed as its data, or an element-wise node computing blocked. Any
     other reader, and a graph output, reads an NCHW copy under the value's name."""
     blockable, seeds = _blockable(graph)

@@ -28,8 +28,9 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # Nodes (and weights) that no output depends on are dropped.
     ("eliminate-dead-code", eliminate_dead_code, ()),
     # Activations between two packed convs stay in the kernels' NCHW16c layout (each
-    # conv would otherwise transpose its result to NCHW and the next one back).
-    ("block-activations", block_activations, ("llvm",)),
+    # conv would otherwise transpose its result to NCHW and the next one back; on CUDA a
+    # blocked conv reads 4 channels of a pixel in one 32-bit load).
+    ("block-activations", block_activations, ("llvm", "cuda")),
     # The kernel partition: epilogues into their conv / dense, element-wise chains into one
     # kernel (Graph.kernels; lowering builds one kernel per group).
     ("fuse-kernels", fuse_kernels, ("llvm", "cuda")),

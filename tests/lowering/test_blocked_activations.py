@@ -205,3 +205,15 @@ def test_reference_follows_the_layouts_literally():
     assert np.array_equal(both, block(plain))
     assert np.array_equal(block(both, (P, "NCHW")), plain)
     assert np.array_equal(run(block(x), data_layout=P), plain)
+
+
+def test_cuda_pipeline_blocks_the_same_and_keeps_dense():
+    """CUDA gets the same packed convs and blocked activations as the CPU (a blocked conv
+    reads 4 channels of a pixel as one 32-bit word there); dense stays dense on CUDA
+    (dlight's GEMV) and becomes a packed 1x1 conv on the CPU."""
+    cuda = run_pipeline(resnet_like(), stop_after="block-activations", target="cuda")
+    assert layouts(cuda) == layouts(blocked(resnet_like()))
+    g = graph({"x": ((1, 64), 8)}, [("dense", ["x", "w", "b"], "y", {})], ["y"],
+              {"w": rand((10, 64), 8, 50), "b": rand((10,), 12, 51)})
+    ops = {t: [n.op for n in run_pipeline(g, target=t).nodes] for t in ("llvm", "cuda")}
+    assert ops == {"llvm": ["reshape", "conv2d_packed", "reshape"], "cuda": ["dense"]}
