@@ -93,20 +93,22 @@ def _thread_tile(outputs: int, oc: int, ow: int, tiles=_TILES,
     return tile
 
 
-DP4A_INTRIN = "cvmc_dot_4_u8i8i32_dp4a"
-
-
 @functools.cache
-def register_dp4a_intrinsic() -> str:
-    """Register the 4-element u8 x s8 -> s32 dot product (once per process): one `dp4a`
-    with an unsigned first operand (`dp4a.u32.s32`, `cvmc_dp4a_u8s8` in
-    `cvmc/codegen/shim.py`), as the packed conv's data bytes are x + 128."""
+def register_dp4a_intrinsic(data: str, scope: str) -> str:
+    """Register the 4-element `data` x s8 -> s32 dot product on one `dp4a` (once per
+    process), its byte operands in buffers of `scope`. u8 data (the packed conv's bytes,
+    x + 128): `dp4a.u32.s32`, `cvmc_dp4a_u8s8` in `cvmc/codegen/shim.py` (CUDA's `__dp4a`
+    overloads are same-sign only); s8 data (dense): `__dp4a(int, int, int)`."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
+    unsigned = data == "uint8"
+    name = f"cvmc_dot_4_{'u8' if unsigned else 'i8'}i8i32_dp4a_{scope}"
+    function = "cvmc_dp4a_u8s8" if unsigned else "__dp4a"
+
     @T.prim_func(s_tir=True)
-    def dot(a: T.Buffer((4,), "uint8", offset_factor=1, scope="local"),
-            b: T.Buffer((4,), "int8", offset_factor=1, scope="local"),
+    def dot(a: T.Buffer((4,), data, offset_factor=1, scope=scope),
+            b: T.Buffer((4,), "int8", offset_factor=1, scope=scope),
             c: T.Buffer((1,), "int32", offset_factor=1, scope="local")):
         with T.sblock("root"):
             T.reads(c[0], a[0:4], b[0:4])
@@ -117,18 +119,19 @@ def register_dp4a_intrinsic() -> str:
                     c[0] = c[0] + T.cast(a[vk], "int32") * T.cast(b[vk], "int32")
 
     @T.prim_func(s_tir=True)
-    def dp4a(a: T.Buffer((4,), "uint8", offset_factor=1, scope="local"),
-             b: T.Buffer((4,), "int8", offset_factor=1, scope="local"),
+    def dp4a(a: T.Buffer((4,), data, offset_factor=1, scope=scope),
+             b: T.Buffer((4,), "int8", offset_factor=1, scope=scope),
              c: T.Buffer((1,), "int32", offset_factor=1, scope="local")):
         with T.sblock("root"):
             T.reads(c[0], a[0:4], b[0:4])
             T.writes(c[0])
             c[0] = T.call_pure_extern(
-                "int32", "cvmc_dp4a_u8s8", T.reinterpret(a.vload([0], "uint8x4"), dtype="uint32"),
+                "int32", function,
+                T.reinterpret(a.vload([0], f"{data}x4"), dtype="uint32" if unsigned else "int32"),
                 T.reinterpret(b.vload([0], "int8x4"), dtype="int32"), c[0])
 
-    TensorIntrin.register(DP4A_INTRIN, dot, dp4a)
-    return DP4A_INTRIN
+    TensorIntrin.register(name, dot, dp4a)
+    return name
 
 
 def schedule_conv_packed_cuda(sch, func_name: str) -> None:
@@ -186,6 +189,50 @@ def schedule_conv_packed_cuda(sch, func_name: str) -> None:
     sch.unroll(outer)
     sch.vectorize(vector)
     sch.decompose_reduction(acc, rcb)
-    sch.tensorize(rci, register_dp4a_intrinsic())
+    sch.tensorize(rci, register_dp4a_intrinsic("uint8", "local"))
     sch.unroll(o_i)
     sch.unroll(q_i)
+
+
+# dense: output channels per thread block (one warp each), lanes splitting the reduction
+_DENSE_ROWS = 8
+_DENSE_LANES = 32
+
+
+def schedule_dense_cuda(sch, func_name: str) -> None:
+    """Schedule a dense kernel (int8 data and weights, K a multiple of 4) and its epilogue
+    on a GPU: `__dp4a` on 4 products at a time. Each output is one warp's: its lanes take
+    interleaved 32-bit words of the data row and the weight row (coalesced loads), sum them
+    with `dp4a` in a register, and TVM's cross-thread reduction adds the 32 partial sums
+    (warp shuffles; exact, as integer addition). Lane 0 writes the epilogue's result.
+    Raises ValueError for other dtypes or K (dlight then schedules the kernel)."""
+    inline_all(sch, func_name)
+    root = sch.get_sblock("root", func_name=func_name)
+    dense = [b for b in sch.get_child_blocks(root) if len(sch.get_loops(b)) == 3]
+    if len(dense) != 1 or any(r.source.dtype != "int8" for r in sch.get(dense[0]).reads
+                              if r.source.name != sch.get(dense[0]).writes[0].source.name):
+        raise ValueError("not one dense block on int8 data and weights")
+    (dense,) = dense
+    consumers = sch.get_consumers(dense)
+    m, n, k = sch.get_loops(dense)
+    words = int(sch.get(k).extent) // 4
+    if words * 4 != int(sch.get(k).extent):
+        raise ValueError("dense: K is not a multiple of 4")
+    word, _ = sch.split(k, [None, 4])
+    _, lane = sch.split(word, [None, largest_divisor(words, _DENSE_LANES)])
+    partial = sch.rfactor(lane, factor_axis=0)
+    m, n, lanes = sch.get_loops(dense)
+    n_o, n_t = sch.split(n, [None, largest_divisor(int(sch.get(n).extent), _DENSE_ROWS)])
+    sch.bind(sch.fuse(m, n_o), "blockIdx.x")
+    sch.bind(n_t, "threadIdx.y")
+    sch.bind(lanes, "threadIdx.x")
+    sch.compute_at(partial, n_t)
+    lane, word, _ = sch.get_loops(partial)[-3:]
+    sch.bind(lane, "threadIdx.x")
+    sch.set_scope(partial, 0, "local")
+    if consumers:
+        sch.set_scope(dense, 0, "local")
+    for consumer in consumers:
+        sch.reverse_compute_at(consumer, n_t)
+    sch.decompose_reduction(partial, word)
+    sch.tensorize(sch.get_loops(partial)[-1], register_dp4a_intrinsic("int8", "global"))

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda
+from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise
 from cvmc.lowering.lower import ANCHOR_ATTR
 from cvmc.lowering.schedule import schedule_cpu, schedule_layout_transform
@@ -70,6 +70,7 @@ def schedule_llvm(mod, mcpu: str, scalar: bool = False,
 # CUDA kernels: these rows first; every kernel none of them takes gets TVM's dlight rules.
 CUDA_TABLE: list[ScheduleRule] = [
     ScheduleRule("cuda-conv-dp4a", "conv2d_packed", (), schedule_conv_packed_cuda),
+    ScheduleRule("cuda-dense-dp4a", "dense", (), schedule_dense_cuda),
     # Convs the layout pass leaves as they are: grouped and depthwise, a weight that is
     # not a constant.
     ScheduleRule("cuda-conv-register-tile", "conv2d", (), schedule_conv_cuda),

@@ -32,9 +32,9 @@ from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIG
 from cvmc.ops.registry import Attrs, Fusion
 from cvmc.passes.precision import infer_precision
 
-# Ops whose kernels take the packed form, per target. CUDA keeps dense as it is: as a
-# conv on one pixel it gives too few threads (dp4a, H200: dense 1024 -> 1000 81 us, under
-# 15 us as dlight's GEMV on int32).
+# Ops whose kernels take the packed form, per target. CUDA keeps dense as it is (its own
+# dp4a rule, a warp per output): as a conv on one pixel it gives too few threads (H200:
+# dense 1024 -> 1000 81 us, under 15 us as dlight's GEMV on int32).
 _PACKED_OPS = {"llvm": ("conv2d", "dense"), "cuda": ("conv2d",)}
 
 

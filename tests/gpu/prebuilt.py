@@ -7,8 +7,8 @@ writes into DIR:
   and each case's execution plan;
 - `<network>/` (graph.nnef + .dat weights) and `<network>.cvmx` for ResNet-18 and
   MobileNet-v1 of benchmarks/models.py, built for CUDA;
-- `packed_conv/<i>.cvmx`: the packed conv cases (`packed_conv_graphs`), through the
-  pipeline (the layout pass, then the `dp4a` rule).
+- `dp4a/<i>.cvmx`: the convs and dense layers of `dp4a_cases`, through the pipeline
+  (the layout pass, then the `dp4a` rules).
 
 On the GPU machine, `CVMC_GPU_PREBUILT=DIR pytest tests/gpu -m gpu -s` runs them. That
 needs cvmc_runtime, NumPy, lark and apache-tvm-ffi only: the reference interpreter, the
@@ -45,29 +45,42 @@ def build_op_cases(folder: Path, arch: str) -> None:
     (folder / "all_ops.json").write_text(json.dumps({str(k): v for k, v in plans.items()}))
 
 
-def packed_conv_graphs() -> dict:
-    """{name: graph} of the packed conv cases: every geometry of
-    tests/lowering/test_packed_conv.py and the longest reduction the packed form takes."""
+def dp4a_cases() -> dict:
+    """{name: (graph, the CUDA rule its kernel takes)}: every geometry of
+    tests/lowering/test_packed_conv.py and the longest reduction the packed form takes
+    (`cuda-conv-dp4a`), and dense shapes (`cuda-dense-dp4a`; K not a multiple of 4 is
+    left to dlight)."""
+    import numpy as np
+
     from cvmc.ops.layout import MAX_PACKED_REDUCTION
     from tests.lowering.test_packed_conv import GEOMETRIES, conv_graph
+    from tests.oputil import one_op_graph, rand_in_precision
 
-    graphs = {name: conv_graph(*geometry) for name, geometry in GEOMETRIES.items()}
+    cases = {name: (conv_graph(*geometry), "cuda-conv-dp4a")
+             for name, geometry in GEOMETRIES.items()}
     k = MAX_PACKED_REDUCTION
-    graphs["longest reduction"] = conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2)
-    return graphs
+    cases["longest reduction"] = (conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False,
+                                             p=2), "cuda-conv-dp4a")
+    rng = np.random.default_rng(3)
+    for m, k, n, rule in ((1, 512, 1000, "cuda-dense-dp4a"), (2, 576, 10, "cuda-dense-dp4a"),
+                          (3, 6, 7, "cuda-dlight")):
+        inputs = [(rand_in_precision(rng, shape, p), p)
+                  for shape, p in (((m, k), 8), ((n, k), 8), ((n,), 12))]
+        cases[f"dense {m}x{k} -> {n}"] = (one_op_graph("dense", inputs, weights=(1, 2)), rule)
+    return cases
 
 
-def packed_conv_artifact(folder: Path, index: int) -> Path:
-    return folder / "packed_conv" / f"{index}.cvmx"
+def dp4a_artifact(folder: Path, index: int) -> Path:
+    return folder / "dp4a" / f"{index}.cvmx"
 
 
-def build_packed_conv(folder: Path, index: int, arch: str) -> Path:
-    """The CUDA artifact of packed conv case `index`."""
+def build_dp4a_case(folder: Path, index: int, arch: str) -> Path:
+    """The CUDA artifact of `dp4a_cases()` case `index`."""
     from cvmc.codegen import compile_model
 
-    artifact = packed_conv_artifact(folder, index)
+    artifact = dp4a_artifact(folder, index)
     artifact.parent.mkdir(parents=True, exist_ok=True)
-    compile_model(list(packed_conv_graphs().values())[index], artifact, "cuda", arch=arch)
+    compile_model(list(dp4a_cases().values())[index][0], artifact, "cuda", arch=arch)
     return artifact
 
 
@@ -98,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.folder.mkdir(parents=True, exist_ok=True)
     build_op_cases(args.folder, args.arch)
-    for index in range(len(packed_conv_graphs())):
-        build_packed_conv(args.folder, index, args.arch)
+    for index in range(len(dp4a_cases())):
+        build_dp4a_case(args.folder, index, args.arch)
     for name in NETWORKS:
         print(f"built {build_network(args.folder, name, args.size, args.arch)}")
     return 0

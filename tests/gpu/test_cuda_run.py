@@ -1,5 +1,5 @@
-"""CUDA builds of every op case, of the packed convs and of two whole networks run on a
-GPU and equal the reference (skipped without one).
+"""CUDA builds of every op case, of the dp4a convs and dense layers and of two whole
+networks run on a GPU and equal the reference (skipped without one).
 
 All op cases share one library (one nvcc run); each runs through the runtime's Model.
 Run with `pytest tests/gpu -m gpu -s` to print per-op timings. On a GPU machine without
@@ -21,15 +21,15 @@ from cvmc.reference import reference_run
 from tests.codegen.op_cases import CASES, case_id
 from tests.gpu.prebuilt import (
     NETWORKS,
+    build_dp4a_case,
     build_network,
-    build_packed_conv,
-    packed_conv_artifact,
-    packed_conv_graphs,
+    dp4a_artifact,
+    dp4a_cases,
     prebuilt_dir,
 )
 from tests.oputil import assert_matches, one_op_graph, rand_in_precision, run_reference
 
-PACKED_CONVS = list(packed_conv_graphs())
+DP4A_CASES = list(dp4a_cases())
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="no CUDA GPU on this machine")]
@@ -67,19 +67,21 @@ def test_case_runs_on_gpu_like_reference(cuda_library, index):
     print(f"{case.op}: ok, {seconds * 1e3:.2f} ms (first run, includes copies)")
 
 
-@pytest.mark.parametrize("index", range(len(PACKED_CONVS)), ids=PACKED_CONVS)
-def test_packed_conv_runs_on_gpu_like_reference(tmp_path, index):
-    """conv2d through the layout pass, on the `dp4a` rule, bit-exact to the reference."""
-    graph = packed_conv_graphs()[PACKED_CONVS[index]]
+@pytest.mark.parametrize("index", range(len(DP4A_CASES)), ids=DP4A_CASES)
+def test_dp4a_case_runs_on_gpu_like_reference(tmp_path, index):
+    """conv2d through the layout pass and dense, on their `dp4a` rules, bit-exact to the
+    reference."""
+    graph, rule = dp4a_cases()[DP4A_CASES[index]]
     folder = prebuilt_dir()
-    artifact = packed_conv_artifact(folder, index) if folder else \
-        build_packed_conv(tmp_path, index, "sm_80")
+    artifact = dp4a_artifact(folder, index) if folder else \
+        build_dp4a_case(tmp_path, index, "sm_80")
     model = load(artifact)
-    assert [k["schedule"] for k in model.plan["kernels"]] == ["cuda-conv-dp4a"]
-    t = graph.types["x"]
-    x = rand_in_precision(np.random.default_rng(1), t.shape, t.precision)
-    want = reference_run(graph, {"x": x})
-    got = model.run({"x": x})
+    assert [k["schedule"] for k in model.plan["kernels"]] == [rule]
+    rng = np.random.default_rng(1)
+    feeds = {n: rand_in_precision(rng, graph.types[n].shape, graph.types[n].precision)
+             for n in graph.inputs}
+    want = reference_run(graph, feeds)
+    got = model.run(feeds)
     for name in want:
         assert np.array_equal(got[name], want[name]), name
 

@@ -208,20 +208,24 @@ def test_grouped_conv_stays_unpacked():
     assert plan["kernels"][0]["ops"] == ["conv2d"]
 
 
-def test_cuda_packed_convs_take_the_dp4a_rule():
+def test_cuda_convs_and_dense_take_the_dp4a_rules():
     """On CUDA every geometry above is packed too and scheduled with `dp4a` (u8 x s8, the
-    PTX `dp4a.u32.s32`); tests/gpu runs them on a GPU. Here: the rule applies to all, and
-    one of them compiles with nvcc."""
+    PTX `dp4a.u32.s32`), and dense with `__dp4a` (s8 x s8) where K is a multiple of 4;
+    tests/gpu runs them on a GPU (tests/gpu/prebuilt.py: dp4a_cases). Here: each takes its
+    rule, and one of them compiles with nvcc."""
     from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
+    from tests.gpu.prebuilt import dp4a_cases
 
-    for name, geometry in GEOMETRIES.items():
-        graph = run_pipeline(conv_graph(*geometry), target="cuda")
-        mod, _, _ = lower_graph(graph, "cuda")
+    calls = {"cuda-conv-dp4a": "cvmc_dp4a_u8s8(", "cuda-dense-dp4a": "__dp4a(",
+             "cuda-dlight": None}
+    for name, (graph, rule) in dp4a_cases().items():
+        mod, _, _ = lower_graph(run_pipeline(graph, target="cuda"), "cuda")
         _, source, rules = cuda_translation_unit(mod, "sm_80")
-        assert list(rules.values()) == ["cuda-conv-dp4a"], name
-        assert "cvmc_dp4a_u8s8(" in source.split("extern \"C\" __global__", 1)[1], name
+        assert list(rules.values()) == [rule], name
+        kernels = source.split("extern \"C\" __global__", 1)[1]
+        assert calls[rule] is None or calls[rule] in kernels, name
     try:
         find_nvcc()
     except CvmcError as e:
