@@ -197,6 +197,7 @@ def schedule_conv_packed_cuda(sch, func_name: str) -> None:
 # dense: output channels per thread block (one warp each), lanes splitting the reduction
 _DENSE_ROWS = 8
 _DENSE_LANES = 32
+_DENSE_MIN_LANES = 4  # fewer (K under 16, or few divisors): dlight
 
 
 def schedule_dense_cuda(sch, func_name: str) -> None:
@@ -216,10 +217,11 @@ def schedule_dense_cuda(sch, func_name: str) -> None:
     consumers = sch.get_consumers(dense)
     m, n, k = sch.get_loops(dense)
     words = int(sch.get(k).extent) // 4
-    if words * 4 != int(sch.get(k).extent):
-        raise ValueError("dense: K is not a multiple of 4")
+    lanes = largest_divisor(words, _DENSE_LANES)
+    if words * 4 != int(sch.get(k).extent) or lanes < _DENSE_MIN_LANES:
+        raise ValueError("dense: K is not a multiple of 4, or too short")
     word, _ = sch.split(k, [None, 4])
-    _, lane = sch.split(word, [None, largest_divisor(words, _DENSE_LANES)])
+    _, lane = sch.split(word, [None, lanes])
     partial = sch.rfactor(lane, factor_axis=0)
     m, n, lanes = sch.get_loops(dense)
     n_o, n_t = sch.split(n, [None, largest_divisor(int(sch.get(n).extent), _DENSE_ROWS)])
@@ -227,12 +229,13 @@ def schedule_dense_cuda(sch, func_name: str) -> None:
     sch.bind(n_t, "threadIdx.y")
     sch.bind(lanes, "threadIdx.x")
     sch.compute_at(partial, n_t)
-    lane, word, _ = sch.get_loops(partial)[-3:]
+    # under (block, row): the lane, the lane's words (absent where it has one) and bytes
+    lane, *reduction = sch.get_loops(partial)[2:]
     sch.bind(lane, "threadIdx.x")
     sch.set_scope(partial, 0, "local")
     if consumers:
         sch.set_scope(dense, 0, "local")
     for consumer in consumers:
         sch.reverse_compute_at(consumer, n_t)
-    sch.decompose_reduction(partial, word)
-    sch.tensorize(sch.get_loops(partial)[-1], register_dp4a_intrinsic("int8", "global"))
+    sch.decompose_reduction(partial, reduction[0])
+    sch.tensorize(reduction[-1], register_dp4a_intrinsic("int8", "global"))

@@ -62,8 +62,11 @@ def dp4a_cases() -> dict:
     cases["longest reduction"] = (conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False,
                                              p=2), "cuda-conv-dp4a")
     rng = np.random.default_rng(3)
+    # 512 -> 1000: 32 lanes of 4 words; 576 -> 10: 24 lanes; 16 -> 5: 4 lanes of one word;
+    # K 6 and 8: dlight (not a multiple of 4; fewer than 4 lanes)
     for m, k, n, rule in ((1, 512, 1000, "cuda-dense-dp4a"), (2, 576, 10, "cuda-dense-dp4a"),
-                          (3, 6, 7, "cuda-dlight")):
+                          (2, 16, 5, "cuda-dense-dp4a"), (3, 6, 7, "cuda-dlight"),
+                          (1, 8, 3, "cuda-dlight")):
         inputs = [(rand_in_precision(rng, shape, p), p)
                   for shape, p in (((m, k), 8), ((n, k), 8), ((n,), 12))]
         cases[f"dense {m}x{k} -> {n}"] = (one_op_graph("dense", inputs, weights=(1, 2)), rule)
