@@ -163,6 +163,9 @@ conv2d_packed = op(
         _pair_attr("stride", 1, (1, 1)),
         _pair_attr("dilation", 1, (1, 1)),
         Attr("channels", "int", lo=1),  # OC before padding to a multiple of 16
+        # Grouped: each group of OC / groups (a multiple of 16) output channels reads its
+        # C / groups input channels, whose 4-channel words are padded per group.
+        Attr("groups", "int", 1, lo=1),
         Attr("data_layout", "str", "NCHW", choices=_ACTIVATION_LAYOUTS),
         Attr("out_layout", "str", "NCHW", choices=_ACTIVATION_LAYOUTS),
     ),
@@ -189,11 +192,15 @@ def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
     _require_rank("conv2d_packed", "weight", ins[1], 6, f"(OC/{OC_BLOCK}, C/{IC_BLOCK}, KH, KW, "
                                                         f"{OC_BLOCK}, {IC_BLOCK})")
     c, (ocb, icb, kh, kw, ob, ib) = _data_shape(ins, a)[1], ins[1].shape
-    oc = a.channels
-    require((ob, ib) == (OC_BLOCK, IC_BLOCK) and icb == -(-c // IC_BLOCK)
+    oc, g = a.channels, a.groups
+    require(c % g == 0 and (g == 1 or oc % (g * OC_BLOCK) == 0 and a.data_layout == "NCHW"),
+            f"conv2d_packed: groups={g} needs C ({c}) a multiple of groups, OC ({oc}) a "
+            f"multiple of 16 x groups and NCHW data")
+    require((ob, ib) == (OC_BLOCK, IC_BLOCK) and icb == -(-(c // g) // IC_BLOCK)
             and ocb == -(-oc // OC_BLOCK),
             f"conv2d_packed: weight shape {list(ins[1].shape)} does not pack {oc} output and "
-            f"{c} input channels as {WEIGHT_LAYOUT}")
+            f"{c // g} input channels as {WEIGHT_LAYOUT}")
+    c //= g  # the channels each output channel reads
     require(a.out_layout == "NCHW" or oc % OC_BLOCK == 0,
             f"conv2d_packed: out_layout {BLOCKED_LAYOUT} needs a multiple of {OC_BLOCK} "
             f"output channels, got {oc}")
@@ -208,9 +215,9 @@ def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
 
 @conv2d_packed.shape
 def _conv2d_packed_shape(ins, a):
-    c, oc, kh, kw = _packed_geometry(ins, a)
+    _, oc, kh, kw = _packed_geometry(ins, a)
     data = _data_shape(ins, a)
-    out = (data[0], oc, *_conv_out_hw(data, (oc, c, kh, kw), a))
+    out = (data[0], oc, *_conv_out_hw(data, (oc, data[1], kh, kw), a))
     return out if a.out_layout == "NCHW" else _transformed_shape(out, _TO_BLOCKED)
 
 
@@ -234,13 +241,16 @@ def _conv2d_packed_reference(xs, a):
     if a.data_layout != "NCHW":
         x = _layout_transform_reference([x], _TO_PLAIN)
     n, c = x.shape[:2]
-    w = _unpacked_weight(wp, a.channels, c)
-    oc, _, kh, kw = w.shape
+    g = a.groups
+    w = _unpacked_weight(wp, a.channels, c // g)  # (OC, C / groups, KH, KW)
+    oc, cg, kh, kw = w.shape
     (ph, pw), stride, dil = a.padding, a.stride, a.dilation
     u = np.pad(x + 128, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=128)
     oh, ow = _conv_out_hw(x.shape, w.shape, a)
     taps = _gather_windows(u, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
-    y = _exact_matmul(w.reshape(oc, c * kh * kw), taps.reshape(n, c * kh * kw, oh * ow))
+    # per group: output channels group*OC/g + o read input channels group*C/g + i
+    y = _exact_matmul(w.reshape(g, oc // g, cg * kh * kw),
+                      taps.reshape(n, g, cg * kh * kw, oh * ow))
     y = _add_bias(y.reshape(n, oc, oh, ow) - comp.reshape(1, oc, 1, 1), xs[:2] + xs[3:], 1)
     return y if a.out_layout == "NCHW" else _layout_transform_reference([y], _TO_BLOCKED)
 
@@ -255,6 +265,10 @@ def _conv2d_packed_lower(xs, a):
     ocb, icb, kh, kw = shape_of(wp)[:4]
     (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
     oh, ow = _conv_out_hw((n, c, h, w), (a.channels, c, kh, kw), a)
+    # Grouped: the data words are padded per group (`icb` words of each group's C / groups
+    # channels), and output channel block `ob` reads its group's.
+    g = a.groups
+    cg, group_blocks = c // g, a.channels // g // OC_BLOCK
 
     # The unsigned bytes keep the data's channel blocking: NCHW4c for NCHW data, NCHW16c
     # (4 words of 4 channels per pixel) for NCHW16c data, which then needs no
@@ -267,14 +281,15 @@ def _conv2d_packed_lower(xs, a):
         return x[b, tirx.min(channel, c - 1), i, j]
 
     def byte(b, cb, i, j, ci):
-        channel = cb * IC_BLOCK * group + ci
-        inside = tirx.all(channel < c, i >= ph, i < h + ph, j >= pw, j < w + pw)
+        local = cb % icb * IC_BLOCK + ci if g > 1 else cb * IC_BLOCK * group + ci
+        channel = cb // icb * cg + local if g > 1 else local
+        inside = tirx.all(local < cg, i >= ph, i < h + ph, j >= pw, j < w + pw)
         value = pixel(b, channel, i - ph, j - pw) + 128
         return tirx.if_then_else(inside, value, const(128)).astype("uint8")
     # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word);
     # its columns outside [pw, w + pw) are padding (the schedule copies the others
     # without a test).
-    u = te.compute((n, icb // group, h + 2 * ph, w + 2 * pw, IC_BLOCK * group), byte,
+    u = te.compute((n, g * icb // group, h + 2 * ph, w + 2 * pw, IC_BLOCK * group), byte,
                    name="conv2d_packed_data", attrs={MATERIALIZE: 1, INTERIOR: [3, pw, w + pw]})
     rcb = te.reduce_axis((0, icb), name="rcb")
     ry = te.reduce_axis((0, kh), name="ry")
@@ -282,7 +297,8 @@ def _conv2d_packed_lower(xs, a):
     rci = te.reduce_axis((0, IC_BLOCK), name="rci")
 
     def dot(b, ob, p, q, oi):
-        tap = u[b, rcb // group, p * sh + ry * dh, q * sw + rx * dw,
+        word = ob // group_blocks * icb + rcb if g > 1 else rcb // group
+        tap = u[b, word, p * sh + ry * dh, q * sw + rx * dw,
                 rcb % group * IC_BLOCK + rci].astype("int32")
         return te.sum(tap * wp[ob, rcb, ry, rx, oi, rci].astype("int32"),
                       axis=[rcb, ry, rx, rci])

@@ -13,8 +13,10 @@ llvm and cuda targets run this pass; the schedule table then picks, per CPU, VNN
 plain vector loop for it, and on CUDA `dp4a` (`cvmc/lowering/rules.py`).
 
 A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes (on
-the CPU; on CUDA dense stays as it is: `_PACKED_OPS`). Left as they are (their kernels keep the default schedule): grouped and depthwise convs,
-a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
+the CPU; on CUDA dense stays as it is: `_PACKED_OPS`). A grouped conv is packed where each
+group has whole 16-channel output blocks (its data stays NCHW). Left as they are (their
+kernels keep the default schedule): depthwise convs (their own rule) and other grouped
+ones, a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
 
 `block_activations` then keeps the activations between such convs in the kernels' own
 layout, NCHW16c: a conv2d_packed result that feeds another conv2d_packed's data, through
@@ -43,7 +45,9 @@ def _packable(graph: Graph, node: Node, target: str | None) -> bool:
             node.inputs[1] not in graph.constants:
         return False
     w = graph.types[node.inputs[1]].shape
-    return node.attrs.get("groups", 1) == 1 and \
+    groups = node.attrs.get("groups", 1)
+    # grouped: whole 16-channel output blocks per group (depthwise convs are not)
+    return (groups == 1 or w[0] % (groups * OC_BLOCK) == 0) and \
         int(np.prod(w[1:], dtype=np.int64)) <= MAX_PACKED_REDUCTION
 
 
@@ -83,7 +87,8 @@ def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
         (x, w, *bias), a, out = node.inputs, Attrs(node.attrs), node.outputs[0]
         if node.op == "conv2d":
             packed_conv(x, w, bias, {"padding": a.padding, "stride": a.stride,
-                                     "dilation": a.dilation}, out, node.span)
+                                     "dilation": a.dilation, "groups": a.groups}, out,
+                        node.span)
             continue
         (m, k), n = types[x].shape, types[w].shape[0]
         x4 = add("reshape", (x,), {"target_shape": [m, k, 1, 1]}, fresh(f"{x}_nchw"))
@@ -138,8 +143,9 @@ def block_activations(graph: Graph, target: str | None = None) -> Graph:
 
     def aware(node: Node, value: str) -> bool:
         """True if `node` reads `value` blocked once it is."""
-        if node.op == "conv2d_packed":
-            return node.inputs[0] == value and node.attrs["data_layout"] == "NCHW"
+        if node.op == "conv2d_packed":  # a grouped one reads NCHW data only
+            return node.inputs[0] == value and node.attrs["data_layout"] == "NCHW" and \
+                node.attrs["groups"] == 1
         return node.outputs[0] in blocked and _elementwise(node, graph.types)
 
     for value in reversed(list(graph.values())):  # readers are decided before their inputs

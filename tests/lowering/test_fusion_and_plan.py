@@ -64,14 +64,15 @@ def test_conv_absorbs_its_elementwise_epilogue():
     assert groups[0].inputs == ["x", "w"] and groups[0].outputs == ["r"]
 
 
-def test_cuda_fuses_epilogues_into_conv2d_only():
-    """On CUDA conv2d (cvmc's own schedule) takes its epilogue; dense (dlight) does not."""
+def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
+    """On CUDA conv2d and dense (cvmc's own schedules, `CUDA_TABLE`) take their epilogues;
+    other kernels (dlight's) do not."""
     assert [len(k) for k in fuse_kernels(cnn(), "cuda").kernels] == [4, 1, 1, 1]
     fc = graph({"x": ((1, 27), 8)}, [
         ("dense", ["x", "dw"], "y", {}),
         ("cvm_right_shift", ["y"], "s", {"precision": 8, "shift_bit": 4}),
     ], ["s"], {"dw": rand((4, 27), 8, 2)})
-    assert [len(k) for k in fuse_kernels(fc, "cuda").kernels] == [1, 1]
+    assert [len(k) for k in fuse_kernels(fc, "cuda").kernels] == [2]
     assert [len(k) for k in fuse_kernels(fc, "llvm").kernels] == [2]
 
 

@@ -48,6 +48,14 @@ GEOMETRIES = {
     # the 4-channel words and the 16-channel block.
     "1x1, 16-column rows": ((2, 20, 3, 16), (24, 20, 1, 1), {}, True, True),
     "3x3 pad 1, 8-column rows": ((1, 8, 4, 8), (16, 8, 3, 3), {"padding": [1, 1]}, True, True),
+    # Grouped (AlexNet's conv2 and conv4/5 are 2 groups): each group's 16-channel blocks
+    # read its own input channels; 6 and 5 channels per group pad their 4-channel words
+    # per group.
+    "grouped, 2 groups": ((1, 12, 6, 7), (32, 6, 3, 3), {"padding": [1, 1], "groups": 2},
+                          True, True),
+    "grouped, 3 groups, stride 2": ((2, 15, 9, 8), (48, 5, 3, 3),
+                                    {"padding": [1, 0], "stride": [2, 2], "groups": 3}, False,
+                                    False),
     # 16 output columns but column stride 2: channels stay in the lanes.
     "1x1 stride 2, 16-column rows": ((1, 8, 4, 32), (16, 8, 1, 1), {"stride": [2, 2]}, False,
                                      True),
@@ -202,10 +210,13 @@ def test_reduction_length_bound(length, packed):
     assert plan["kernels"][0]["ops"] == ["conv2d_packed" if packed else "conv2d"]
 
 
-def test_grouped_conv_stays_unpacked():
-    plan = compiled_vs_reference(conv_graph((1, 8, 5, 5), (8, 4, 3, 3), {"groups": 2},
-                                            True, False))
-    assert plan["kernels"][0]["ops"] == ["conv2d"]
+@pytest.mark.parametrize("groups, oc, packed", [(2, 8, False), (2, 32, True), (4, 48, False)])
+def test_grouped_conv_is_packed_with_whole_blocks_per_group(groups, oc, packed):
+    """A grouped conv is packed where each group's output channels fill 16-channel blocks
+    (8 / 2 = 4 and 48 / 4 = 12 do not: those keep the default schedule)."""
+    plan = compiled_vs_reference(conv_graph((1, 8, 5, 5), (oc, 8 // groups, 3, 3),
+                                            {"groups": groups, "padding": [1, 1]}, True, False))
+    assert plan["kernels"][0]["ops"] == ["conv2d_packed" if packed else "conv2d"]
 
 
 def test_cuda_convs_and_dense_take_the_dp4a_rules():
