@@ -223,7 +223,7 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
     """On CUDA every geometry above is packed too and scheduled with `dp4a` (u8 x s8, the
     PTX `dp4a.u32.s32`), and dense with `__dp4a` (s8 x s8) where K is a multiple of 4;
     tests/gpu runs them on a GPU (tests/gpu/prebuilt.py: dp4a_cases). Here: each takes its
-    rule, and one of them compiles with nvcc."""
+    rule, and one conv and one dense of each rule compile with nvcc."""
     from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
@@ -231,18 +231,20 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
 
     calls = {"cuda-conv-dp4a": "cvmc_dp4a_u8s8(", "cuda-dense-dp4a": "__dp4a(",
              "cuda-dlight": None}
+    sources = {}
     for name, (graph, rule) in dp4a_cases().items():
         mod, _, _ = lower_graph(run_pipeline(graph, target="cuda"), "cuda")
-        _, source, rules = cuda_translation_unit(mod, "sm_80")
+        _, sources[rule], rules = cuda_translation_unit(mod, "sm_80")
         assert list(rules.values()) == [rule], name
-        kernels = source.split("extern \"C\" __global__", 1)[1]
+        kernels = sources[rule].split("extern \"C\" __global__", 1)[1]
         assert calls[rule] is None or calls[rule] in kernels, name
     try:
         find_nvcc()
     except CvmcError as e:
         pytest.skip(e.message)
     with tempfile.TemporaryDirectory() as tmp:
-        nvcc_shared(source, "sm_80", Path(tmp) / "k.so")
+        for rule, source in sources.items():
+            nvcc_shared(source, "sm_80", Path(tmp) / f"{rule}.so")
 
 
 def test_dlight_schedules_a_one_pixel_packed_conv():
