@@ -210,29 +210,32 @@ def schedule_dense_cuda(sch, func_name: str) -> None:
     inline_all(sch, func_name)
     root = sch.get_sblock("root", func_name=func_name)
     dense = [b for b in sch.get_child_blocks(root) if len(sch.get_loops(b)) == 3]
-    if len(dense) != 1 or any(r.source.dtype != "int8" for r in sch.get(dense[0]).reads
-                              if r.source.name != sch.get(dense[0]).writes[0].source.name):
-        raise ValueError("not one dense block on int8 data and weights")
+    if len(dense) != 1:
+        raise ValueError("not one dense block")
     (dense,) = dense
-    consumers = sch.get_consumers(dense)
+    block = sch.get(dense)
+    if any(r.source.dtype != "int8" for r in block.reads
+           if not r.source.same_as(block.writes[0].source)):
+        raise ValueError("dense: data or weights not int8")
     m, n, k = sch.get_loops(dense)
     words = int(sch.get(k).extent) // 4
     lanes = largest_divisor(words, _DENSE_LANES)
     if words * 4 != int(sch.get(k).extent) or lanes < _DENSE_MIN_LANES:
         raise ValueError("dense: K is not a multiple of 4, or too short")
     word, _ = sch.split(k, [None, 4])
-    _, lane = sch.split(word, [None, lanes])
-    partial = sch.rfactor(lane, factor_axis=0)
-    m, n, lanes = sch.get_loops(dense)
+    partial = sch.rfactor(sch.split(word, [None, lanes])[1], factor_axis=0)
+    # `dense` now adds the lanes' partial sums: TVM's cross-thread reduction
+    m, n, lane_sum = sch.get_loops(dense)
     n_o, n_t = sch.split(n, [None, largest_divisor(int(sch.get(n).extent), _DENSE_ROWS)])
     sch.bind(sch.fuse(m, n_o), "blockIdx.x")
     sch.bind(n_t, "threadIdx.y")
-    sch.bind(lanes, "threadIdx.x")
+    sch.bind(lane_sum, "threadIdx.x")
     sch.compute_at(partial, n_t)
     # under (block, row): the lane, the lane's words (absent where it has one) and bytes
     lane, *reduction = sch.get_loops(partial)[2:]
     sch.bind(lane, "threadIdx.x")
     sch.set_scope(partial, 0, "local")
+    consumers = sch.get_consumers(dense)  # the epilogue, if any: lane 0 runs it
     if consumers:
         sch.set_scope(dense, 0, "local")
     for consumer in consumers:

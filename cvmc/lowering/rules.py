@@ -71,8 +71,8 @@ def schedule_llvm(mod, mcpu: str, scalar: bool = False,
 CUDA_TABLE: list[ScheduleRule] = [
     ScheduleRule("cuda-conv-dp4a", "conv2d_packed", (), schedule_conv_packed_cuda),
     ScheduleRule("cuda-dense-dp4a", "dense", (), schedule_dense_cuda),
-    # Convs the layout pass leaves as they are: grouped and depthwise, a weight that is
-    # not a constant.
+    # Convs the layout pass leaves as they are: depthwise, grouped without whole 16-channel
+    # blocks per group, a weight that is not a constant.
     ScheduleRule("cuda-conv-register-tile", "conv2d", (), schedule_conv_cuda),
 ]
 

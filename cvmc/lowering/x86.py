@@ -264,7 +264,7 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     if lanes:
         schedule_conv_lanes(sch, func_name, acc, lanes)
         return
-    tile, rcb, oi, _ = _register_tile(sch, acc, tile_shape, lambda oi, rci:
+    tile, rcb, oi = _register_tile(sch, acc, tile_shape, lambda oi, rci:
                                       (oi, rci) if vnni else (rci, oi))
     _epilogue_per_tile(sch, acc, tile)
     if not vnni:
@@ -304,7 +304,7 @@ def schedule_conv_avx2(sch, func_name: str) -> None:
     pair, _ = sch.split(rci, [2, 2])
     # the partials the last axis of the rf buffer: [..., 16 channels, 2 partials]
     rf = sch.rfactor(pair, factor_axis=len(sch.get(acc).writes[0].region))
-    tile, rcb, oi, _ = _register_tile(sch, rf, avx2_tile_shape,
+    tile, rcb, oi = _register_tile(sch, rf, avx2_tile_shape,
                                       lambda oi, pair, k: (oi, pair, k))
     _epilogue_per_tile(sch, rf, tile)  # the write-back (acc = partial 0 + partial 1)
     _epilogue_per_tile(sch, acc, tile)
@@ -320,8 +320,7 @@ def _register_tile(sch, block, shape, inner):
     channel blocks and the kernel window, then the tile's columns and channel blocks
     (`shape(n, blocks, rows, columns)` -> (columns, blocks)), unrolled, then
     `inner(16 channels, *input channel loops)`. Returns (the tile loop, the input channel
-    block loop: where the reduction starts, the 16-channel loop, the input channel
-    loops)."""
+    block loop: where the reduction starts, the 16-channel loop)."""
     n, ob, oh, ow, oi, rcb, ry, rx, *channels = sch.get_loops(block)
     extents = [int(sch.get(loop).extent) for loop in (n, ob, oh, ow)]
     columns, blocks = shape(*extents)
@@ -331,7 +330,7 @@ def _register_tile(sch, block, shape, inner):
     sch.parallel(sch.fuse(n, obo, oh))
     sch.unroll(wi)
     sch.unroll(obi)
-    return wo, rcb, oi, channels
+    return wo, rcb, oi
 
 
 def _epilogue_per_tile(sch, acc, tile) -> None:

@@ -265,15 +265,19 @@ def _conv2d_packed_lower(xs, a):
     ocb, icb, kh, kw = shape_of(wp)[:4]
     (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
     oh, ow = _conv_out_hw((n, c, h, w), (a.channels, c, kh, kw), a)
-    # Grouped: the data words are padded per group (`icb` words of each group's C / groups
-    # channels), and output channel block `ob` reads its group's.
-    g = a.groups
-    cg, group_blocks = c // g, a.channels // g // OC_BLOCK
-
     # The unsigned bytes keep the data's channel blocking: NCHW4c for NCHW data, NCHW16c
     # (4 words of 4 channels per pixel) for NCHW16c data, which then needs no
     # de-interleaving, only padding and + 128.
     group = OC_BLOCK // IC_BLOCK if blocked_in else 1  # 4-channel words per block
+    # Per group (one group unless grouped): `blocks` channel blocks of the bytes hold its
+    # C / groups channels (padded per group), and `ocb / groups` output channel blocks read
+    # them.
+    g = a.groups
+    cg, blocks = c // g, icb // group
+
+    def in_group(index, per_group: int):
+        """(group, index within the group) of `index` ((0, index) without groups)."""
+        return (index // per_group, index % per_group) if g > 1 else (0, index)
 
     def pixel(b, channel, i, j):
         if blocked_in:
@@ -281,15 +285,16 @@ def _conv2d_packed_lower(xs, a):
         return x[b, tirx.min(channel, c - 1), i, j]
 
     def byte(b, cb, i, j, ci):
-        local = cb % icb * IC_BLOCK + ci if g > 1 else cb * IC_BLOCK * group + ci
-        channel = cb // icb * cg + local if g > 1 else local
+        grp, block = in_group(cb, blocks)
+        local = block * IC_BLOCK * group + ci  # the channel within its group
+        channel = grp * cg + local
         inside = tirx.all(local < cg, i >= ph, i < h + ph, j >= pw, j < w + pw)
         value = pixel(b, channel, i - ph, j - pw) + 128
         return tirx.if_then_else(inside, value, const(128)).astype("uint8")
     # Kept as a buffer (the VNNI loop reads 4 channels of one pixel as one 32-bit word);
     # its columns outside [pw, w + pw) are padding (the schedule copies the others
     # without a test).
-    u = te.compute((n, g * icb // group, h + 2 * ph, w + 2 * pw, IC_BLOCK * group), byte,
+    u = te.compute((n, g * blocks, h + 2 * ph, w + 2 * pw, IC_BLOCK * group), byte,
                    name="conv2d_packed_data", attrs={MATERIALIZE: 1, INTERIOR: [3, pw, w + pw]})
     rcb = te.reduce_axis((0, icb), name="rcb")
     ry = te.reduce_axis((0, kh), name="ry")
@@ -297,7 +302,7 @@ def _conv2d_packed_lower(xs, a):
     rci = te.reduce_axis((0, IC_BLOCK), name="rci")
 
     def dot(b, ob, p, q, oi):
-        word = ob // group_blocks * icb + rcb if g > 1 else rcb // group
+        word = in_group(ob, ocb // g)[0] * blocks + rcb // group
         tap = u[b, word, p * sh + ry * dh, q * sw + rx * dw,
                 rcb % group * IC_BLOCK + rci].astype("int32")
         return te.sum(tap * wp[ob, rcb, ry, rx, oi, rci].astype("int32"),

@@ -134,9 +134,10 @@ def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
 
 
 def block_activations(graph: Graph, target: str | None = None) -> Graph:
-    """Keep activations between conv2d_packed kernels in NCHW16c (llvm and cuda): a value is blocked when it can be (`_blockable`) and a layout-aware node
-    reads it: a conv2d_packed as its data, or an element-wise node computing blocked. Any
-    other reader, and a graph output, reads an NCHW copy under the value's name."""
+    """Keep activations between conv2d_packed kernels in NCHW16c (llvm and cuda): a value
+    is blocked when it can be (`_blockable`) and a layout-aware node reads it: a
+    conv2d_packed as its data, or an element-wise node computing blocked. Any other
+    reader, and a graph output, reads an NCHW copy under the value's name."""
     blockable, seeds = _blockable(graph)
     consumers, outputs = graph.consumers(), set(graph.outputs)
     blocked: set[str] = set()
