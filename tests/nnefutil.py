@@ -1,7 +1,7 @@
 """Helpers for whole NNEF documents: random weights and inputs by declared type, compile for
 llvm and run beside the reference, and the accuracy bounds of compound fragments.
 
-The bounds are the per-op bounds (README "Float accuracy") carried through each fragment by
+The bounds are the per-op bounds (docs/float.md "Float accuracy") carried through each fragment by
 hand; u = 2^-24, a transcendental function's 4 ULP is at most 8 u relative, and
 `tests.oputil.sum_bound(magnitude, n)` is gamma(n + 2) * magnitude for n roundings.
 """

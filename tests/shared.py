@@ -21,20 +21,21 @@ requires_shared = pytest.mark.skipif(
                             f"CI has it)")
 
 
-def run_readme_example(heading: str, folder: Path) -> dict:
-    """Run the first ```python block after `heading` in README.md inside `folder` (paths
-    to `examples/` made absolute); returns the names it defined."""
+def run_doc_example(heading: str, folder: Path, document: str = "README.md") -> dict:
+    """Run the first ```python block after `heading` in `document` (README.md or a page of
+    docs/) inside `folder` (paths to `examples/` made absolute); returns the names it
+    defined."""
     import re
 
     root = Path(__file__).resolve().parents[1]
-    text = (root / "README.md").read_text()
+    text = (root / document).read_text()
     section = text[text.index(heading):]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     code = code.replace('"examples/', f'"{root}/examples/')
     cwd, scope = os.getcwd(), {}
     os.chdir(folder)
     try:
-        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 (the README's own example)
+        exec(compile(code, document, "exec"), scope)  # noqa: S102 (the document's own example)
     finally:
         os.chdir(cwd)
     return scope

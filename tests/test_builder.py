@@ -14,13 +14,14 @@ from cvmc.frontend.fragments import stdlib
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.ops import all_ops
 from tests.ops.test_cinn import SPEC_PRIMITIVES
-from tests.shared import run_readme_example
+from tests.shared import run_doc_example
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_builder_example_runs(tmp_path):
-    scope = run_readme_example("## Python GraphBuilder (CINN primitives)", tmp_path)
+    scope = run_doc_example("# Python GraphBuilder (CINN primitives)", tmp_path,
+                               "docs/builder.md")
     assert (tmp_path / "net.cvmx").is_file()
     # z by hand: relu(sum over a channel / 32 * 0.25 summed over the 3 channels + 0.5)
     x = scope["feeds"]["x"].astype(np.float64)

@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 
 import cvmc
-from tests.shared import run_readme_example
+from tests.shared import run_doc_example
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_python_api_example_runs(tmp_path):
-    run_readme_example("## Python API", tmp_path)
+    run_doc_example("## Python API", tmp_path)
     assert (tmp_path / "small_cnn.cvmx").is_file()
 
 

@@ -19,7 +19,7 @@ broadcasting out and has broadcast_to for it). Axes are in [0, rank) as the spec
 (no negative axes). No tensor is empty (every extent is >= 1), so no reduction ever runs
 over zero elements.
 
-Edge decisions (the spec is silent; README "Python GraphBuilder (CINN primitives)" has the
+Edge decisions (the spec is silent; docs/builder.md has the
 same table, tests/ops/test_cinn.py a hand-computed case for each):
 - integer div truncates (C), floor_div floors, mod is C's remainder (sign of x), floor_mod
   takes the sign of y; by zero all four give 0 (CVM's broadcast_div: x / 0 = 0; NumPy's

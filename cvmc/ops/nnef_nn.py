@@ -37,7 +37,7 @@ Decisions where the spec is silent (also in the README):
   interpolates linearly with the 'replicate' border (upsample's default). So
   roi_resample(x, RoI = the whole input, h = X * f) is multilinear_upsample(x, f).
 
-Accuracy (u = 2^-24; README "Float accuracy: sliding-window, up-sampling and RoI ops"):
+Accuracy (u = 2^-24; docs/float.md "Float accuracy: sliding-window, up-sampling and RoI ops"):
 a result that sums K rounded terms is within gamma(K + 2) * S of the reference, S the sum
 of the terms' magnitudes and gamma(n) = n u / (1 - n u), K per op: conv / deconv
 C/G * prod(filter) + 1; box / debox / desample prod(size) (+1 normalized);

@@ -25,7 +25,7 @@ DOCS = sorted(CORPUS.iterdir()) if HAVE_SHARED else []
 # A body-less custom fragment: cvmc can only check it (tests/frontend/test_nnef_corpus.py).
 CHECK_ONLY = {"khr_sample_ext_custom_shuffle.nnef"}
 
-# Bounds (README "Float accuracy"); a document not listed must match the reference exactly.
+# Bounds (docs/float.md "Float accuracy"); a document not listed must match the reference exactly.
 # Sums, products and matmuls: running error analysis over the reference's values
 # (`tests.nnefutil.running_bound`).
 RUNNING = {"khr_op_sum_reduce.nnef", "khr_op_matmul_trA.nnef", "khr_op_linear.nnef",

@@ -1,7 +1,7 @@
 """The stdlib compound fragments built on NNEF's window ops (spec 4.3.4, 4.9.2-4.9.4): each
 is a tiny NNEF document, parsed (the frontend expands the fragment), compiled for llvm, run
 by the runtime and compared with `cvmc.reference_run` within the bound its ops compose to
-(README "Float accuracy").
+(docs/float.md "Float accuracy").
 
 Bounds: u = 2^-24. A sum-like op is within gamma(K + 2) * S (tests.oputil.sum_bound); a
 chain of linear ops with nonnegative coefficients in their magnitudes is within the sum of
