@@ -66,7 +66,7 @@ def _shim_object() -> Path:
 def schedule_module(mod, target: dict, scalar: bool = False,
                     on_kernel: Callable[[str], None] | None = None):
     """(scheduled module, {kernel: schedule rule}) for `target` (llvm: the schedule
-    table, `cvmc.lowering.rules`; cuda: dlight for the whole module)."""
+    table, `cvmc.lowering.rules`; cuda: its rows of the table, then dlight)."""
     import tvm
 
     from cvmc.lowering.rules import schedule_cuda_module, schedule_llvm

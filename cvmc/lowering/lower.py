@@ -134,8 +134,7 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
     """(IRModule of one PrimFunc per fused group, groups, execution plan dict).
 
     Kernel symbols are `<prefix><index>_<ops>`.
-    For cuda, conv2d/dense stand alone (their dlight schedules need no epilogue) and
-    non-inlinable intermediate stages become scratch buffers the runtime allocates.
+    For cuda, non-inlinable intermediate stages become scratch buffers the runtime allocates.
     """
     import tvm
 

@@ -1,4 +1,4 @@
-"""NNEF 1.0.5 standard primitives cvmc parses and shape-checks but does not compile.
+"""NNEF 1.0.5 standard primitives: signatures, defaults and shape rules.
 
 Element-wise, reduce, shape-manipulation, matmul and update primitives; the sliding-window
 and RoI ones are in `nnef_std_nn`. Signatures and defaults follow the stdlib declarations
@@ -8,8 +8,10 @@ mean_reduce, moments, nearest_upsample, add_n, ...) are expanded by the frontend
 no entry here. Where a primitive's name is a CVM op with another signature or other shape
 semantics, the entry is `nnef.<name>`; abs reuses the CVM entry (same signature and shape).
 
-Every rule works on plain shapes and raises `OpRuleError` naming the op, the operand or
-attribute, what was expected and what was found (worded like the Khronos parser).
+Each primitive's reference and lower rules are attached by its op family's module
+(`nnef_math`, `nnef_tensor`, `nnef_nn`). Every rule works on plain shapes and raises
+`OpRuleError` naming the op, the operand or attribute, what was expected and what was
+found (worded like the Khronos parser).
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""NNEF 1.0.5 sliding-window, up-sampling and RoI primitives (check-only, shape rules only).
+"""NNEF 1.0.5 sliding-window, up-sampling and RoI primitives: their shape rules.
 
 conv, deconv, box, debox, argmax_pool, sample, desample, multilinear_upsample, avg_roi_pool,
 max_roi_pool, roi_resample. Output sizes follow "Output Shape Calculation" and "Automatic
 Padding Calculation" in section 4.3 of ../shared/spec/nnef-1.0-spec.txt. Shared helpers
-live in `nnef_std`.
+live in `nnef_std`; the reference and lower rules in `nnef_nn`.
 """
 from __future__ import annotations
 
