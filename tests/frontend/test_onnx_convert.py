@@ -385,3 +385,16 @@ def test_lstm_variants_the_converter_does_not_model_are_refused(tmp_path, attr, 
     lstm_node.attribute.append(helper.make_attribute(attr, value))
     with pytest.raises(CvmcError, match=f"LSTM 'lstm': .*{attr}"):
         convert_onnx(_save(model, tmp_path / "m.onnx"), tmp_path / "out")
+
+
+def test_compile_never_writes_over_the_model(tmp_path, capsys):
+    onnx_file = _save(MODELS["mlp"](), tmp_path / "m.onnx")
+    nnef_file = convert_onnx(onnx_file, tmp_path / "nnef") / "graph.nnef"
+    (tmp_path / "link.onnx").symlink_to(onnx_file)
+    before = {p: p.read_bytes() for p in (onnx_file, nnef_file)}
+    for model, out in ((onnx_file, onnx_file), (nnef_file, nnef_file),
+                       (onnx_file, tmp_path / "link.onnx")):
+        assert main(["compile", str(model), "--target", "llvm", "-o", str(out)]) == 1
+        assert capsys.readouterr().err == (f"error: -o {out}: is the model {model}, which "
+                                           f"the artifact would replace; write it elsewhere\n")
+    assert {p: p.read_bytes() for p in before} == before
