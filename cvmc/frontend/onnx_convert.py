@@ -30,6 +30,8 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
   it assumes; Pad's `axes` input (18) is refused; variadic Min and Max must have two inputs;
 - `Resize` of opset 10, which has no coordinate mode, gets ONNX Runtime's asymmetric
   coordinates and floor rounding (the converter assumes opset 11's half_pixel);
+- `Split` into equal parts (no `split` sizes; opset 18's `num_outputs`) gets the sizes
+  of its outputs (the converter would fail);
 - `Flatten` with an axis other than 1 becomes the reshape to its 2-D shape (the converter
   writes `reshape(shape = [0] * axis + [-1])`, right for axis 1 only);
 - nearest `Resize` must pick the same source pixels as NNEF's nearest up/down-sampling
@@ -450,6 +452,11 @@ def _adjust(graph, opset: int) -> None:
             _softmax_axis(op, opset)
         elif op.type == "Flatten" and op.attribs.get("axis", 1) != 1:
             _flatten_as_reshape(op)
+        elif op.type == "Split" and "split" not in op.attribs and \
+                (len(op.inputs) < 2 or not op.inputs[1].name):
+            # equal parts (opset 18: `num_outputs`): the converter reads the sizes only
+            op.attribs["split"] = [out.shape[op.attribs.get("axis", 0)] for out in op.outputs]
+            op.attribs.pop("num_outputs", None)
         elif op.type == "Pad" and len(op.inputs) > 3 and op.inputs[3].name:
             raise CvmcError(f"Pad '{_label(op)}': its input 'axes' (opset 18) is ignored by "
                             f"NNEF-Tools (it reads the pads as those of all dimensions)")

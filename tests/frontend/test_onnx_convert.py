@@ -563,6 +563,16 @@ def test_flatten_any_axis(tmp_path, axis, shape):
     assert np.array_equal(got["y"], _ort(model, feeds)["y"])
 
 
+@pytest.mark.parametrize("opset,attrs", [(13, {}), (18, {"num_outputs": 3}), (11, {"axis": -1})])
+def test_split_into_equal_parts(tmp_path, opset, attrs):
+    attrs.setdefault("axis", 2)
+    model = _model([helper.make_node("Split", ["x"], ["a", "b", "c"], **attrs)], {"x": [1, 2, 6]},
+                   {"a": [1, 2, 2], "b": [1, 2, 2], "c": [1, 2, 2]}, opset=opset)
+    feeds = {"x": np.arange(12, dtype=np.float32).reshape(1, 2, 6)}
+    want, got = _ort(model, feeds), _reference(_convert(tmp_path, model), feeds)
+    assert all(np.array_equal(got[k], want[k]) for k in "abc")
+
+
 def _bn(opset, params_shape=(2,), **attrs):
     """BatchNormalization of a [1, 2, 2] input (spatial = 0: statistics per channel and
     position, of shape [2, 2])."""
