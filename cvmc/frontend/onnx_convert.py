@@ -30,6 +30,8 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
   it assumes; Pad's `axes` input (18) is refused; variadic Min and Max must have two inputs;
 - `Resize` of opset 10, which has no coordinate mode, gets ONNX Runtime's asymmetric
   coordinates and floor rounding (the converter assumes opset 11's half_pixel);
+- `Clip` before opset 11 and `Slice` before 10 take as attributes what the converter reads
+  as inputs (it would fail): they become constant inputs;
 - `Split` into equal parts (no `split` sizes; opset 18's `num_outputs`) gets the sizes
   of its outputs (the converter would fail);
 - `Flatten` with an axis other than 1 becomes the reshape to its 2-D shape (the converter
@@ -71,6 +73,10 @@ MAX_DIM = 1 << 24         # cvmc's dimension limit (README, Limits)
 # rule for is a new type, or is checked or adjusted before converting (module docstring).
 OPSETS = range(7, 29)
 _STANDARD_DOMAINS = ("", "ai.onnx")
+# Ops whose older versions take as attributes what the converter's rule reads as inputs:
+# the opset that made them inputs, the attributes in input order, their type.
+_ATTRIBUTES_BECAME_INPUTS = {"Clip": (11, ("min", "max"), np.float32),
+                             "Slice": (10, ("starts", "ends", "axes"), np.int64)}
 _REDUCTIONS = ("ReduceMin", "ReduceMax", "ReduceMean", "ReduceSum", "ReduceL1", "ReduceL2")
 # Attributes NNEF-Tools' rules never read, with the ONNX default they silently assume.
 _ASSUMED = {"Elu": {"alpha": 1.0}, "LpPool": {"p": 2},
@@ -446,6 +452,8 @@ def _adjust(graph, opset: int) -> None:
         if op.type in ("Min", "Max") and len(op.inputs) != 2:
             raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools "
                             f"converts it with exactly two (a third one would be dropped)")
+        if op.type in _ATTRIBUTES_BECAME_INPUTS and opset < _ATTRIBUTES_BECAME_INPUTS[op.type][0]:
+            _attributes_as_inputs(op, *_ATTRIBUTES_BECAME_INPUTS[op.type][1:])
         if op.type in _REDUCTIONS:
             _reduction_axes(op)
         elif op.type == "Softmax":
@@ -472,6 +480,21 @@ def _adjust(graph, opset: int) -> None:
             warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
                           f"(which NNEF-Tools converts it to) rounds them up: the results "
                           f"differ where a value lies exactly halfway", stacklevel=2)
+
+
+def _attributes_as_inputs(op, names: tuple[str, ...], dtype: type) -> None:
+    """Give an op of an older opset (Clip-6, Slice-1) its attributes as the constant inputs
+    the converter's rule reads; an absent one becomes the empty input, as in ONNX."""
+    from nnef_tools.model import Tensor
+
+    if op.type == "Slice":  # ONNX's default axes, spelled out: the rule counts inputs
+        op.attribs.setdefault("axes", list(range(len(op.attribs.get("starts", [])))))
+    empty = next(t for t in op.graph.tensors if t.name == "")  # the reader's empty input
+    values = [op.attribs.pop(name, None) for name in names]
+    op.inputs = (op.inputs[0], *(
+        empty if v is None else Tensor(op.graph, name=f"{_label(op)}_{name}",
+                                       shape=np.shape(v), dtype=dtype, data=np.array(v, dtype))
+        for name, v in zip(names, values)))
 
 
 def _flatten_as_reshape(op) -> None:

@@ -573,6 +573,20 @@ def test_split_into_equal_parts(tmp_path, opset, attrs):
     assert all(np.array_equal(got[k], want[k]) for k in "abc")
 
 
+@pytest.mark.parametrize("node,shape", [
+    (helper.make_node("Clip", ["x"], ["y"], min=-1.0, max=2.0), [2, 3]),
+    (helper.make_node("Clip", ["x"], ["y"], max=2.0), [2, 3]),
+    (helper.make_node("Clip", ["x"], ["y"], min=-1.0), [2, 3]),
+    (helper.make_node("Slice", ["x"], ["y"], starts=[1], ends=[3], axes=[1]), [2, 2]),
+    (helper.make_node("Slice", ["x"], ["y"], starts=[1, 0], ends=[2, -1]), [1, 2]),
+], ids=["clip", "clip-max", "clip-min", "slice", "slice-no-axes"])
+def test_attributes_older_opsets_take_as_inputs(tmp_path, node, shape):
+    model = _model([node], {"x": [2, 3]}, {"y": shape}, opset=9)
+    feeds = {"x": np.array([[-3, -0.5, 0], [1, 2.5, 4]], np.float32)}
+    got = _reference(_convert(tmp_path, model), feeds)
+    assert np.array_equal(got["y"], _ort(model, feeds)["y"])
+
+
 def _bn(opset, params_shape=(2,), **attrs):
     """BatchNormalization of a [1, 2, 2] input (spatial = 0: statistics per channel and
     position, of shape [2, 2])."""
