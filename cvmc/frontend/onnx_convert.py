@@ -355,6 +355,7 @@ _READ_TYPES = ("FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "B
 
 
 def _describe(tensor, dtype: np.dtype) -> str:
+    """A tensor's dims and type, for messages."""
     return f"{list(tensor.dims)} {dtype.name}"
 
 
@@ -400,12 +401,12 @@ def _external_bytes(model_folder: Path, where: str, tensor, declared: int | None
     if not file.is_file():
         raise CvmcError(f"{where}: external data '{location}' is not a file")
     size = file.stat().st_size
-    offset = _external_int(where, info, "offset")
+    offset = _external_int(where, info, "offset") or 0
     length = _external_int(where, info, "length")
-    length = max(size - (offset or 0), 0) if length is None else length
-    if (offset or 0) + length > size:
-        raise CvmcError(f"{where}: offset {offset or 0} + length {length} lies beyond the end "
-                        f"of '{location}' ({size} bytes)")
+    length = max(size - offset, 0) if length is None else length
+    if offset + length > size:
+        raise CvmcError(f"{where}: offset {offset} + length {length} lies beyond the end of "
+                        f"'{location}' ({size} bytes)")
     if length != declared:
         dtype = _dtype(tensor)
         raise CvmcError(f"{where} declares {declared} bytes ({_describe(tensor, dtype)}), its "
