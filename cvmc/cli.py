@@ -284,6 +284,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     """Compile a model (an ONNX one converted into a temporary NNEF folder first)."""
     from cvmc.codegen import compile_cli
+    output = Path(args.output)
+    if output.exists() and Path(args.model).exists() and output.samefile(args.model):
+        raise CvmcError(f"-o {args.output}: is the model {args.model}, which the artifact "
+                        f"would replace; write it elsewhere")
     if not _is_onnx(args.model):
         if args.input_shape:
             raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")

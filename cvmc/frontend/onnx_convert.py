@@ -9,6 +9,11 @@ optimizer crashes under NumPy >= 2.4 (`np.reshape(newshape=)`) when it merges a 
 normalization into a convolution, and cvmc's own passes do such rewrites. Not
 `--fold-constants`: that needs onnx-simplifier, another native package.
 
+Before anything else, cvmc reads the model without its external data and checks what it
+declares: the opset (OPSETS), every tensor's size against its dims and type, external data
+files inside the model's folder, and the whole model against MAX_ONNX_BYTES. Only then is
+the external data loaded and the model given to the converter's reader.
+
 NNEF-Tools reads the ONNX graph without its opset, and some of its rules are those of one
 opset only. Before converting, cvmc therefore adjusts the converter's input graph where
 the converter would refuse a valid model or, worse, give it another meaning (README,
@@ -19,8 +24,18 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
 - `Softmax` without `axis` gets the default of the model's opset (-1 from opset 13, 1
   before); before opset 13, `Softmax` over a non-last axis of a tensor with more
   dimensions (a flattened softmax) is refused;
-- attributes the converter ignores (Elu and Selu `alpha`, `gamma`; LpPool `p`) must
-  hold the default it assumes, and variadic Min and Max must have two inputs;
+- attributes the converter ignores (Elu and Selu `alpha`, `gamma`; LpPool `p`;
+  BatchNormalization `spatial` (opsets 7, 8), `training_mode` (14); Reshape `allowzero`
+  (14); Resize `antialias`, `axes`, `keep_aspect_ratio_policy` (18)) must hold the default
+  it assumes; Pad's `axes` input (18) is refused; variadic Min and Max must have two inputs;
+- `Resize` of opset 10, which has no coordinate mode, gets ONNX Runtime's asymmetric
+  coordinates and floor rounding (the converter assumes opset 11's half_pixel);
+- `Clip` before opset 11 and `Slice` before 10 take as attributes what the converter reads
+  as inputs (it would fail): they become constant inputs;
+- `Split` into equal parts (no `split` sizes; opset 18's `num_outputs`) gets the sizes
+  of its outputs (the converter would fail);
+- `Flatten` with an axis other than 1 becomes the reshape to its 2-D shape (the converter
+  writes `reshape(shape = [0] * axis + [-1])`, right for axis 1 only);
 - nearest `Resize` must pick the same source pixels as NNEF's nearest up/down-sampling
   (the converter ignores `nearest_mode` and the coordinate mode): otherwise refused;
 - `Round` converts with a warning: NNEF rounds halves up, ONNX to even;
@@ -32,12 +47,14 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
 """
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from fractions import Fraction
-from math import ceil, floor
-from pathlib import Path
+from math import ceil, floor, prod
+from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,13 +63,27 @@ from cvmc.errors import CvmcError
 from cvmc.frontend.syntax import KEYWORDS
 
 MISSING = "cvmc convert needs the Khronos NNEF-Tools: pip install 'cvmc[convert]'"
-MAX_ONNX_BYTES = 2 << 30  # protobuf's own limit on one message
+# protobuf's own limit on one message: the bound of the .onnx file and of the whole model
+# with its external data (NNEF-Tools' reader serializes the loaded model for shape inference)
+MAX_ONNX_BYTES = 2 << 30
 MAX_DIM = 1 << 24         # cvmc's dimension limit (README, Limits)
+# The ONNX-domain opsets cvmc converts. From 7: ONNX Runtime's oldest supported opset; before
+# it, binary ops broadcast by `axis`/`broadcast` attributes the converter ignores. Up to 28:
+# the newest that onnx 1.23.2 defines; every change up to it to an op the converter has a
+# rule for is a new type, or is checked or adjusted before converting (module docstring).
+OPSETS = range(7, 29)
 _STANDARD_DOMAINS = ("", "ai.onnx")
+# Ops whose older versions take as attributes what the converter's rule reads as inputs:
+# the opset that made them inputs, the attributes in input order, their type.
+_ATTRIBUTES_BECAME_INPUTS = {"Clip": (11, ("min", "max"), np.float32),
+                             "Slice": (10, ("starts", "ends", "axes"), np.int64)}
 _REDUCTIONS = ("ReduceMin", "ReduceMax", "ReduceMean", "ReduceSum", "ReduceL1", "ReduceL2")
 # Attributes NNEF-Tools' rules never read, with the ONNX default they silently assume.
 _ASSUMED = {"Elu": {"alpha": 1.0}, "LpPool": {"p": 2},
-            "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}}
+            "Selu": {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875},
+            "BatchNormalization": {"spatial": 1, "training_mode": 0},
+            "Reshape": {"allowzero": 0},
+            "Resize": {"antialias": 0, "axes": None, "keep_aspect_ratio_policy": "stretch"}}
 
 
 def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
@@ -66,14 +97,14 @@ def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
     """
     onnx_path, out_dir = Path(onnx_path), Path(out_dir)
     tools = _import_tools()
-    opset = _read_onnx(onnx_path, input_shapes or {})
-    _check_destination(out_dir, force)
+    model, opset = _read_onnx(onnx_path, input_shapes or {})
+    _check_destination(out_dir, force, onnx_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         folder = tmp / "nnef"  # made by mkdir: the user's umask, not mkdtemp's 0700
         folder.mkdir()
-        _run_converter(tools, onnx_path, folder, opset, input_shapes)
+        _run_converter(tools, model, onnx_path, folder, opset, input_shapes)
         _move_into_place(folder, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -85,14 +116,15 @@ def _import_tools() -> SimpleNamespace:
     try:
         from nnef_tools import convert
         from nnef_tools.conversion.converter import ConversionError
-        from nnef_tools.io.onnx import Reader  # imports onnx
+        from nnef_tools.io.onnx import reader  # imports onnx
     except ImportError:
         raise CvmcError(MISSING) from None
-    return SimpleNamespace(convert=convert, ConversionError=ConversionError, Reader=Reader)
+    return SimpleNamespace(convert=convert, ConversionError=ConversionError, reader=reader)
 
 
-def _read_onnx(path: Path, input_shapes: dict[str, list[int]]) -> int:
-    """Check that `path` is an ONNX model NNEF-Tools can be given; return its opset."""
+def _read_onnx(path: Path, input_shapes: dict[str, list[int]]):
+    """Check that `path` is an ONNX model NNEF-Tools can be given (its external data is not
+    read); return the ModelProto, its symbolic dimensions unnamed, and its opset."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -108,13 +140,22 @@ def _read_onnx(path: Path, input_shapes: dict[str, list[int]]) -> int:
     opsets = [o.version for o in model.opset_import if o.domain in _STANDARD_DOMAINS]
     if not model.HasField("graph") or not model.graph.node or not opsets:
         raise CvmcError(f"{path}: not an ONNX model (no graph with nodes and an opset)")
+    for opset in opsets:
+        if opset not in OPSETS:
+            raise CvmcError(f"{path}: declares opset {opset} of the ONNX domain; cvmc "
+                            f"converts opsets {OPSETS.start}..{OPSETS.stop - 1}")
     for node in model.graph.node:  # the reader drops domains: a custom op would pass as
         if node.domain not in _STANDARD_DOMAINS:  # a standard one of the same name
             raise CvmcError(f"{path}: node '{node.name or node.output[0]}' is the op "
                             f"'{node.op_type}' of domain '{node.domain}'; only standard "
                             f"ONNX ops (domain ai.onnx) can be converted")
+    try:
+        _check_tensors(path, model)
+    except CvmcError as e:
+        raise CvmcError(f"{path}: {e.message}") from None
     _check_input_shapes(path, model.graph, input_shapes)
-    return max(opsets)
+    _unname_symbolic_dims(model.graph)
+    return model, max(opsets)
 
 
 def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -> None:
@@ -130,7 +171,7 @@ def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -
             raise CvmcError(f"--input-shape {name}: the model has no input '{name}' "
                             f"(inputs: {', '.join(inputs)})")
         dims = inputs[name].type.tensor_type.shape.dim
-        if len(dims) != len(shape) or any(d.HasField("dim_value") and d.dim_value != s
+        if len(dims) != len(shape) or any(_fixed(d) and d.dim_value != s
                                           for d, s in zip(dims, shape)):
             raise CvmcError(f"--input-shape {name}: {shape} does not fit the model's shape "
                             f"{_onnx_shape(dims)}")
@@ -138,19 +179,41 @@ def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -
             raise CvmcError(f"--input-shape {name}: every dimension must be 1..{MAX_DIM}")
     for name, info in inputs.items():
         dims = info.type.tensor_type.shape.dim
-        if name not in input_shapes and not all(d.HasField("dim_value") for d in dims):
+        if name not in input_shapes and not all(_fixed(d) for d in dims):
             raise CvmcError(f"{path}: input '{name}' has the dynamic shape "
                             f"{_onnx_shape(dims)}: give it with --input-shape "
                             f"{name}=D1,D2,...")
 
 
+def _fixed(dim) -> bool:
+    """A dimension with a value; -1 and 0 (paddle2onnx's batch) are symbolic, as are named
+    and unnamed ones."""
+    return dim.HasField("dim_value") and dim.dim_value > 0
+
+
+def _unname_symbolic_dims(graph) -> None:
+    """Make -1 and 0 dimensions unnamed, which is what NNEF-Tools' reader takes as symbolic
+    (it would keep them as sizes and refuse --input-shape's values for them)."""
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        for dim in info.type.tensor_type.shape.dim:
+            if dim.HasField("dim_value") and dim.dim_value <= 0:
+                dim.ClearField("dim_value")
+
+
 def _onnx_shape(dims) -> str:
+    """An ONNX shape as the model writes it, `?` for an unnamed dimension."""
     return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?"
                            for d in dims) + "]"
 
 
-def _check_destination(out_dir: Path, force: bool) -> None:
-    """`out_dir` is new, an empty folder, or (with --force) a previous model folder."""
+def _check_destination(out_dir: Path, force: bool, source: Path) -> None:
+    """`out_dir` is new, an empty folder, or (with --force) a previous model folder; never
+    the folder of the source model (or of the file a link to it names) or an ancestor."""
+    dest = out_dir.resolve()
+    for model in (source.absolute().parent.resolve() / source.name, source.resolve()):
+        if model.is_relative_to(dest):  # the source, its external data, a link to them
+            raise CvmcError(f"-o {out_dir}: holds the source model {source}; write the NNEF "
+                            f"folder elsewhere")
     if not out_dir.exists() and not out_dir.is_symlink():
         return
     if not out_dir.is_dir() or out_dir.is_symlink():
@@ -173,9 +236,10 @@ def _move_into_place(folder: Path, out_dir: Path) -> None:
     folder.rename(out_dir)
 
 
-def _run_converter(tools: SimpleNamespace, onnx_path: Path, folder: Path, opset: int,
+def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path, opset: int,
                    input_shapes: dict[str, list[int]] | None) -> None:
-    """Read, adjust, convert and write the model into `folder` (see the module docstring)."""
+    """Read, adjust, convert and write the checked `model` into `folder` (see the module
+    docstring)."""
     converter = tools.convert.get_converter(
         "onnx", "nnef", io_transpose=False, custom_transforms=None, custom_functions=None,
         custom_shapes={}, mirror_unsupported=False, keep_io_names=True)
@@ -185,7 +249,7 @@ def _run_converter(tools: SimpleNamespace, onnx_path: Path, folder: Path, opset:
         generate_fragments=False, annotate_shapes=False, compression=None)
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
     try:
-        graph = tools.Reader(simplify=False)(str(onnx_path), input_shapes=shapes)
+        graph = _read_graph(tools.reader, model, onnx_path.parent, shapes)
         graph = tools.convert.get_optimizer("onnx")(graph, only_required=True)
         _adjust(graph, opset)
         graph.sort()
@@ -203,6 +267,181 @@ def _run_converter(tools: SimpleNamespace, onnx_path: Path, folder: Path, opset:
                         f"({type(e).__name__}: {e})") from None
 
 
+def _read_graph(reader, model, model_folder: Path, shapes: dict | None):
+    """NNEF-Tools' ONNX reader (its `Reader.__call__`, without the simplifier) on the checked
+    `model`, whose external data (bounded by `_check_tensors`) is loaded first."""
+    import onnx
+
+    onnx.load_external_data_for_model(model, str(model_folder))
+    reader._add_value_info_for_constants(model)
+    if shapes:
+        reader._set_input_shapes(model.graph, shapes)
+    return reader.onnx_model_to_graph(reader.infer_shapes(model))
+
+
+# ---- the model's tensors: sizes checked before any data is read --------------------------
+def _check_tensors(path: Path, model) -> None:
+    """Every tensor's data fits its dims and type, external data lies inside files of the
+    model's folder, and the file with all its external data stays within MAX_ONNX_BYTES."""
+    from onnx import TensorProto
+
+    total = path.stat().st_size
+    for where, tensor in _all_tensors(model):
+        declared = _declared_bytes(where, tensor)
+        if tensor.data_location == TensorProto.EXTERNAL:
+            total += _external_bytes(path.parent, where, tensor, declared)
+            if total > MAX_ONNX_BYTES:
+                raise CvmcError(f"the model with its external data (up to {where}) holds "
+                                f"more than the {MAX_ONNX_BYTES} bytes an ONNX model may hold")
+        elif declared is not None:
+            _check_inline(where, tensor, declared)
+
+
+def _all_tensors(model) -> Iterator[tuple[str, object]]:
+    """(how an error names it, TensorProto) for every tensor in the model: initializers,
+    sparse ones, node attributes, in subgraphs and functions too."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        yield from _node_tensors(function.node)
+
+
+def _graph_tensors(graph) -> Iterator[tuple[str, object]]:
+    """The tensors of one graph (see `_all_tensors`)."""
+    for tensor in graph.initializer:
+        yield f"initializer '{tensor.name}'", tensor
+    for sparse in graph.sparse_initializer:
+        yield from _sparse(f"sparse initializer '{sparse.values.name}'", sparse)
+    yield from _node_tensors(graph.node)
+
+
+def _node_tensors(nodes) -> Iterator[tuple[str, object]]:
+    """The tensors of the nodes' attributes, subgraphs included."""
+    for node in nodes:
+        label = node.name or (node.output[0] if node.output else node.op_type)
+        for attr in node.attribute:
+            where = f"attribute '{attr.name}' of node '{label}'"
+            if attr.HasField("t"):
+                yield where, attr.t
+            for tensor in attr.tensors:
+                yield where, tensor
+            for sparse in [attr.sparse_tensor] if attr.HasField("sparse_tensor") else []:
+                yield from _sparse(where, sparse)
+            for sparse in attr.sparse_tensors:
+                yield from _sparse(where, sparse)
+            for graph in [attr.g] if attr.HasField("g") else attr.graphs:
+                yield from _graph_tensors(graph)
+
+
+def _sparse(where: str, sparse) -> Iterator[tuple[str, object]]:
+    """A sparse tensor's values and indices."""
+    yield f"{where} (values)", sparse.values
+    yield f"{where} (indices)", sparse.indices
+
+
+def _dtype(tensor) -> np.dtype | None:
+    """The NumPy type of a tensor of a type NNEF-Tools' reader reads (no string), else None."""
+    from onnx import TensorProto, helper
+
+    name = TensorProto.DataType.Name(tensor.data_type) \
+        if tensor.data_type in TensorProto.DataType.values() else None
+    if name not in _READ_TYPES:
+        return None
+    return np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+
+
+# The element types NNEF-Tools' ONNX reader maps to NumPy, strings aside.
+_READ_TYPES = ("FLOAT", "UINT8", "INT8", "UINT16", "INT16", "INT32", "INT64", "BOOL",
+               "FLOAT16", "DOUBLE", "UINT32", "UINT64", "COMPLEX64", "COMPLEX128")
+
+
+def _describe(tensor, dtype: np.dtype) -> str:
+    """A tensor's dims and type, for messages."""
+    return f"{list(tensor.dims)} {dtype.name}"
+
+
+def _declared_bytes(where: str, tensor) -> int | None:
+    """The bytes a tensor's dims and type declare (None for a type without a fixed size),
+    refused over MAX_ONNX_BYTES: bounded while multiplying, before anything is read."""
+    if any(d < 0 for d in tensor.dims):
+        raise CvmcError(f"{where}: negative dimension in {list(tensor.dims)}")
+    dtype = _dtype(tensor)
+    if dtype is None:
+        return None
+    size = 0 if 0 in tensor.dims else dtype.itemsize
+    for d in tensor.dims:
+        size *= d
+        if size > MAX_ONNX_BYTES:
+            raise CvmcError(f"{where} declares more than the {MAX_ONNX_BYTES} bytes an "
+                            f"ONNX model may hold ({_describe(tensor, dtype)})")
+    return size
+
+
+def _external_bytes(model_folder: Path, where: str, tensor, declared: int | None) -> int:
+    """Check where a tensor's external data lies (stat only, nothing read); its size."""
+    info = {e.key: e.value for e in tensor.external_data}  # the last entry wins, as in onnx
+    location = info.get("location", "")
+    if declared is None:
+        raise CvmcError(f"{where}: external data of a type NNEF-Tools does not read "
+                        f"(ONNX data type {tensor.data_type})")
+    if not location or "\0" in location or PurePosixPath(location).is_absolute() \
+            or ".." in PurePosixPath(location).parts:
+        raise CvmcError(f"{where}: external data location '{location}' must be a relative "
+                        f"path inside the model's folder")
+    try:
+        file = (model_folder / location).resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, or a loop of links
+        raise CvmcError(f"{where}: external data '{location}': no such file in "
+                        f"{model_folder}") from None
+    if not file.is_relative_to(model_folder.resolve()):
+        raise CvmcError(f"{where}: external data '{location}' leads out of the model's "
+                        f"folder (to {file})")
+    if (model_folder / location).is_symlink():  # onnx refuses to read through one
+        raise CvmcError(f"{where}: external data '{location}' is a symbolic link, which onnx "
+                        f"does not read")
+    if not file.is_file():
+        raise CvmcError(f"{where}: external data '{location}' is not a file")
+    size = file.stat().st_size
+    offset = _external_int(where, info, "offset") or 0
+    length = _external_int(where, info, "length")
+    length = max(size - offset, 0) if length is None else length
+    if offset + length > size:
+        raise CvmcError(f"{where}: offset {offset} + length {length} lies beyond the end of "
+                        f"'{location}' ({size} bytes)")
+    if length != declared:
+        dtype = _dtype(tensor)
+        raise CvmcError(f"{where} declares {declared} bytes ({_describe(tensor, dtype)}), its "
+                        f"external data {length} bytes")
+    if "length" not in info:  # onnx would read to the end of the file, as it is by then
+        tensor.external_data.add(key="length", value=str(length))
+    return length
+
+
+def _external_int(where: str, info: dict[str, str], key: str) -> int | None:
+    """An external data offset or length: a decimal integer >= 0, if given."""
+    if key not in info:
+        return None
+    if not re.fullmatch(r"[0-9]{1,19}", info[key]):
+        raise CvmcError(f"{where}: external data {key} '{info[key]}' must be an integer >= 0")
+    return int(info[key])
+
+
+def _check_inline(where: str, tensor, declared: int) -> None:
+    """A tensor's data in the model file fits its dims: raw bytes, or typed values."""
+    from onnx import helper
+
+    dtype = _dtype(tensor)
+    if tensor.HasField("raw_data"):
+        if len(tensor.raw_data) != declared:
+            raise CvmcError(f"{where} declares {declared} bytes ({_describe(tensor, dtype)}), "
+                            f"its raw data holds {len(tensor.raw_data)}")
+        return
+    per_value = 2 if dtype.kind == "c" else 1  # complex values are stored as two numbers
+    held = len(getattr(tensor, helper.tensor_dtype_to_field(tensor.data_type))) // per_value
+    if held * dtype.itemsize != declared:
+        raise CvmcError(f"{where} declares {declared // dtype.itemsize} values "
+                        f"({_describe(tensor, dtype)}), its data holds {held}")
+
+
 # ---- adjustments of the converter's input graph ------------------------------------------
 def _adjust(graph, opset: int) -> None:
     """Fix what NNEF-Tools would refuse or mistranslate (module docstring)."""
@@ -214,18 +453,58 @@ def _adjust(graph, opset: int) -> None:
         if op.type in ("Min", "Max") and len(op.inputs) != 2:
             raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools "
                             f"converts it with exactly two (a third one would be dropped)")
+        if op.type in _ATTRIBUTES_BECAME_INPUTS and opset < _ATTRIBUTES_BECAME_INPUTS[op.type][0]:
+            _attributes_as_inputs(op, *_ATTRIBUTES_BECAME_INPUTS[op.type][1:])
         if op.type in _REDUCTIONS:
             _reduction_axes(op)
         elif op.type == "Softmax":
             _softmax_axis(op, opset)
-        elif op.type == "Resize" and op.attribs.get("mode", "nearest") == "nearest":
-            _check_nearest_resize(op)
+        elif op.type == "Flatten" and op.attribs.get("axis", 1) != 1:
+            _flatten_as_reshape(op)
+        elif op.type == "Split" and "split" not in op.attribs and \
+                (len(op.inputs) < 2 or not op.inputs[1].name):
+            # equal parts (opset 18: `num_outputs`): the converter reads the sizes only
+            op.attribs["split"] = [out.shape[op.attribs.get("axis", 0)] for out in op.outputs]
+            op.attribs.pop("num_outputs", None)
+        elif op.type == "Pad" and len(op.inputs) > 3 and op.inputs[3].name:
+            raise CvmcError(f"Pad '{_label(op)}': its input 'axes' (opset 18) is ignored by "
+                            f"NNEF-Tools (it reads the pads as those of all dimensions)")
+        elif op.type == "Resize":
+            if opset < 11:  # what ONNX Runtime does for Resize-10 (no such attributes)
+                op.attribs.update(coordinate_transformation_mode="asymmetric",
+                                  nearest_mode="floor")
+            if op.attribs.get("mode", "nearest") == "nearest":
+                _check_nearest_resize(op)
         elif op.type == "LSTM":
             _lstm_gates(op)
         elif op.type == "Round":  # exact ties are rare in float models: warn, not refuse
             warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
                           f"(which NNEF-Tools converts it to) rounds them up: the results "
                           f"differ where a value lies exactly halfway", stacklevel=2)
+
+
+def _attributes_as_inputs(op, names: tuple[str, ...], dtype: type) -> None:
+    """Give an op of an older opset (Clip-6, Slice-1) its attributes as the constant inputs
+    the converter's rule reads; an absent one becomes the empty input, as in ONNX."""
+    from nnef_tools.model import Tensor
+
+    if op.type == "Slice":  # ONNX's default axes, spelled out: the rule counts inputs
+        op.attribs.setdefault("axes", list(range(len(op.attribs.get("starts", [])))))
+    empty = next(t for t in op.graph.tensors if t.name == "")  # the reader's empty input
+    values = [op.attribs.pop(name, None) for name in names]
+    op.inputs = (op.inputs[0], *(
+        empty if v is None else Tensor(op.graph, name=f"{_label(op)}_{name}",
+                                       shape=np.shape(v), dtype=dtype, data=np.array(v, dtype))
+        for name, v in zip(names, values)))
+
+
+def _flatten_as_reshape(op) -> None:
+    """Write a Flatten as the Reshape to its 2-D shape: the converter's reshape to
+    `[0] * axis + [-1]` keeps `axis` dimensions, not one (right for axis 1 only)."""
+    shape = op.inputs[0].shape
+    axis = op.attribs["axis"] + (len(shape) if op.attribs["axis"] < 0 else 0)
+    op.type = "Reshape"
+    op.attribs = {"shape": [prod(shape[:axis]), prod(shape[axis:])]}
 
 
 # ONNX stacks an LSTM's gate weights as (input, output, forget, cell); NNEF-Tools copies
