@@ -144,22 +144,38 @@ def output_file_name(name: str) -> str:
     return f"{name}.npy"
 
 
+def _value_range(value: np.ndarray) -> str:
+    """' min A max B' of an output: integers as integers, floats as float32 prints them,
+    NaN counted apart (a NaN has no order) and inf shown as inf."""
+    if not value.size:
+        return ""
+    if value.dtype.kind != "f":
+        return f" min {int(value.min())} max {int(value.max())}"
+    nan = np.isnan(value)
+    count = int(nan.sum())
+    ordered = value[~nan]
+    low, high = (ordered.min(), ordered.max()) if ordered.size else (np.nan, np.nan)
+    # !s: NumPy float32 prints its shortest round-trip form; format() would widen it.
+    return f" min {low!s} max {high!s}" + (f" ({count} NaN)" if count else "")
+
+
 def _write_outputs(outputs: dict[str, np.ndarray], out_dir: str | None) -> None:
-    files = {name: output_file_name(name) for name in outputs} if out_dir else {}
+    """Write every output to OUT_DIR/<name>.npy (all of them first), then print a summary
+    line per output."""
+    paths = {}
     if out_dir:
+        files = {name: output_file_name(name) for name in outputs}
         folder = Path(out_dir)
         if folder.exists() and not folder.is_dir():
             raise CvmcError(f"--output-dir {out_dir}: exists and is not a folder")
         folder.mkdir(parents=True, exist_ok=True)
+        for name, value in outputs.items():
+            paths[name] = folder / files[name]
+            atomic_write(paths[name], lambda f, v=value: np.save(f, v, allow_pickle=False))
     for name, value in outputs.items():
-        line = f"{name}: shape {_fmt_shape(value.shape)} {value.dtype}"
-        if value.size:
-            line += f" min {int(value.min())} max {int(value.max())}"
-        if out_dir:
-            path = Path(out_dir) / files[name]
-            atomic_write(path, lambda f, v=value: np.save(f, v, allow_pickle=False))
-            line += f" -> {path}"
-        console.print(line)
+        where = f" -> {paths[name]}" if name in paths else ""
+        console.print(f"{name}: shape {_fmt_shape(value.shape)} {value.dtype}"
+                      f"{_value_range(value)}{where}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -60,10 +60,11 @@ def evaluate(node, values: list[np.ndarray], types) -> list[np.ndarray]:
     if not opdef.compute:
         raise CvmcError(f"{node.op} '{node.name}': NNEF standard op that cvmc can check "
                         f"but not yet compile or run", node.span)
-    # Typed ops see float32 as float64: their rules compute the spec formula in float64
-    # and the result is rounded to float32 once, as a compiled kernel stores it.
-    xs = [v.astype(np.float64) if v.dtype == np.float32 else v for v in values]
-    with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
+    # IEEE results (inf, NaN) are the semantics; widening a signalling NaN quiets it.
+    with np.errstate(all="ignore"):
+        # Typed ops see float32 as float64: their rules compute the spec formula in float64
+        # and the result is rounded to float32 once, as a compiled kernel stores it.
+        xs = [v.astype(np.float64) if v.dtype == np.float32 else v for v in values]
         outs = opdef.run_reference(xs, Attrs(node.attrs))
     result = []
     for name, value in zip(node.outputs, outs):
