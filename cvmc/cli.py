@@ -340,6 +340,15 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _cuda_arch(text: str) -> str:
+    """An argparse type: a CUDA arch cvmc compiles for (sm_61 or newer)."""
+    from cvmc.codegen.build import cuda_arch_problem
+    problem = cuda_arch_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     p = argparse.ArgumentParser(prog="cvmc", description="Compiler for integer (CVM) "
@@ -401,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--input-shape", **input_shape)
     sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
-    sp.add_argument("--arch", default="sm_80", help="CUDA arch, e.g. sm_80, sm_90 (default sm_80)")
+    sp.add_argument("--arch", default="sm_80", type=_cuda_arch,
+                    help="CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default sm_80)")
     sp.add_argument("-o", "--output", required=True, help="artifact path (.cvmx)")
     sp.add_argument("--emit", action="append", default=[], choices=["tir", "source", "plan"],
                     help="also write OUTPUT.<kind> for inspection (repeatable)")

@@ -51,6 +51,9 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
 
     if target not in TARGETS:
         raise CvmcError(f"unknown target '{target}'; expected one of {', '.join(TARGETS)}")
+    if target == "cuda":
+        from cvmc.codegen.build import check_cuda_arch
+        check_cuda_arch(arch)
     writable_file(output, "artifact")  # before the work, not after it
     progress = progress or _Quiet()
     start = time.perf_counter()
