@@ -30,23 +30,12 @@ def _fmt_shape(shape) -> str:
 
 
 # ---- check ----------------------------------------------------------------------------
-def _checked_graph(model, quant=None, params=None):
-    """Load and check a model; graphs of compiled ops get their precisions inferred too."""
-    from cvmc.frontend import load_graph
-    from cvmc.ops import lookup
-    from cvmc.passes.precision import infer_precision
-
-    graph = load_graph(model, quant=quant, params=params)
-    if all(lookup(n.op).compute for n in graph.nodes):
-        graph = infer_precision(graph)
-    return graph
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """Parse, type and shape-check a model; print its signature and tensor table."""
+    from cvmc.frontend import load_checked
     from cvmc.ops import lookup
 
-    graph = _checked_graph(args.model, args.quant, args.params)
+    graph = load_checked(args.model, args.quant, args.params)
     producers = graph.producers()
     kinds = {**{n: "input" for n in graph.inputs}, **{n: "weight" for n in graph.weights()}}
 
@@ -182,9 +171,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a compiled artifact (or, with --reference, a graph on the interpreter)."""
     feeds = _read_inputs(args.input)
     if args.reference:
-        from cvmc.frontend import load_graph
+        from cvmc.frontend import load_checked
         from cvmc.reference import reference_run
-        graph = load_graph(args.model, quant=args.quant, params=args.params)
+        graph = load_checked(args.model, quant=args.quant, params=args.params)
         outputs = reference_run(graph, feeds, saturate=args.saturate)
     else:
         if args.quant or args.params:
@@ -277,12 +266,13 @@ def _input_shapes(args: argparse.Namespace) -> dict[str, list[int]]:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Convert an ONNX model to an NNEF folder with NNEF-Tools, then check it."""
+    from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import convert_onnx
 
     out = convert_onnx(args.model, args.output, input_shapes=_input_shapes(args),
                        force=args.force)
     try:
-        graph = _checked_graph(out)
+        graph = load_checked(out)
     except CvmcError:
         print(f"wrote {out}, but cvmc refuses what NNEF-Tools made of {args.model}:",
               file=sys.stderr)
@@ -325,9 +315,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 # ---- export ---------------------------------------------------------------------------
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a model in another format (CVM-Runtime JSON + params)."""
-    from cvmc.frontend import load_graph
+    from cvmc.frontend import load_checked
     from cvmc.frontend.cvm_json import export_cvm
-    graph = load_graph(args.model, quant=args.quant, params=args.params)
+    graph = load_checked(args.model, quant=args.quant, params=args.params)
     for path in export_cvm(graph, args.output):
         console.print(f"wrote {path}")
     return 0

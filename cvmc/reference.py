@@ -18,7 +18,7 @@ from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import convert_np, prec_max
 from cvmc.ops.registry import Attrs
-from cvmc.passes.precision import check_weight_data, infer_precision
+from cvmc.passes.precision import infer_precision
 
 
 def input_specs(graph: Graph) -> list[TensorSpec]:
@@ -36,14 +36,10 @@ def output_specs(graph: Graph) -> list[TensorSpec]:
 def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
                   saturate: bool = False) -> dict[str, np.ndarray]:
     """Run `graph` on `inputs` (checked against the signature); returns outputs by name."""
-    if any(graph.types[v].is_integer and graph.types[v].precision is None
-           for v in graph.values()):
-        graph = infer_precision(graph)
-    for name, value in graph.constants.items():
-        # A graph whose precisions are all set skips inference: check before the int64 cast
-        # (uint64 2^64-1 would become -1).
-        if graph.types[name].is_integer:
-            check_weight_data(name, value, graph.types[name].precision)
+    # Inferred even when every precision is set: that checks element kinds and weight data
+    # (before the int64 cast) as `cvmc check` and `compile` do, so the interpreter runs
+    # nothing they refuse; an op it cannot run is refused here, before any other runs.
+    graph = infer_precision(graph)
     env = {k: stored(v, graph.types[k]) for k, v in
            [*check_inputs(input_specs(graph), inputs, saturate).items(),
             *graph.constants.items()]}
