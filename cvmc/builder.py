@@ -20,7 +20,8 @@ Methods:
   (`b.onednn_convolution(...)`). These are generated from the registry and the standard
   library.
 Tensor arguments are `Var`s of this builder or Python numbers (shape-[] constants, as
-literals in text); attributes are keywords; `name=` names the result. Shapes and types
+literals in text), positional or by their input names (`bias=b`, as in text; None leaves an
+optional one out); attributes are keywords; `name=` names the result. Shapes and types
 (with integer precisions) are inferred as each call is made: a bad call raises a
 CvmcError naming the op and the rule, at the call.
 """
@@ -330,7 +331,7 @@ class GraphBuilder:
         result Var(s)."""
         e = self._eval
         pos = [Arg(self._operand(t), None) for t in tensors]
-        named = {k: Arg(_plain(v), None) for k, v in attrs.items()}
+        named = {k: Arg(self._keyword_value(v), None) for k, v in attrs.items()}
         state = (len(e.nodes), set(e.types), set(e.constants), set(e.reserved))
         try:
             dest = self._dest(name)
@@ -398,6 +399,16 @@ class GraphBuilder:
             return v
         raise CvmcError(f"a tensor argument must be a Var of this builder or a number, got "
                         f"{type(v).__name__}")
+
+    def _keyword_value(self, v: Any) -> Any:
+        """A keyword argument as the evaluator takes it: Vars as tensors (the evaluator
+        tells a tensor input passed by name from an attribute, as for text: `conv(x, w,
+        bias = b)`), everything else as a plain value."""
+        if isinstance(v, Var):
+            return self._operand(v)
+        if isinstance(v, (list, tuple)):
+            return [self._keyword_value(x) for x in v]
+        return _plain(v)
 
     def _name_of(self, v: Any, what: str) -> str:
         if not isinstance(v, Var) or v.builder is not self:
@@ -487,14 +498,20 @@ def _text_methods() -> dict[str, str]:
 
 @functools.cache
 def _text_call(text_name: str):
-    """The method calling `text_name`: tensors positional, attributes as keywords."""
+    """The method calling `text_name`: tensors positional or by their input names,
+    attributes as keywords."""
+    doc, signature = _describe(text_name)
+    by_name = {p.name for p in signature.parameters.values()
+               if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+
     def method(self: GraphBuilder, *tensors: Any, name: Any = None, **attrs: Any) -> Any:
         while tensors and tensors[-1] is None:  # an optional input left out (bias=None)
             tensors = tensors[:-1]
+        attrs = {k: v for k, v in attrs.items() if v is not None or k not in by_name}
         return self._call(text_name, list(tensors), {_attr_name(k): v for k, v in
                                                      attrs.items()}, name)
     method.__name__ = text_name
-    method.__doc__, method.__signature__ = _describe(text_name)
+    method.__doc__, method.__signature__ = doc, signature
     return method
 
 
@@ -524,15 +541,20 @@ def _describe(text_name: str) -> tuple[str, inspect.Signature]:
               for e in entries]
     params = [P("self", P.POSITIONAL_ONLY)]
     if entries:
-        params += [P(i.strip("?*"), P.POSITIONAL_ONLY, default=None if i.endswith("?")
-                     else P.empty) for i in entries[0].inputs]
+        # Tensor inputs are named as the text names them (a variadic one only positionally,
+        # as in text); an optional one left out is None.
+        kind = P.POSITIONAL_ONLY if entries[0].variadic else P.POSITIONAL_OR_KEYWORD
+        params += [P(i.strip("?*"), kind, default=None if i.endswith("?") else P.empty)
+                   for i in entries[0].inputs]
         params += [P(_keyword(a.name), P.KEYWORD_ONLY,
                      default=P.empty if a.default is REQUIRED else a.default)
                    for a in entries[0].attrs]
     if frag is not None and frag.body is not None:
         lines.append("  the NNEF standard library fragment, expanded into the ops it calls")
     if not entries:
-        params += [P(p.name, P.POSITIONAL_ONLY) for p in frag.params if p.type[0] == "tensor"]
+        params += [P(p.name, P.POSITIONAL_OR_KEYWORD,
+                     default=P.empty if p.default is NO_DEFAULT else None)
+                   for p in frag.params if p.type[0] == "tensor"]
         params += [P(_keyword(p.name), P.KEYWORD_ONLY,
                      default=P.empty if p.default is NO_DEFAULT else p.default)
                    for p in frag.params if p.type[0] != "tensor"]

@@ -220,3 +220,84 @@ def test_a_namespaced_op_is_a_method_with_an_underscore():
     arr = np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1)
     out = cvmc.reference_run(g, {"x": arr})[g.outputs[0]]
     assert np.array_equal(out, np.concatenate([arr * 2, arr * 2], axis=3))  # by hand: 2x
+
+
+# One valid call of every method with an optional tensor input: (the tensor inputs by name:
+# (shape, dtype, precision) for the graph input first, then constants), attributes.
+_F, _I = ("float32", None), ("int32", 4)
+OPTIONAL_INPUT_CALLS = {
+    "conv2d": ({"data": ((1, 2, 4, 4), "int32", 8), "weight": ((3, 2, 1, 1), *_I),
+                "bias": ((3,), *_I)}, {}),
+    "dense": ({"data": ((2, 3), "int32", 8), "weight": ((4, 3), *_I), "bias": ((4,), *_I)}, {}),
+    "conv2d_packed": ({"data": ((1, 4, 3, 3), "int32", 8),
+                       "weight": ((1, 1, 1, 1, 16, 4), *_I), "compensation": ((2,), *_I),
+                       "bias": ((2,), *_I)}, {"channels": 2}),
+    "nnef_conv": ({"input": ((1, 2, 4, 4), *_F), "filter": ((3, 2, 1, 1), *_F),
+                   "bias": ((1, 3), *_F)}, {}),
+    "deconv": ({"input": ((1, 3, 4, 4), *_F), "filter": ((3, 2, 1, 1), *_F),
+                "bias": ((1, 2), *_F)}, {}),
+    "onednn_convolution": ({"src": ((1, 4, 4, 1), *_F), "weights": ((1, 1, 1, 2), *_F),
+                            "bias": ((2,), *_F)},
+                           {"strides": [1, 1], "pads_begin": [0, 0], "pads_end": [0, 0],
+                            "dilations": [1, 1]}),
+    "linear": ({"input": ((2, 3), *_F), "filter": ((4, 3), *_F), "bias": ((1, 4), *_F)}, {}),
+    "separable_conv": ({"input": ((1, 2, 4, 4), *_F), "plane_filter": ((2, 1, 3, 3), *_F),
+                        "point_filter": ((3, 2, 1, 1), *_F), "bias": ((1, 3), *_F)}, {}),
+    "separable_deconv": ({"input": ((1, 3, 4, 4), *_F), "plane_filter": ((2, 1, 3, 3), *_F),
+                          "point_filter": ((3, 2, 1, 1), *_F), "bias": ((1, 2), *_F)}, {}),
+}
+
+
+def _optional_input_methods() -> set[str]:
+    """Builder methods of every registry op and standard library fragment that has an
+    optional tensor input (read from the registry and the library, not the builder)."""
+    from cvmc.builder import _text_methods
+    from cvmc.frontend.fragments import NO_DEFAULT
+    method = {text: m for m, text in _text_methods().items()}
+    ops = {d.name.removeprefix("nnef.") for d in all_ops()
+           if any(i.endswith("?") for i in d.inputs)}
+    fragments = {n for n, f in stdlib().items()
+                 if any(p.type[0] == "tensor" and p.default is not NO_DEFAULT
+                        for p in f.params)}
+    return {method[t] for t in ops | fragments}
+
+
+def test_the_optional_input_table_covers_the_registry():
+    assert set(OPTIONAL_INPUT_CALLS) == _optional_input_methods()
+
+
+def _build(method: str, how: str) -> str:
+    """The printed graph of one call of `method`: tensor inputs positional, by keyword
+    ('keyword': all, 'bias': the last one only), the last left out ('none') or given as
+    None by keyword ('bias=None')."""
+    tensors, attrs = OPTIONAL_INPUT_CALLS[method]
+    b = cvmc.GraphBuilder("g")
+    rng = np.random.default_rng(0)
+    vars_ = {}
+    for k, (slot, (shape, dtype, p)) in enumerate(tensors.items()):
+        if k == 0:
+            vars_[slot] = b.input("x", list(shape), dtype, precision=p)
+        else:
+            data = rng.integers(-3, 4, shape)
+            vars_[slot] = b.constant(data.astype(np.float32) if p is None else data,
+                                     name=slot, precision=p)
+    values, last = list(vars_.values()), list(vars_)[-1]
+    call = getattr(b, method)
+    y = {"positional": lambda: call(*values, **attrs),
+         "keyword": lambda: call(**vars_, **attrs),
+         last: lambda: call(*values[:-1], **{last: values[-1]}, **attrs),
+         "none": lambda: call(*values[:-1], **attrs),
+         f"{last}=None": lambda: call(*values[:-1], **{last: None}, **attrs)}[how]()
+    return cvmc.print_graph(b.build([y]))
+
+
+@pytest.mark.parametrize("method", sorted(OPTIONAL_INPUT_CALLS))
+def test_every_tensor_input_is_accepted_by_its_keyword(method):
+    """`b.onednn_convolution(x, w, bias=b)` is `b.onednn_convolution(x, w, b)` (the
+    positional call is the oracle); `bias=None` leaves it out, as leaving it off does."""
+    last = list(OPTIONAL_INPUT_CALLS[method][0])[-1]
+    assert last in inspect.signature(getattr(cvmc.GraphBuilder(), method)).parameters
+    positional = _build(method, "positional")
+    assert _build(method, last) == positional
+    assert _build(method, "keyword") == positional
+    assert _build(method, f"{last}=None") == _build(method, "none")
