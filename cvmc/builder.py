@@ -21,7 +21,9 @@ Methods:
   library.
 Tensor arguments are `Var`s of this builder or Python numbers (shape-[] constants, as
 literals in text), positional or by their input names (`bias=b`, as in text; None leaves an
-optional one out); attributes are keywords; `name=` names the result. Shapes and types
+optional one out); a number that becomes a float32 constant must be one float32 holds
+exactly (`2**40 + 1` is refused; `np.float32(2**40 + 1)` asks for the rounding); attributes
+are keywords; `name=` names the result. Shapes and types
 (with integer precisions) are inferred as each call is made: a bad call raises a
 CvmcError naming the op and the rule, at the call.
 """
@@ -40,7 +42,8 @@ import numpy as np
 
 from cvmc.errors import CvmcError
 from cvmc.frontend.fragments import NO_DEFAULT, Tensor, stdlib
-from cvmc.frontend.semantics import Arg, Scope
+from cvmc.frontend.literals import float32_rounding
+from cvmc.frontend.semantics import Arg, Scope, caller_number
 from cvmc.frontend.semantics import GraphBuilder as _Evaluator
 from cvmc.frontend.syntax import KEYWORDS, Source
 from cvmc.ir import Graph, TensorType
@@ -131,7 +134,7 @@ class GraphBuilder:
 
     def constant(self, array, name: str | None = None, precision: int | None = None) -> Var:
         """A weight holding `array`: float arrays become float32 (every value finite and
-        inside float32), bool arrays bool, integer arrays CVM integers (precision given, or
+        one that float32 holds exactly, as a float32 array's are), bool arrays bool, integer arrays CVM integers (precision given, or
         the smallest that holds the data)."""
         name = self._fresh_or(name, "const")
         arr = np.asarray(array)
@@ -157,15 +160,26 @@ class GraphBuilder:
                 bad = np.argwhere(~np.isfinite(arr))[0].tolist()
                 raise CvmcError(f"constant '{name}': value at index {bad} is not a finite "
                                 f"float32 (NNEF text has no literal for it)")
+            rounded = np.argwhere(arr != np.asarray(array))  # compared without rounding
+            if rounded.size:
+                bad = tuple(rounded[0].tolist())
+                raise CvmcError(f"constant '{name}': value at index {list(bad)}: "
+                                f"{float32_rounding(np.asarray(array)[bad].item())}; pass a "
+                                f"float32 array to accept the rounding")
         self._eval.constants[name] = arr.astype(kind)
         self._eval.types[name] = TensorType(tuple(arr.shape), kind, precision)
         return self._var(name)
 
     def const_scalar(self, value: float | bool, name: str | None = None) -> Var:
         """A shape-[] constant (`cinn.const_scalar`): an int is a CVM integer (the smallest
-        precision holding it), a float a float32, a bool a logical."""
+        precision holding it), a float a float32 (one that float32 holds exactly), a bool a
+        logical."""
         if isinstance(value, np.generic):
-            value = value.item()
+            value = value.item()  # a float32 one: a float that float32 holds exactly
+        rounding = float32_rounding(value) if isinstance(value, float) else None
+        if rounding:
+            raise CvmcError(f"cinn.const_scalar: value {rounding}; pass np.float32({value!r}) "
+                            f"to accept that")
         return self._call("cinn.const_scalar", [], {"value": value}, name)
 
     # ---- CINN primitives -------------------------------------------------------------------
@@ -326,12 +340,14 @@ class GraphBuilder:
         return sorted({*super().__dir__(), *_text_methods()})
 
     # ---- internals -------------------------------------------------------------------------
-    def _call(self, op: str, tensors: list, attrs: dict[str, Any], name) -> Any:
-        """One call `op(tensors..., attrs...)` as the text evaluates it; returns its
-        result Var(s)."""
+    def _call(self, op: str, tensors: list, attrs: dict[str, Any], name,
+              named_tensors: dict[str, Any] | None = None) -> Any:
+        """One call `op(tensors..., named_tensors..., attrs...)` as the text evaluates it
+        (tensor inputs by name as in `conv(x, w, bias = b)`); returns its result Var(s)."""
         e = self._eval
         pos = [Arg(self._operand(t), None) for t in tensors]
-        named = {k: Arg(self._keyword_value(v), None) for k, v in attrs.items()}
+        named = {**{k: Arg(self._operand(v), None) for k, v in (named_tensors or {}).items()},
+                 **{k: Arg(_plain(v), None) for k, v in attrs.items()}}
         state = (len(e.nodes), set(e.types), set(e.constants), set(e.reserved))
         try:
             dest = self._dest(name)
@@ -385,7 +401,8 @@ class GraphBuilder:
 
     def _operand(self, v: Any) -> Any:
         """A call argument as the evaluator takes it: Vars as tensors, numbers as
-        literals, lists element-wise."""
+        literals that float32 must hold exactly where they become scalars, lists
+        element-wise."""
         if isinstance(v, np.ndarray):
             raise CvmcError(f"a tensor argument must be a Var of this builder or a number, "
                             f"got an array of shape {list(v.shape)}; wrap it with "
@@ -396,19 +413,9 @@ class GraphBuilder:
             return Tensor(self._name_of(v, "argument"), v.dtype)
         v = _plain(v)
         if isinstance(v, (int, float)):
-            return v
+            return caller_number(v)
         raise CvmcError(f"a tensor argument must be a Var of this builder or a number, got "
                         f"{type(v).__name__}")
-
-    def _keyword_value(self, v: Any) -> Any:
-        """A keyword argument as the evaluator takes it: Vars as tensors (the evaluator
-        tells a tensor input passed by name from an attribute, as for text: `conv(x, w,
-        bias = b)`), everything else as a plain value."""
-        if isinstance(v, Var):
-            return self._operand(v)
-        if isinstance(v, (list, tuple)):
-            return [self._keyword_value(x) for x in v]
-        return _plain(v)
 
     def _name_of(self, v: Any, what: str) -> str:
         if not isinstance(v, Var) or v.builder is not self:
@@ -507,9 +514,10 @@ def _text_call(text_name: str):
     def method(self: GraphBuilder, *tensors: Any, name: Any = None, **attrs: Any) -> Any:
         while tensors and tensors[-1] is None:  # an optional input left out (bias=None)
             tensors = tensors[:-1]
-        attrs = {k: v for k, v in attrs.items() if v is not None or k not in by_name}
+        named = {k: attrs.pop(k) for k in by_name & set(attrs)}
         return self._call(text_name, list(tensors), {_attr_name(k): v for k, v in
-                                                     attrs.items()}, name)
+                                                     attrs.items()}, name,
+                          {k: v for k, v in named.items() if v is not None})
     method.__name__ = text_name
     method.__doc__, method.__signature__ = doc, signature
     return method
