@@ -23,9 +23,9 @@ Tensor arguments are `Var`s of this builder or Python numbers (shape-[] constant
 literals in text), positional or by their input names (`bias=b`, as in text; None leaves an
 optional one out); a number that becomes a float32 constant must be one float32 holds
 exactly (`2**40 + 1` is refused; `np.float32(2**40 + 1)` asks for the rounding); attributes
-are keywords; `name=` names the result. Shapes and types
-(with integer precisions) are inferred as each call is made: a bad call raises a
-CvmcError naming the op and the rule, at the call.
+are keywords; `name=` names the result. Shapes and types (with integer precisions) are
+inferred as each call is made: a bad call raises a CvmcError naming the op and the rule,
+at the call.
 """
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ class GraphBuilder:
 
     def constant(self, array, name: str | None = None, precision: int | None = None) -> Var:
         """A weight holding `array`: float arrays become float32 (every value finite and
-        one that float32 holds exactly, as a float32 array's are), bool arrays bool, integer arrays CVM integers (precision given, or
-        the smallest that holds the data)."""
+        one that float32 holds exactly, as a float32 array's are), bool arrays bool, integer
+        arrays CVM integers (precision given, or the smallest that holds the data)."""
         name = self._fresh_or(name, "const")
         arr = np.asarray(array)
         kind = {"f": "float32", "b": "bool", "i": "int32", "u": "int32"}.get(arr.dtype.kind)
@@ -154,17 +154,18 @@ class GraphBuilder:
         elif precision is not None:
             raise CvmcError(f"constant '{name}': precision applies to integer data only")
         if kind == "float32":
+            given = arr
             with np.errstate(over="ignore"):
                 arr = arr.astype(np.float32)
             if not np.isfinite(arr).all():
                 bad = np.argwhere(~np.isfinite(arr))[0].tolist()
                 raise CvmcError(f"constant '{name}': value at index {bad} is not a finite "
                                 f"float32 (NNEF text has no literal for it)")
-            rounded = np.argwhere(arr != np.asarray(array))  # compared without rounding
+            rounded = np.argwhere(arr != given)  # NumPy compares in the wider type: exactly
             if rounded.size:
-                bad = tuple(rounded[0].tolist())
-                raise CvmcError(f"constant '{name}': value at index {list(bad)}: "
-                                f"{float32_rounding(np.asarray(array)[bad].item())}; pass a "
+                bad = rounded[0].tolist()
+                raise CvmcError(f"constant '{name}': value at index {bad}: "
+                                f"{float32_rounding(given[tuple(bad)].item())}; pass a "
                                 f"float32 array to accept the rounding")
         self._eval.constants[name] = arr.astype(kind)
         self._eval.types[name] = TensorType(tuple(arr.shape), kind, precision)

@@ -246,8 +246,9 @@ def build_cuda(mod, arch: str = "sm_80",
     except (CvmcError, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 (TVM raises assorted types; none may escape raw)
-        first = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({first})") from None
+        # TVM's message ends its text (after any traceback TVM adds)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({reason})") from None
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)

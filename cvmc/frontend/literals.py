@@ -48,7 +48,7 @@ def float32_rounding(value: float) -> str | None:
     nearest = np.float32(value)
     if (int(nearest) if isinstance(value, int) else float(nearest)) == value:
         return None
-    return f"{value!r} is not a float32 value: it rounds to {nearest}"
+    return f"{value!r} is not a float32 value: it rounds to {float(nearest)!r}"
 
 
 def literal_value(tree: Any) -> Any:
