@@ -20,9 +20,12 @@ Methods:
   (`b.onednn_convolution(...)`). These are generated from the registry and the standard
   library.
 Tensor arguments are `Var`s of this builder or Python numbers (shape-[] constants, as
-literals in text); attributes are keywords; `name=` names the result. Shapes and types
-(with integer precisions) are inferred as each call is made: a bad call raises a
-CvmcError naming the op and the rule, at the call.
+literals in text), positional or by their input names (`bias=b`, as in text; None leaves an
+optional one out); a number that becomes a float32 constant must be one float32 holds
+exactly (`2**40 + 1` is refused; `np.float32(2**40 + 1)` asks for the rounding); attributes
+are keywords; `name=` names the result. Shapes and types (with integer precisions) are
+inferred as each call is made: a bad call raises a CvmcError naming the op and the rule,
+at the call.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ import numpy as np
 
 from cvmc.errors import CvmcError
 from cvmc.frontend.fragments import NO_DEFAULT, Tensor, stdlib
-from cvmc.frontend.semantics import Arg, Scope
+from cvmc.frontend.literals import float32_rounding
+from cvmc.frontend.semantics import Arg, Scope, caller_number
 from cvmc.frontend.semantics import GraphBuilder as _Evaluator
 from cvmc.frontend.syntax import KEYWORDS, Source
 from cvmc.ir import Graph, TensorType
@@ -130,8 +134,8 @@ class GraphBuilder:
 
     def constant(self, array, name: str | None = None, precision: int | None = None) -> Var:
         """A weight holding `array`: float arrays become float32 (every value finite and
-        inside float32), bool arrays bool, integer arrays CVM integers (precision given, or
-        the smallest that holds the data)."""
+        one that float32 holds exactly, as a float32 array's are), bool arrays bool, integer
+        arrays CVM integers (precision given, or the smallest that holds the data)."""
         name = self._fresh_or(name, "const")
         arr = np.asarray(array)
         kind = {"f": "float32", "b": "bool", "i": "int32", "u": "int32"}.get(arr.dtype.kind)
@@ -150,21 +154,33 @@ class GraphBuilder:
         elif precision is not None:
             raise CvmcError(f"constant '{name}': precision applies to integer data only")
         if kind == "float32":
+            given = arr
             with np.errstate(over="ignore"):
                 arr = arr.astype(np.float32)
             if not np.isfinite(arr).all():
                 bad = np.argwhere(~np.isfinite(arr))[0].tolist()
                 raise CvmcError(f"constant '{name}': value at index {bad} is not a finite "
                                 f"float32 (NNEF text has no literal for it)")
+            rounded = np.argwhere(arr != given)  # NumPy compares in the wider type: exactly
+            if rounded.size:
+                bad = rounded[0].tolist()
+                raise CvmcError(f"constant '{name}': value at index {bad}: "
+                                f"{float32_rounding(given[tuple(bad)].item())}; pass a "
+                                f"float32 array to accept the rounding")
         self._eval.constants[name] = arr.astype(kind)
         self._eval.types[name] = TensorType(tuple(arr.shape), kind, precision)
         return self._var(name)
 
     def const_scalar(self, value: float | bool, name: str | None = None) -> Var:
         """A shape-[] constant (`cinn.const_scalar`): an int is a CVM integer (the smallest
-        precision holding it), a float a float32, a bool a logical."""
+        precision holding it), a float a float32 (one that float32 holds exactly), a bool a
+        logical."""
         if isinstance(value, np.generic):
-            value = value.item()
+            value = value.item()  # a float32 one: a float that float32 holds exactly
+        rounding = float32_rounding(value) if isinstance(value, float) else None
+        if rounding:
+            raise CvmcError(f"cinn.const_scalar: value {rounding}; pass np.float32({value!r}) "
+                            f"to accept that")
         return self._call("cinn.const_scalar", [], {"value": value}, name)
 
     # ---- CINN primitives -------------------------------------------------------------------
@@ -325,12 +341,14 @@ class GraphBuilder:
         return sorted({*super().__dir__(), *_text_methods()})
 
     # ---- internals -------------------------------------------------------------------------
-    def _call(self, op: str, tensors: list, attrs: dict[str, Any], name) -> Any:
-        """One call `op(tensors..., attrs...)` as the text evaluates it; returns its
-        result Var(s)."""
+    def _call(self, op: str, tensors: list, attrs: dict[str, Any], name,
+              named_tensors: dict[str, Any] | None = None) -> Any:
+        """One call `op(tensors..., named_tensors..., attrs...)` as the text evaluates it
+        (tensor inputs by name as in `conv(x, w, bias = b)`); returns its result Var(s)."""
         e = self._eval
         pos = [Arg(self._operand(t), None) for t in tensors]
-        named = {k: Arg(_plain(v), None) for k, v in attrs.items()}
+        named = {**{k: Arg(self._operand(v), None) for k, v in (named_tensors or {}).items()},
+                 **{k: Arg(_plain(v), None) for k, v in attrs.items()}}
         state = (len(e.nodes), set(e.types), set(e.constants), set(e.reserved))
         try:
             dest = self._dest(name)
@@ -384,7 +402,8 @@ class GraphBuilder:
 
     def _operand(self, v: Any) -> Any:
         """A call argument as the evaluator takes it: Vars as tensors, numbers as
-        literals, lists element-wise."""
+        literals that float32 must hold exactly where they become scalars, lists
+        element-wise."""
         if isinstance(v, np.ndarray):
             raise CvmcError(f"a tensor argument must be a Var of this builder or a number, "
                             f"got an array of shape {list(v.shape)}; wrap it with "
@@ -395,7 +414,7 @@ class GraphBuilder:
             return Tensor(self._name_of(v, "argument"), v.dtype)
         v = _plain(v)
         if isinstance(v, (int, float)):
-            return v
+            return caller_number(v)
         raise CvmcError(f"a tensor argument must be a Var of this builder or a number, got "
                         f"{type(v).__name__}")
 
@@ -487,14 +506,21 @@ def _text_methods() -> dict[str, str]:
 
 @functools.cache
 def _text_call(text_name: str):
-    """The method calling `text_name`: tensors positional, attributes as keywords."""
+    """The method calling `text_name`: tensors positional or by their input names,
+    attributes as keywords."""
+    doc, signature = _describe(text_name)
+    by_name = {p.name for p in signature.parameters.values()
+               if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+
     def method(self: GraphBuilder, *tensors: Any, name: Any = None, **attrs: Any) -> Any:
         while tensors and tensors[-1] is None:  # an optional input left out (bias=None)
             tensors = tensors[:-1]
+        named = {k: attrs.pop(k) for k in by_name & set(attrs)}
         return self._call(text_name, list(tensors), {_attr_name(k): v for k, v in
-                                                     attrs.items()}, name)
+                                                     attrs.items()}, name,
+                          {k: v for k, v in named.items() if v is not None})
     method.__name__ = text_name
-    method.__doc__, method.__signature__ = _describe(text_name)
+    method.__doc__, method.__signature__ = doc, signature
     return method
 
 
@@ -524,15 +550,20 @@ def _describe(text_name: str) -> tuple[str, inspect.Signature]:
               for e in entries]
     params = [P("self", P.POSITIONAL_ONLY)]
     if entries:
-        params += [P(i.strip("?*"), P.POSITIONAL_ONLY, default=None if i.endswith("?")
-                     else P.empty) for i in entries[0].inputs]
+        # Tensor inputs are named as the text names them (a variadic one only positionally,
+        # as in text); an optional one left out is None.
+        kind = P.POSITIONAL_ONLY if entries[0].variadic else P.POSITIONAL_OR_KEYWORD
+        params += [P(i.strip("?*"), kind, default=None if i.endswith("?") else P.empty)
+                   for i in entries[0].inputs]
         params += [P(_keyword(a.name), P.KEYWORD_ONLY,
                      default=P.empty if a.default is REQUIRED else a.default)
                    for a in entries[0].attrs]
     if frag is not None and frag.body is not None:
         lines.append("  the NNEF standard library fragment, expanded into the ops it calls")
     if not entries:
-        params += [P(p.name, P.POSITIONAL_ONLY) for p in frag.params if p.type[0] == "tensor"]
+        params += [P(p.name, P.POSITIONAL_OR_KEYWORD,
+                     default=P.empty if p.default is NO_DEFAULT else None)
+                   for p in frag.params if p.type[0] == "tensor"]
         params += [P(_keyword(p.name), P.KEYWORD_ONLY,
                      default=P.empty if p.default is NO_DEFAULT else p.default)
                    for p in frag.params if p.type[0] != "tensor"]

@@ -30,23 +30,12 @@ def _fmt_shape(shape) -> str:
 
 
 # ---- check ----------------------------------------------------------------------------
-def _checked_graph(model, quant=None, params=None):
-    """Load and check a model; graphs of compiled ops get their precisions inferred too."""
-    from cvmc.frontend import load_graph
-    from cvmc.ops import lookup
-    from cvmc.passes.precision import infer_precision
-
-    graph = load_graph(model, quant=quant, params=params)
-    if all(lookup(n.op).compute for n in graph.nodes):
-        graph = infer_precision(graph)
-    return graph
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """Parse, type and shape-check a model; print its signature and tensor table."""
+    from cvmc.frontend import load_checked
     from cvmc.ops import lookup
 
-    graph = _checked_graph(args.model, args.quant, args.params)
+    graph = load_checked(args.model, args.quant, args.params)
     producers = graph.producers()
     kinds = {**{n: "input" for n in graph.inputs}, **{n: "weight" for n in graph.weights()}}
 
@@ -144,31 +133,47 @@ def output_file_name(name: str) -> str:
     return f"{name}.npy"
 
 
+def _value_range(value: np.ndarray) -> str:
+    """' min A max B' of an output: integers as integers, floats as float32 prints them,
+    NaN counted apart (a NaN has no order) and inf shown as inf."""
+    if not value.size:
+        return ""
+    if value.dtype.kind != "f":
+        return f" min {int(value.min())} max {int(value.max())}"
+    nan = np.isnan(value)
+    count = int(nan.sum())
+    ordered = value[~nan]
+    low, high = (ordered.min(), ordered.max()) if ordered.size else (np.nan, np.nan)
+    # !s: NumPy float32 prints its shortest round-trip form; format() would widen it.
+    return f" min {low!s} max {high!s}" + (f" ({count} NaN)" if count else "")
+
+
 def _write_outputs(outputs: dict[str, np.ndarray], out_dir: str | None) -> None:
-    files = {name: output_file_name(name) for name in outputs} if out_dir else {}
+    """Write every output to OUT_DIR/<name>.npy (all of them first), then print a summary
+    line per output."""
+    paths = {}
     if out_dir:
+        files = {name: output_file_name(name) for name in outputs}
         folder = Path(out_dir)
         if folder.exists() and not folder.is_dir():
             raise CvmcError(f"--output-dir {out_dir}: exists and is not a folder")
         folder.mkdir(parents=True, exist_ok=True)
+        for name, value in outputs.items():
+            paths[name] = folder / files[name]
+            atomic_write(paths[name], lambda f, v=value: np.save(f, v, allow_pickle=False))
     for name, value in outputs.items():
-        line = f"{name}: shape {_fmt_shape(value.shape)} {value.dtype}"
-        if value.size:
-            line += f" min {int(value.min())} max {int(value.max())}"
-        if out_dir:
-            path = Path(out_dir) / files[name]
-            atomic_write(path, lambda f, v=value: np.save(f, v, allow_pickle=False))
-            line += f" -> {path}"
-        console.print(line)
+        where = f" -> {paths[name]}" if name in paths else ""
+        console.print(f"{name}: shape {_fmt_shape(value.shape)} {value.dtype}"
+                      f"{_value_range(value)}{where}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run a compiled artifact (or, with --reference, a graph on the interpreter)."""
     feeds = _read_inputs(args.input)
     if args.reference:
-        from cvmc.frontend import load_graph
+        from cvmc.frontend import load_checked
         from cvmc.reference import reference_run
-        graph = load_graph(args.model, quant=args.quant, params=args.params)
+        graph = load_checked(args.model, quant=args.quant, params=args.params)
         outputs = reference_run(graph, feeds, saturate=args.saturate)
     else:
         if args.quant or args.params:
@@ -261,12 +266,13 @@ def _input_shapes(args: argparse.Namespace) -> dict[str, list[int]]:
 
 def cmd_convert(args: argparse.Namespace) -> int:
     """Convert an ONNX model to an NNEF folder with NNEF-Tools, then check it."""
+    from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import convert_onnx
 
     out = convert_onnx(args.model, args.output, input_shapes=_input_shapes(args),
                        force=args.force)
     try:
-        graph = _checked_graph(out)
+        graph = load_checked(out)
     except CvmcError:
         print(f"wrote {out}, but cvmc refuses what NNEF-Tools made of {args.model}:",
               file=sys.stderr)
@@ -313,9 +319,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 # ---- export ---------------------------------------------------------------------------
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a model in another format (CVM-Runtime JSON + params)."""
-    from cvmc.frontend import load_graph
+    from cvmc.frontend import load_checked
     from cvmc.frontend.cvm_json import export_cvm
-    graph = load_graph(args.model, quant=args.quant, params=args.params)
+    graph = load_checked(args.model, quant=args.quant, params=args.params)
     for path in export_cvm(graph, args.output):
         console.print(f"wrote {path}")
     return 0
@@ -326,6 +332,15 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got '{text}'")
     return int(text)
+
+
+def _cuda_arch(text: str) -> str:
+    """An argparse type: a CUDA arch cvmc compiles for (sm_61 or newer)."""
+    from cvmc.codegen.build import cuda_arch_problem
+    problem = cuda_arch_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -389,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--input-shape", **input_shape)
     sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
-    sp.add_argument("--arch", default="sm_80", help="CUDA arch, e.g. sm_80, sm_90 (default sm_80)")
+    sp.add_argument("--arch", default="sm_80", type=_cuda_arch,
+                    help="CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default sm_80)")
     sp.add_argument("-o", "--output", required=True, help="artifact path (.cvmx)")
     sp.add_argument("--emit", action="append", default=[], choices=["tir", "source", "plan"],
                     help="also write OUTPUT.<kind> for inspection (repeatable)")

@@ -18,7 +18,7 @@ from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import convert_np, prec_max
 from cvmc.ops.registry import Attrs
-from cvmc.passes.precision import check_weight_data, infer_precision
+from cvmc.passes.precision import infer_precision
 
 
 def input_specs(graph: Graph) -> list[TensorSpec]:
@@ -36,14 +36,10 @@ def output_specs(graph: Graph) -> list[TensorSpec]:
 def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
                   saturate: bool = False) -> dict[str, np.ndarray]:
     """Run `graph` on `inputs` (checked against the signature); returns outputs by name."""
-    if any(graph.types[v].is_integer and graph.types[v].precision is None
-           for v in graph.values()):
-        graph = infer_precision(graph)
-    for name, value in graph.constants.items():
-        # A graph whose precisions are all set skips inference: check before the int64 cast
-        # (uint64 2^64-1 would become -1).
-        if graph.types[name].is_integer:
-            check_weight_data(name, value, graph.types[name].precision)
+    # Inferred even when every precision is set: that checks element kinds and weight data
+    # (before the int64 cast) as `cvmc check` and `compile` do, so the interpreter runs
+    # nothing they refuse; an op it cannot run is refused here, before any other runs.
+    graph = infer_precision(graph)
     env = {k: stored(v, graph.types[k]) for k, v in
            [*check_inputs(input_specs(graph), inputs, saturate).items(),
             *graph.constants.items()]}
@@ -60,10 +56,11 @@ def evaluate(node, values: list[np.ndarray], types) -> list[np.ndarray]:
     if not opdef.compute:
         raise CvmcError(f"{node.op} '{node.name}': NNEF standard op that cvmc can check "
                         f"but not yet compile or run", node.span)
-    # Typed ops see float32 as float64: their rules compute the spec formula in float64
-    # and the result is rounded to float32 once, as a compiled kernel stores it.
-    xs = [v.astype(np.float64) if v.dtype == np.float32 else v for v in values]
-    with np.errstate(all="ignore"):  # IEEE results (inf, NaN) are the semantics
+    # IEEE results (inf, NaN) are the semantics; widening a signalling NaN quiets it.
+    with np.errstate(all="ignore"):
+        # Typed ops see float32 as float64: their rules compute the spec formula in float64
+        # and the result is rounded to float32 once, as a compiled kernel stores it.
+        xs = [v.astype(np.float64) if v.dtype == np.float32 else v for v in values]
         outs = opdef.run_reference(xs, Attrs(node.attrs))
     result = []
     for name, value in zip(node.outputs, outs):

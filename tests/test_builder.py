@@ -221,3 +221,163 @@ def test_a_namespaced_op_is_a_method_with_an_underscore():
     arr = np.arange(16, dtype=np.float32).reshape(1, 4, 4, 1)
     out = cvmc.reference_run(g, {"x": arr})[g.outputs[0]]
     assert np.array_equal(out, np.concatenate([arr * 2, arr * 2], axis=3))  # by hand: 2x
+
+
+# One valid call of every method with an optional tensor input: (the tensor inputs by name:
+# (shape, dtype, precision) for the graph input first, then constants), attributes.
+_F, _I = ("float32", None), ("int32", 4)
+OPTIONAL_INPUT_CALLS = {
+    "conv2d": ({"data": ((1, 2, 4, 4), "int32", 8), "weight": ((3, 2, 1, 1), *_I),
+                "bias": ((3,), *_I)}, {}),
+    "dense": ({"data": ((2, 3), "int32", 8), "weight": ((4, 3), *_I), "bias": ((4,), *_I)}, {}),
+    "conv2d_packed": ({"data": ((1, 4, 3, 3), "int32", 8),
+                       "weight": ((1, 1, 1, 1, 16, 4), *_I), "compensation": ((2,), *_I),
+                       "bias": ((2,), *_I)}, {"channels": 2}),
+    "nnef_conv": ({"input": ((1, 2, 4, 4), *_F), "filter": ((3, 2, 1, 1), *_F),
+                   "bias": ((1, 3), *_F)}, {}),
+    "deconv": ({"input": ((1, 3, 4, 4), *_F), "filter": ((3, 2, 1, 1), *_F),
+                "bias": ((1, 2), *_F)}, {}),
+    "onednn_convolution": ({"src": ((1, 4, 4, 1), *_F), "weights": ((1, 1, 1, 2), *_F),
+                            "bias": ((2,), *_F)},
+                           {"strides": [1, 1], "pads_begin": [0, 0], "pads_end": [0, 0],
+                            "dilations": [1, 1]}),
+    "linear": ({"input": ((2, 3), *_F), "filter": ((4, 3), *_F), "bias": ((1, 4), *_F)}, {}),
+    "separable_conv": ({"input": ((1, 2, 4, 4), *_F), "plane_filter": ((2, 1, 3, 3), *_F),
+                        "point_filter": ((3, 2, 1, 1), *_F), "bias": ((1, 3), *_F)}, {}),
+    "separable_deconv": ({"input": ((1, 3, 4, 4), *_F), "plane_filter": ((2, 1, 3, 3), *_F),
+                          "point_filter": ((3, 2, 1, 1), *_F), "bias": ((1, 2), *_F)}, {}),
+}
+
+
+def _optional_input_methods() -> set[str]:
+    """Builder methods of every registry op and standard library fragment that has an
+    optional tensor input (read from the registry and the library, not the builder)."""
+    from cvmc.builder import _text_methods
+    from cvmc.frontend.fragments import NO_DEFAULT
+    method = {text: m for m, text in _text_methods().items()}
+    ops = {d.name.removeprefix("nnef.") for d in all_ops()
+           if any(i.endswith("?") for i in d.inputs)}
+    fragments = {n for n, f in stdlib().items()
+                 if any(p.type[0] == "tensor" and p.default is not NO_DEFAULT
+                        for p in f.params)}
+    return {method[t] for t in ops | fragments}
+
+
+def test_the_optional_input_table_covers_the_registry():
+    assert set(OPTIONAL_INPUT_CALLS) == _optional_input_methods()
+
+
+def _build(method: str, how: str) -> str:
+    """The printed graph of one call of `method`: tensor inputs positional, by keyword
+    ('keyword': all, 'bias': the last one only), the last left out ('none') or given as
+    None by keyword ('bias=None')."""
+    tensors, attrs = OPTIONAL_INPUT_CALLS[method]
+    b = cvmc.GraphBuilder("g")
+    rng = np.random.default_rng(0)
+    vars_ = {}
+    for k, (slot, (shape, dtype, p)) in enumerate(tensors.items()):
+        if k == 0:
+            vars_[slot] = b.input("x", list(shape), dtype, precision=p)
+        else:
+            data = rng.integers(-3, 4, shape)
+            vars_[slot] = b.constant(data.astype(np.float32) if p is None else data,
+                                     name=slot, precision=p)
+    values, last = list(vars_.values()), list(vars_)[-1]
+    call = getattr(b, method)
+    y = {"positional": lambda: call(*values, **attrs),
+         "keyword": lambda: call(**vars_, **attrs),
+         last: lambda: call(*values[:-1], **{last: values[-1]}, **attrs),
+         "none": lambda: call(*values[:-1], **attrs),
+         f"{last}=None": lambda: call(*values[:-1], **{last: None}, **attrs)}[how]()
+    return cvmc.print_graph(b.build([y]))
+
+
+@pytest.mark.parametrize("method", sorted(OPTIONAL_INPUT_CALLS))
+def test_every_tensor_input_is_accepted_by_its_keyword(method):
+    """`b.onednn_convolution(x, w, bias=b)` is `b.onednn_convolution(x, w, b)` (the
+    positional call is the oracle); `bias=None` leaves it out, as leaving it off does."""
+    last = list(OPTIONAL_INPUT_CALLS[method][0])[-1]
+    assert last in inspect.signature(getattr(cvmc.GraphBuilder(), method)).parameters
+    positional = _build(method, "positional")
+    assert _build(method, last) == positional
+    assert _build(method, "keyword") == positional
+    assert _build(method, f"{last}=None") == _build(method, "none")
+
+
+# Numbers that become float32 constants (issue 22, item 16): float32 must hold a Python
+# number exactly, or the call is refused naming the op, the input, the value and the float32
+# it would round to (NumPy's rounding: the oracle); a NumPy float32 value asks for it.
+def _nearest(v) -> str:
+    return repr(float(np.float32(v)))
+
+
+def _inputs(b):
+    return (b.input("x", [2], "float32"), b.input("i", [2], "int32", precision=8),
+            b.input("m", [1, 2], "float32"))
+
+
+@pytest.mark.parametrize("call, v, where", [
+    (lambda b, x, i, m: b.add(x, 2**40 + 1), 2**40 + 1, "cinn.add: input 'y'"),
+    (lambda b, x, i, m: b.mul(2**24 + 1, x), 2**24 + 1, "cinn.mul: input 'x'"),
+    (lambda b, x, i, m: b.sub(x, 0.1), 0.1, "cinn.sub: input 'y'"),
+    (lambda b, x, i, m: b.add(x, np.float64(1 / 3)), 1 / 3, "cinn.add: input 'y'"),
+    (lambda b, x, i, m: b.nnef_add(x, 2**60 + 1), 2**60 + 1, "add: input 'y'"),
+    (lambda b, x, i, m: b.select(b.compare(x, x, "eq"), x, 0.2), 0.2,
+     "cinn.select: input 'false_value'"),
+    (lambda b, x, i, m: b.concat([x, 0.3]), 0.3, "cinn.concat: input 'input_vars'"),
+    (lambda b, x, i, m: b.linear(m, b.constant(np.ones((2, 2), np.float32)), bias=0.1), 0.1,
+     "linear 'linear': add: input 'y'"),
+    (lambda b, x, i, m: b.clamp(x, 0.5, 16777217), 16777217, "clamp 'clamp': "),
+    (lambda b, x, i, m: b.const_scalar(0.7), 0.7, "cinn.const_scalar: value"),
+])
+def test_numbers_float32_cannot_hold_are_refused(call, v, where):
+    b = cvmc.GraphBuilder()
+    with pytest.raises(cvmc.CvmcError) as error:
+        call(b, *_inputs(b))
+    message = error.value.message
+    assert message.startswith(where), message
+    assert f"{v!r} is not a float32 value: it rounds to {_nearest(v)}" in message, message
+    assert f"pass np.float32({v!r}) to accept that" in message, message
+
+
+def test_a_float64_array_float32_cannot_hold_is_refused():
+    b = cvmc.GraphBuilder()
+    with pytest.raises(cvmc.CvmcError) as error:
+        b.constant(np.array([[0.5, 2.0], [3.0, 2**40 + 1]]), name="w")
+    assert error.value.message == (f"constant 'w': value at index [1, 1]: {float(2**40 + 1)!r} "
+                                   f"is not a float32 value: it rounds to "
+                                   f"{_nearest(2**40 + 1)}; pass a float32 array to accept "
+                                   f"the rounding")
+
+
+def test_exact_numbers_and_float32_values_are_taken_as_given():
+    b = cvmc.GraphBuilder()
+    x, i, _ = _inputs(b)
+    asked = [np.float32(2**40 + 1), np.float32(0.1), 2**40, 0.5, 16777216]
+    outs = [b.add(x, v) for v in asked]
+    outs += [b.add(x, b.const_scalar(np.float32(0.7))),
+             b.add(x, b.constant(np.array([2**40 + 1, 0.1], np.float32))),
+             b.add(x, b.constant(np.array([0.25, -3.0]))),     # float64, every value exact
+             b.add(i, 20000001)]                               # an integer input: int32
+    g = b.build(outs)
+    got = cvmc.reference_run(g, {"x": np.zeros(2, np.float32), "i": np.zeros(2, np.int8),
+                                 "m": np.zeros((1, 2), np.float32)})
+    want = [np.float32(v) for v in asked] + [np.float32(0.7)]
+    for name, w in zip(g.outputs, want):
+        assert got[name].dtype == np.float32 and np.array_equal(got[name], [w, w])
+    assert np.array_equal(got[g.outputs[-3]], np.array([2**40 + 1, 0.1], np.float32))
+    assert np.array_equal(got[g.outputs[-2]], [0.25, -3.0])
+    assert np.array_equal(got[g.outputs[-1]], [20000001, 20000001])
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda b, x, i, m: b.add(i, 2**31), "integer literal 2147483648 does not fit int32"),
+    (lambda b, x, i, m: b.const_scalar(-2**40), "value -1099511627776 does not fit int32"),
+    (lambda b, x, i, m: b.constant(np.array([0, 2**31])), "value 2147483648 at index [1]"),
+    (lambda b, x, i, m: b.constant(np.array([9]), precision=4), "value 9 at index [0]"),
+])
+def test_integer_constants_beyond_their_precision_are_refused(call, message):
+    b = cvmc.GraphBuilder()
+    with pytest.raises(cvmc.CvmcError) as error:
+        call(b, *_inputs(b))
+    assert message in error.value.message, error.value.message

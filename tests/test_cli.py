@@ -105,3 +105,36 @@ def test_unreadable_input_file_is_one_clear_error(tmp_path, capsys):
     assert "--input x: cannot read" in capsys.readouterr().err
     assert main(["run", "--reference", doc, "--input", "x"]) == 1
     assert "--input expects NAME=FILE.npy, got 'x'" in capsys.readouterr().err
+
+
+# NNEF arithmetic on integer tensors: the frontend types it (integers may stand for
+# scalars in the dialect), the precision rules refuse it. Each command, and the Python API,
+# must refuse it with one message (issue 22, item 9).
+@pytest.mark.parametrize("expr, op", [
+    ("add(x, x)", "add 'y'"), ("x + x", "add 'y'"), ("mul(x, 2)", "mul 'y'"),
+    ("exp(x)", "exp 'y'"), ("gt(x, x)", "gt 'y'"), ("sum_reduce(x, axes = [0])", "sum_reduce 'y'"),
+    ("select(gt(x, x), x, x)", "gt 'y__1'"), ("sigmoid(x)", "neg 'y__1'"),
+])
+def test_every_command_refuses_integer_nnef_arithmetic_alike(tmp_path, capsys, expr, op):
+    import cvmc
+    doc = write(tmp_path, "version 1.0;\nextension KHR_enable_operator_expressions;\n"
+                          "graph g( x ) -> ( y )\n{\n    x = external<integer>(shape = [4], "
+                          f"precision = 8);\n    y = {expr};\n}}\n")
+    np.save(tmp_path / "x.npy", np.array([1, 2, 3, 4], np.int8))
+    assert main(["check", doc]) == 1
+    want = capsys.readouterr().err
+    assert f"error: {op}: input 'x' must be a tensor<scalar>, got a " \
+        f"tensor<integer>" in want.splitlines()[0], want
+    for argv in (["compile", doc, "-o", str(tmp_path / "m.cvmx")],
+                 ["run", "--reference", doc, "--input", f"x={tmp_path / 'x.npy'}",
+                  "--output-dir", str(tmp_path / "out")],
+                 ["export", doc, "-o", str(tmp_path / "exported")]):
+        assert main(argv) == 1, argv
+        assert capsys.readouterr().err == want, argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.nnef", "x.npy"]
+    graph = cvmc.load_graph(doc)
+    for call in (lambda: cvmc.reference_run(graph, {"x": np.load(tmp_path / "x.npy")}),
+                 lambda: cvmc.compile(graph, tmp_path / "m.cvmx")):
+        with pytest.raises(cvmc.CvmcError) as error:
+            call()
+        assert error.value.render() + "\n" == want

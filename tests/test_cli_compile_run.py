@@ -146,6 +146,49 @@ def test_bad_compile_arguments_are_one_clear_error(tmp_path, capsys):
     err = run_error(capsys, "compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx"),
                     "--mcpu", "not-a-cpu")
     assert "--mcpu not-a-cpu" in err, err
+
+
+@pytest.mark.parametrize("arch", ["80", "sm_", "sm_1", "sm_8", "sm_60", "sm_0080", "sm_90a",
+                                  "sm_８０", "compute_80", "sm_80 "])
+def test_bad_cuda_arch_is_a_usage_error(tmp_path, capsys, arch):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx"), "--target", "cuda",
+              "--arch", arch])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (f"cvmc compile: error: argument --arch: expected sm_<major><minor> of "
+                   f"compute capability 6.1 or newer (the kernels use dp4a), e.g. sm_80 or "
+                   f"sm_90; got '{arch}'"), err
+    assert not (tmp_path / "m.cvmx").exists()
+    # The Python API refuses it too, before any work (no TVM error, no traceback).
+    import cvmc
+    with pytest.raises(cvmc.CvmcError, match=f"--arch {arch}: expected sm_<major><minor>"):
+        cvmc.compile(cvmc.load_graph(EXAMPLE), tmp_path / "m.cvmx", target="cuda", arch=arch)
+
+
+def test_cuda_arch_this_nvcc_cannot_build_is_one_clear_error(tmp_path, capsys):
+    from cvmc.codegen.build import find_nvcc
+    try:
+        find_nvcc()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(str(e))
+    # Compute capability 99.9 exists in no nvcc's list.
     err = run_error(capsys, "compile", str(EXAMPLE), "-o", str(tmp_path / "m.cvmx"),
-                    "--target", "cuda", "--arch", "80")
-    assert "--arch 80: expected sm_<digits>" in err, err
+                    "--target", "cuda", "--arch", "sm_999")
+    assert err.startswith("error: --arch sm_999: ") and "cannot build for it; it builds " \
+        "for sm_" in err, err
+    assert not (tmp_path / "m.cvmx").exists()
+
+
+def test_tvm_errors_of_the_cuda_build_are_one_clear_error(monkeypatch):
+    from cvmc.codegen import build
+    from cvmc.errors import CvmcError
+
+    def fail(*args):
+        raise ValueError("The arch is not expected sm_80")
+    monkeypatch.setattr(build, "cuda_translation_unit", fail)
+    with pytest.raises(CvmcError) as error:
+        build.build_cuda(None, "sm_80")
+    assert error.value.message == ("--arch sm_80: TVM could not generate CUDA code (The arch "
+                                   "is not expected sm_80)")

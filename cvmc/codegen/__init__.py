@@ -51,6 +51,9 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
 
     if target not in TARGETS:
         raise CvmcError(f"unknown target '{target}'; expected one of {', '.join(TARGETS)}")
+    if target == "cuda":
+        from cvmc.codegen.build import check_cuda_arch
+        check_cuda_arch(arch)
     writable_file(output, "artifact")  # before the work, not after it
     progress = progress or _Quiet()
     start = time.perf_counter()
@@ -103,7 +106,7 @@ def compile_cli(args, console) -> int:
     from cvmc_runtime.fileio import atomic_write_bytes
 
     from cvmc.codegen.progress import RichProgress
-    from cvmc.frontend import load_graph
+    from cvmc.frontend import load_checked
     from cvmc.passes.pipeline import run_pipeline
 
     output = writable_file(args.output, "-o")
@@ -112,7 +115,7 @@ def compile_cli(args, console) -> int:
         raise CvmcError(f"--dump-ir {args.dump_ir}: exists and is not a folder")
     progress = RichProgress(console) if console.is_terminal else _Quiet()
     with progress.stage("load"):
-        graph = load_graph(args.model, quant=args.quant, params=args.params)
+        graph = load_checked(args.model, quant=args.quant, params=args.params)
     if args.stop_after or args.dump_ir:
         with progress.stage("passes"):
             graph = run_pipeline(graph, stop_after=args.stop_after, dump_dir=args.dump_ir,

@@ -22,6 +22,9 @@ from cvmc.errors import CvmcError
 from cvmc.lowering.schedule import cuda_target, reads_own_output
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
+# The oldest CUDA GPUs the kernels run on: compute capability 6.1 brought dp4a, which the
+# conv and dense schedules use.
+MIN_CUDA_ARCH = 61
 
 
 @dataclass
@@ -207,12 +210,45 @@ def nvcc_shared(source: str, arch: str, output: Path) -> None:
         raise CvmcError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
 
 
+def cuda_arch_problem(arch: str) -> str | None:
+    """Why `arch` names no CUDA GPU cvmc compiles for (None when it does): it must be
+    sm_<major><minor>, compute capability 6.1 or newer."""
+    digits = arch.removeprefix("sm_")
+    if arch.startswith("sm_") and re.fullmatch(r"[1-9][0-9]+", digits) \
+            and int(digits) >= MIN_CUDA_ARCH:
+        return None
+    return (f"expected sm_<major><minor> of compute capability 6.1 or newer (the kernels use "
+            f"dp4a), e.g. sm_80 or sm_90; got '{arch}'")
+
+
+def check_cuda_arch(arch: str) -> None:
+    """Raise a CvmcError unless cvmc and this machine's nvcc can build for `arch` (checked
+    before any work: TVM and nvcc would fail late, TVM with a traceback)."""
+    problem = cuda_arch_problem(arch)
+    if problem:
+        raise CvmcError(f"--arch {arch}: {problem}")
+    nvcc = find_nvcc()
+    listed = subprocess.run([nvcc, "--list-gpu-arch"], check=False, capture_output=True,
+                            text=True)
+    known = listed.stdout.split()
+    # An nvcc too old to list its archs is left to say so itself when it compiles.
+    if listed.returncode == 0 and known and f"compute_{arch[3:]}" not in known:
+        archs = ", ".join(k.replace("compute_", "sm_") for k in known)
+        raise CvmcError(f"--arch {arch}: {nvcc} cannot build for it; it builds for {archs}")
+
+
 def build_cuda(mod, arch: str = "sm_80",
                on_kernel: Callable[[str], None] | None = None) -> Built:
-    """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability `arch`."""
-    if not arch.startswith("sm_") or not arch[3:].isdigit():
-        raise CvmcError(f"--arch {arch}: expected sm_<digits>, e.g. sm_80 or sm_90")
-    scheduled, source, rules = cuda_translation_unit(mod, arch, on_kernel)
+    """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability `arch`
+    (checked by check_cuda_arch first)."""
+    try:
+        scheduled, source, rules = cuda_translation_unit(mod, arch, on_kernel)
+    except (CvmcError, KeyboardInterrupt):
+        raise
+    except Exception as e:  # noqa: BLE001 (TVM raises assorted types; none may escape raw)
+        # TVM's message ends its text (after any traceback TVM adds)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({reason})") from None
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)

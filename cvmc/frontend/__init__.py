@@ -37,3 +37,11 @@ def load_graph(path: str | Path, quant: str | Path | None = None,
                         "variable() .dat files next to the graph")
     from cvmc.frontend.nnef import load_nnef
     return load_nnef(path, quant)
+
+
+def load_checked(path: str | Path, quant: str | Path | None = None,
+                 params: str | Path | None = None) -> Graph:
+    """Read a model and check it (`check_graph`): every command's one way in, so that none
+    accepts a model another refuses."""
+    from cvmc.passes.precision import check_graph
+    return check_graph(load_graph(path, quant=quant, params=params))

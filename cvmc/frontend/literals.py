@@ -36,6 +36,19 @@ MAX_CONSTANT_VOLUME = 2**24  # elements of one literal `constant` tensor
 MAX_DIM = 1 << 24
 MAX_VOLUME = 1 << 30
 NP_DTYPE = {"int32": np.int32, "float32": np.float32, "bool": np.bool_}
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def float32_rounding(value: float) -> str | None:
+    """Why float32 cannot hold the Python number `value` exactly ('V is not a float32 value:
+    it rounds to F'), or None when it can. Values beyond float32's range (and NaN) are the
+    range checks' to refuse."""
+    if not abs(value) <= FLOAT32_MAX:
+        return None
+    nearest = np.float32(value)
+    if (int(nearest) if isinstance(value, int) else float(nearest)) == value:
+        return None
+    return f"{value!r} is not a float32 value: it rounds to {float(nearest)!r}"
 
 
 def literal_value(tree: Any) -> Any:
@@ -113,9 +126,9 @@ class TensorFactory:
         if dtype == "int32" and abs(value) > prec_max(32):  # a Python int: exact
             raise self.err(f"integer literal {value} does not fit int32 (precision 32): "
                            f"|v| <= {prec_max(32)}", where)
-        if dtype == "float32" and not abs(value) <= np.finfo(np.float32).max:
+        if dtype == "float32" and not abs(value) <= FLOAT32_MAX:
             raise self.err(f"scalar literal {value} does not fit float32 (|v| <= "
-                           f"{np.finfo(np.float32).max:.8g})", where)
+                           f"{FLOAT32_MAX:.8g})", where)
         self.constants[name] = np.array(value, dtype=NP_DTYPE[dtype])
         self.types[name] = TensorType((), dtype)
         return Tensor(name, dtype)

@@ -28,7 +28,7 @@ from cvmc.frontend.fragments import (
     show_value,
     stdlib,
 )
-from cvmc.frontend.literals import TensorFactory, literal_value
+from cvmc.frontend.literals import TensorFactory, float32_rounding, literal_value
 from cvmc.frontend.syntax import Source
 from cvmc.ir import Node, TensorType
 from cvmc.ops import lookup
@@ -489,11 +489,17 @@ class GraphBuilder(TensorFactory):
         v = arg.value
         if isinstance(v, Tensor):
             return v.name
+        slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
         if _tensorish(v):
-            if is_int(v) and _scalar_slot(opdef, k, args):
+            scalar = _scalar_slot(opdef, k, args)
+            if isinstance(v, (CallerInt, CallerFloat)) and (scalar or isinstance(v, float)):
+                rounding = float32_rounding(v)
+                if rounding:
+                    raise OpRuleError(f"{opdef.name}: input '{slot}': {rounding}; pass "
+                                      f"np.float32({v!r}) to accept that")
+            if is_int(v) and scalar:
                 v = float(v)
             return self.literal_tensor(v, where).name
-        slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
         raise OpRuleError(f"{opdef.name}: input '{slot}' must be a tensor, got {show_value(v)}")
 
     def output_names(self, opdef: OpDef, count: int, dest: Any, where: Any) -> list[str]:
@@ -593,6 +599,24 @@ def _integer_arg(arg: Arg) -> bool:
     if isinstance(v, Tensor):
         return v.dtype in ("int8", "int32")
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+class CallerInt(int):
+    """An int that a Python caller (`cvmc.GraphBuilder`) passed as a tensor: where it
+    becomes a float32 constant, float32 must hold it exactly. (A text literal is decimal:
+    NNEF rounds it, as it reads 0.1.)"""
+
+
+class CallerFloat(float):
+    """A float that a Python caller passed as a tensor (see CallerInt); a NumPy float32
+    value arrives as one that float32 holds by construction."""
+
+
+def caller_number(v: float) -> float:
+    """`v` marked as passed by a Python caller (logicals stay as they are)."""
+    if isinstance(v, bool):
+        return v
+    return CallerInt(v) if isinstance(v, int) else CallerFloat(v)
 
 
 def _scalar_slot(opdef: OpDef, k: int, args: list[Arg]) -> bool:

@@ -56,6 +56,14 @@ def infer_precision(graph: Graph) -> Graph:
     return graph.replace(types=types)
 
 
+def check_graph(graph: Graph) -> Graph:
+    """The graph as every command and the interpreter accept it: precisions inferred, which
+    checks every op's element kinds and int32 bounds. A graph with an NNEF op that cvmc
+    checks only is returned as the frontend typed it (it cannot be compiled or run)."""
+    return infer_precision(graph) if all(lookup(n.op).compute for n in graph.nodes) \
+        else graph
+
+
 def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
     """Add the types of `node`'s outputs to `types`, which holds its inputs' (inferred)
     types; `producers` (value -> node) names the ops that grew a precision too far.

@@ -4,8 +4,8 @@ A CVM tensor of precision p holds integers with |v| <= 2^(p-1) - 1. Inputs are c
 against that before anything runs: a violation is an error naming the input, the first
 offending index and value; with saturate=True values are clipped instead (as
 CVM-Runtime does for its data input). A float32 input (NNEF scalar) takes any float array
-(float64 values are rounded to float32, as NumPy's astype rounds); a bool input (NNEF
-logical) takes bool arrays only.
+(float64 values are rounded to float32, as NumPy's astype rounds; beyond float32's range
+they become +-inf); a bool input (NNEF logical) takes bool arrays only.
 """
 from __future__ import annotations
 
@@ -56,7 +56,11 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
         raise ModelError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                          f"got {list(arr.shape)}")
     if spec.precision is None:
-        return arr.astype(spec.dtype, copy=False)  # the runtime copies it into its buffer
+        # A float input rounds to the nearest float32 and beyond its range to +-inf (IEEE
+        # conversion, as any float32 computation overflows): the values float32 semantics
+        # gives them, on the runtime's path and the interpreter's alike, so no warning.
+        with np.errstate(over="ignore"):
+            return arr.astype(spec.dtype, copy=False)  # the runtime copies it into its buffer
     bound = (1 << (spec.precision - 1)) - 1
     # Two reductions find whether anything is out of range (no temporary arrays: this runs
     # on every call); only then is the first offender located. The extremes are compared
