@@ -21,9 +21,10 @@ Methods:
   library.
 Tensor arguments are `Var`s of this builder or Python numbers (shape-[] constants, as
 literals in text), positional or by their input names (`bias=b`, as in text; None leaves an
-optional one out); a number that becomes a float32 constant must be one float32 holds
-exactly (`2**40 + 1` is refused; `np.float32(2**40 + 1)` asks for the rounding); attributes
-are keywords; `name=` names the result. Shapes and types (with integer precisions) are
+optional one out); a Python int that becomes a float32 constant must be one float32
+holds exactly (`2**40 + 1` is refused; `np.float32(2**40 + 1)` asks for the rounding), while
+a float rounds to the nearest float32, as NNEF reads a decimal literal; attributes are
+keywords; `name=` names the result. Shapes and types (with integer precisions) are
 inferred as each call is made: a bad call raises a CvmcError naming the op and the rule,
 at the call.
 """
@@ -42,7 +43,6 @@ import numpy as np
 
 from cvmc.errors import CvmcError
 from cvmc.frontend.fragments import NO_DEFAULT, Tensor, stdlib
-from cvmc.frontend.literals import float32_rounding
 from cvmc.frontend.semantics import Arg, Scope, caller_number
 from cvmc.frontend.semantics import GraphBuilder as _Evaluator
 from cvmc.frontend.syntax import KEYWORDS, Source
@@ -133,9 +133,8 @@ class GraphBuilder:
         return self._var(name)
 
     def constant(self, array, name: str | None = None, precision: int | None = None) -> Var:
-        """A weight holding `array`: float arrays become float32 (every value finite and
-        one that float32 holds exactly, as a float32 array's are), bool arrays bool, integer
-        arrays CVM integers (precision given, or the smallest that holds the data)."""
+        """A weight holding `array`: float arrays become float32 (rounded to nearest, every
+        value finite), bool arrays bool, integer arrays CVM integers (precision given, or the smallest that holds the data)."""
         name = self._fresh_or(name, "const")
         arr = np.asarray(array)
         kind = {"f": "float32", "b": "bool", "i": "int32", "u": "int32"}.get(arr.dtype.kind)
@@ -154,33 +153,21 @@ class GraphBuilder:
         elif precision is not None:
             raise CvmcError(f"constant '{name}': precision applies to integer data only")
         if kind == "float32":
-            given = arr
             with np.errstate(over="ignore"):
                 arr = arr.astype(np.float32)
             if not np.isfinite(arr).all():
                 bad = np.argwhere(~np.isfinite(arr))[0].tolist()
                 raise CvmcError(f"constant '{name}': value at index {bad} is not a finite "
                                 f"float32 (NNEF text has no literal for it)")
-            rounded = np.argwhere(arr != given)  # NumPy compares in the wider type: exactly
-            if rounded.size:
-                bad = rounded[0].tolist()
-                raise CvmcError(f"constant '{name}': value at index {bad}: "
-                                f"{float32_rounding(given[tuple(bad)].item())}; pass a "
-                                f"float32 array to accept the rounding")
         self._eval.constants[name] = arr.astype(kind)
         self._eval.types[name] = TensorType(tuple(arr.shape), kind, precision)
         return self._var(name)
 
     def const_scalar(self, value: float | bool, name: str | None = None) -> Var:
         """A shape-[] constant (`cinn.const_scalar`): an int is a CVM integer (the smallest
-        precision holding it), a float a float32 (one that float32 holds exactly), a bool a
-        logical."""
+        precision holding it), a float a float32 (rounded to nearest), a bool a logical."""
         if isinstance(value, np.generic):
-            value = value.item()  # a float32 one: a float that float32 holds exactly
-        rounding = float32_rounding(value) if isinstance(value, float) else None
-        if rounding:
-            raise CvmcError(f"cinn.const_scalar: value {rounding}; pass np.float32({value!r}) "
-                            f"to accept that")
+            value = value.item()
         return self._call("cinn.const_scalar", [], {"value": value}, name)
 
     # ---- CINN primitives -------------------------------------------------------------------
@@ -402,7 +389,7 @@ class GraphBuilder:
 
     def _operand(self, v: Any) -> Any:
         """A call argument as the evaluator takes it: Vars as tensors, numbers as
-        literals that float32 must hold exactly where they become scalars, lists
+        literals (an int that float32 must hold exactly where it becomes a scalar), lists
         element-wise."""
         if isinstance(v, np.ndarray):
             raise CvmcError(f"a tensor argument must be a Var of this builder or a number, "

@@ -39,14 +39,14 @@ NP_DTYPE = {"int32": np.int32, "float32": np.float32, "bool": np.bool_}
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-def float32_rounding(value: float) -> str | None:
-    """Why float32 cannot hold the Python number `value` exactly ('V is not a float32 value:
-    it rounds to F'), or None when it can. Values beyond float32's range (and NaN) are the
-    range checks' to refuse."""
+def float32_rounding(value: int) -> str | None:
+    """Why float32 cannot hold the Python int `value` exactly ('V is not a float32 value: it
+    rounds to F'), or None when it can. Values beyond float32's range are the range checks'
+    to refuse."""
     if not abs(value) <= FLOAT32_MAX:
         return None
     nearest = np.float32(value)
-    if (int(nearest) if isinstance(value, int) else float(nearest)) == value:
+    if int(nearest) == value:
         return None
     return f"{value!r} is not a float32 value: it rounds to {float(nearest)!r}"
 

@@ -492,7 +492,7 @@ class GraphBuilder(TensorFactory):
         slot = opdef.input_names[min(k, len(opdef.input_names) - 1)]
         if _tensorish(v):
             scalar = _scalar_slot(opdef, k, args)
-            if isinstance(v, (CallerInt, CallerFloat)) and (scalar or isinstance(v, float)):
+            if isinstance(v, CallerInt) and scalar:
                 rounding = float32_rounding(v)
                 if rounding:
                     raise OpRuleError(f"{opdef.name}: input '{slot}': {rounding}; pass "
@@ -603,20 +603,13 @@ def _integer_arg(arg: Arg) -> bool:
 
 class CallerInt(int):
     """An int that a Python caller (`cvmc.GraphBuilder`) passed as a tensor: where it
-    becomes a float32 constant, float32 must hold it exactly. (A text literal is decimal:
-    NNEF rounds it, as it reads 0.1.)"""
-
-
-class CallerFloat(float):
-    """A float that a Python caller passed as a tensor (see CallerInt); a NumPy float32
-    value arrives as one that float32 holds by construction."""
+    becomes a float32 constant, float32 must hold it exactly (an integer is exact by
+    nature; a float, like a decimal literal in text, rounds to the nearest float32)."""
 
 
 def caller_number(v: float) -> float:
-    """`v` marked as passed by a Python caller (logicals stay as they are)."""
-    if isinstance(v, bool):
-        return v
-    return CallerInt(v) if isinstance(v, int) else CallerFloat(v)
+    """`v` marked as passed by a Python caller where it is an int (not a logical)."""
+    return CallerInt(v) if type(v) is int else v
 
 
 def _scalar_slot(opdef: OpDef, k: int, args: list[Arg]) -> bool:
