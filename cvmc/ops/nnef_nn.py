@@ -392,7 +392,7 @@ def te_index(pos, z: int, border: str, within: bool):
     """(index to load, inside or None) for a position of the extended input along an axis
     of extent z; `within`: the position is known to be inside. Every load index is clamped
     into [0, z), so no kernel reads outside its input whatever the data."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.lowering.te_facade import clamped_index, tirx
 
     if within:
         return pos, None
@@ -402,7 +402,7 @@ def te_index(pos, z: int, border: str, within: bool):
     elif border == "reflect-even":
         pos = tirx.Select(pos < 0, -pos - 1, tirx.Select(pos > last, 2 * last + 1 - pos, pos))
     elif border != "replicate":
-        return _clamp(pos, 0, last), tirx.all(pos >= 0, pos <= last)
+        return clamped_index(pos, z)
     return _clamp(pos, 0, last), None
 
 
@@ -423,6 +423,8 @@ def _te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: st
         else:
             v, z = i * dim.s + j * dim.d - dim.p, dim.X
         lo, hi = dim.reach(reverse)
+        if reverse:  # v // s is loaded for every tap, divisible or not (`hit` drops those)
+            lo = (dim.p - dim.d * (dim.f - 1)) // dim.s
         load, ok = te_index(v, z, border, 0 <= lo and hi < z)
         loads.append(load)
         if ok is not None:
