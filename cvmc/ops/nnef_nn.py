@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from cvmc.ops.common import require
+from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nnef_math import np_broadcast, te_broadcast
 from cvmc.ops.nnef_std_nn import (
     Dim,
@@ -457,8 +458,19 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
         rc = te.reduce_axis((0, cin_g), "rc")
         taps, axes = _reduce_axes(dims, "rk")
 
+        # Zero borders: a materialised padded copy of the input (conv_nd's), read without
+        # a test, so the reduction's loads stay affine and vectorise.
+        padded = padded_input(x, [d.X for d in dims], [d.f for d in dims],
+                              [d.x for d in dims], [d.s for d in dims], [d.d for d in dims],
+                              [d.p for d in dims], name) \
+            if not reverse and a.border in ("constant", "ignore") else None
+
         def body(b, o, *i):
             g = o // cout_g
+            if padded is not None:
+                value = padded(b, g * cin_g + rc, *[ik * d.s + j * d.d
+                                                    for ik, j, d in zip(i, taps, dims)])
+                return te.sum(value * w(o, rc, *taps), axis=[rc, *axes])
             loads, hit, inside = _te_positions(dims, i, taps, a.border, reverse)
             value = _read(x, [b, g * cin_g + rc, *loads], inside, a.border)
             weight = w(g * cin_g + rc, o - g * cout_g, *taps) if reverse else w(o, rc, *taps)
