@@ -27,19 +27,21 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+from cvmc_runtime.model import ALIGNMENT
 
 PAGE = mmap.PAGESIZE
 _PROT_NONE = 0  # <sys/mman.h> (the mmap module has no name for it)
 PLACEMENTS = ("after_guard", "before_guard")
-ALIGNMENT = 64  # what the kernels assume of every buffer (cvmc_runtime.model.ALIGNMENT)
 _TIMEOUT_S = 300  # per request: a worker that hangs fails its test instead of the session
 _PROGRESS = None  # the worker's progress file (what it is doing, for a fault report)
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_LIBC.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
 def _mprotect_none(addr: int, size: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if libc.mprotect(addr, size, _PROT_NONE) != 0:
+    if _LIBC.mprotect(addr, size, _PROT_NONE) != 0:
         raise OSError(ctypes.get_errno(), "mprotect failed")
 
 

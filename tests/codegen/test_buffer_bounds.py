@@ -17,6 +17,7 @@ import pickle
 
 import numpy as np
 import pytest
+from cvmc_runtime.model import ALIGNMENT
 
 from cvmc.codegen.build import build_llvm
 from cvmc.lowering.lower import lower_graph
@@ -48,7 +49,7 @@ def _run_kernels(module, plan: dict, values: dict, placement: str, kind: str,
             if spec["name"] in values:
                 arr[...] = values[spec["name"]]  # inside its precision: the cast is exact
             arrays[spec["name"]] = arr
-    tensors = {n: tvm_ffi.from_dlpack(a, require_alignment=64) for n, a in arrays.items()}
+    tensors = {n: tvm_ffi.from_dlpack(a, require_alignment=ALIGNMENT) for n, a in arrays.items()}
     for kernel in plan["kernels"]:
         progress(f"calling {kernel['symbol']} ({placement}, {kind} garbage)")
         module[kernel["symbol"]](*[tensors[a] for a in kernel["args"]])
