@@ -11,8 +11,8 @@ from tvm import te, tirx, topi
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as tir_builder
 
-__all__ = ["IRBuilder", "as_int32", "as_int64", "cast", "const", "convert", "elementwise", "shape_of", "te",
-           "tir_builder", "tirx", "topi", "tvm"]
+__all__ = ["IRBuilder", "as_int32", "as_int64", "cast", "clamped_index", "const", "convert",
+           "elementwise", "shape_of", "te", "tir_builder", "tirx", "topi", "tvm"]
 
 
 def const(value: int, dtype: str = "int32") -> tirx.PrimExpr:
@@ -28,6 +28,16 @@ def as_int64(e: tirx.PrimExpr) -> tirx.PrimExpr:
 def as_int32(e: tirx.PrimExpr) -> tirx.PrimExpr:
     """Narrow an expression to int32 (the value must already fit)."""
     return e.astype("int32")
+
+
+def clamped_index(pos: tirx.PrimExpr, extent: int) -> tuple[tirx.PrimExpr, tirx.PrimExpr]:
+    """(`pos` clamped into [0, extent), whether `pos` is inside): load at the index, keep
+    the value under `Select(inside, value, ...)`, and no read leaves the buffer."""
+    index = tirx.max(tirx.min(pos, extent - 1), 0)
+    # `inside` tests the clamped index, not `0 <= pos < extent`: TVM simplifies a Select's
+    # operands under its condition, and that condition would turn the clamped index back
+    # into `pos`, whose load a Select performs even when it is outside (issue 22, item 0)
+    return index, index == pos
 
 
 def shape_of(t: te.Tensor) -> tuple[int, ...]:

@@ -162,7 +162,7 @@ def _filter_gradient(x, dy, w_shape, a, before):
 
 @conv.lower
 def _lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.lowering.te_facade import clamped_index, shape_of, te, tirx
     lhs, rhs = xs
 
     def nchw(t):
@@ -194,11 +194,10 @@ def _lower(xs, a):
             b, ch, i, j = (index[0], index[3], *index[1:3]) if nhwc else index
             # the dy position whose tap (rh, rw) reads x[i, j]: i = y*SH + rh*DH - PH
             ti, tj = i + before[0] - rh * dh, j + before[1] - rw * dw
-            y, x_ = tirx.floordiv(ti, sh), tirx.floordiv(tj, sw)
-            hit = tirx.all(ti >= 0, tj >= 0, tirx.floormod(ti, sh) == 0,
-                           tirx.floormod(tj, sw) == 0, y < oh, x_ < ow)
+            (safe_y, in_y), (safe_x, in_x) = (clamped_index(tirx.floordiv(ti, sh), oh),
+                                              clamped_index(tirx.floordiv(tj, sw), ow))
+            hit = tirx.all(tirx.floormod(ti, sh) == 0, tirx.floormod(tj, sw) == 0, in_y, in_x)
             oc = ch // icg * ocg + ro
-            safe_y, safe_x = tirx.min(tirx.max(y, 0), oh - 1), tirx.min(tirx.max(x_, 0), ow - 1)
             term = dy[b, oc, safe_y, safe_x] * w[oc, ch % icg, rh, rw]
             return te.sum(tirx.Select(hit, term, tirx.const(0.0, "float32")), axis=[ro, rh, rw])
         return te.compute((n, h, wd, c) if nhwc else (n, c, h, wd), dx, name="cinn_conv_dx")
@@ -211,10 +210,10 @@ def _lower(xs, a):
     rn, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "rn"), (oh, "ry"), (ow, "rx")))
 
     def dfilter(oc, i, p, q):
-        row, col = ry * sh + p * dh - before[0], rx * sw + q * dw - before[1]
-        inside = tirx.all(row >= 0, row < h, col >= 0, col < wd)
-        tap = x[rn, oc // ocg * icg + i, tirx.min(tirx.max(row, 0), h - 1),
-                tirx.min(tirx.max(col, 0), wd - 1)]
+        (row, in_row), (col, in_col) = (clamped_index(ry * sh + p * dh - before[0], h),
+                                        clamped_index(rx * sw + q * dw - before[1], wd))
+        inside = tirx.all(in_row, in_col)
+        tap = x[rn, oc // ocg * icg + i, row, col]
         return te.sum(tirx.Select(inside, dy[rn, oc, ry, rx] * tap, tirx.const(0.0, "float32")),
                       axis=[rn, ry, rx])
     return te.compute((o, icg, kh, kw), dfilter, name="cinn_conv_dfilter")

@@ -103,7 +103,7 @@ def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
     out = out_sizes(name, (n, c, *size), (oc, icg, *k), strides, dilations, pads_begin,
                     pads_end)
     ocg = oc // groups
-    read = _padded(x, size, k, out, strides, dilations, pads_begin, name)
+    read = padded_input(x, size, k, out, strides, dilations, pads_begin, name)
     rc = te.reduce_axis((0, icg), name="rc")
     rk = [te.reduce_axis((0, kd), name=f"rk{d}") for d, kd in enumerate(k)]
 
@@ -122,7 +122,7 @@ def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
     return te.compute(dst.shape, lambda *i: dst(*i) + b[ncx(*i)[1]], name=f"{name}_bias")
 
 
-def _padded(x, size, k, out, strides, dilations, pads_begin, name: str):
+def padded_input(x, size, k, out, strides, dilations, pads_begin, name: str):
     """(n, c, p1..pr) -> x[n, c, p1 - PB_1, ..] inside the input, 0 outside (padded
     coordinates), as a materialised stage when any read can fall outside the input."""
     from cvmc.lowering.schedule import MATERIALIZE

@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from cvmc.ops.common import require
+from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nnef_math import np_broadcast, te_broadcast
 from cvmc.ops.nnef_std_nn import (
     Dim,
@@ -392,7 +393,7 @@ def te_index(pos, z: int, border: str, within: bool):
     """(index to load, inside or None) for a position of the extended input along an axis
     of extent z; `within`: the position is known to be inside. Every load index is clamped
     into [0, z), so no kernel reads outside its input whatever the data."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.lowering.te_facade import clamped_index, tirx
 
     if within:
         return pos, None
@@ -402,7 +403,7 @@ def te_index(pos, z: int, border: str, within: bool):
     elif border == "reflect-even":
         pos = tirx.Select(pos < 0, -pos - 1, tirx.Select(pos > last, 2 * last + 1 - pos, pos))
     elif border != "replicate":
-        return _clamp(pos, 0, last), tirx.all(pos >= 0, pos <= last)
+        return clamped_index(pos, z)
     return _clamp(pos, 0, last), None
 
 
@@ -423,6 +424,8 @@ def _te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: st
         else:
             v, z = i * dim.s + j * dim.d - dim.p, dim.X
         lo, hi = dim.reach(reverse)
+        if reverse:  # v // s is loaded for every tap, divisible or not (`hit` drops those)
+            lo = (dim.p - dim.d * (dim.f - 1)) // dim.s
         load, ok = te_index(v, z, border, 0 <= lo and hi < z)
         loads.append(load)
         if ok is not None:
@@ -455,8 +458,19 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
         rc = te.reduce_axis((0, cin_g), "rc")
         taps, axes = _reduce_axes(dims, "rk")
 
+        # Zero borders: a materialised padded copy of the input (conv_nd's), read without
+        # a test, so the reduction's loads stay affine and vectorise.
+        padded = padded_input(x, [d.X for d in dims], [d.f for d in dims],
+                              [d.x for d in dims], [d.s for d in dims], [d.d for d in dims],
+                              [d.p for d in dims], name) \
+            if not reverse and a.border in ("constant", "ignore") else None
+
         def body(b, o, *i):
             g = o // cout_g
+            if padded is not None:
+                value = padded(b, g * cin_g + rc, *[ik * d.s + j * d.d
+                                                    for ik, j, d in zip(i, taps, dims)])
+                return te.sum(value * w(o, rc, *taps), axis=[rc, *axes])
             loads, hit, inside = _te_positions(dims, i, taps, a.border, reverse)
             value = _read(x, [b, g * cin_g + rc, *loads], inside, a.border)
             weight = w(g * cin_g + rc, o - g * cout_g, *taps) if reverse else w(o, rc, *taps)
