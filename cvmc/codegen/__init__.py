@@ -59,8 +59,8 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
     with progress.stage("lower", len(graph.nodes)):
         mod, groups, plan = lower_graph(graph, target)
     with progress.stage(f"schedule + build ({target})", len(groups)) as stage:
-        built = build_llvm(mod, mcpu, stage.advance, plan["kernels"]) if target == "llvm" \
-            else build_cuda(mod, arch, stage.advance, plan["kernels"])
+        built = build_llvm(mod, mcpu, stage.advance, plan) if target == "llvm" \
+            else build_cuda(mod, arch, stage.advance, plan)
     plan.update(target=built.target, device="cpu" if target == "llvm" else "cuda")
     for kernel in plan["kernels"]:
         kernel["schedule"] = built.schedules[kernel["symbol"]]

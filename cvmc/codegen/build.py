@@ -73,16 +73,19 @@ def _shim_object() -> Path:
     return _gcc_object(SHIM_C, tmp, "shim", "the CPU backend shim")
 
 
-def kernel_signatures(mod, kernels: list[dict]) -> list[dict]:
-    """The plan's `kernels` as a library signature (cvmc_runtime.library): each with its
-    arguments' shapes and dtypes as its PrimFunc in `mod` declares them."""
+def kernel_signatures(mod, plan: dict) -> list[dict]:
+    """The `plan`'s kernels as a library signature (cvmc_runtime.library): each with its
+    arguments' shapes and dtypes as its PrimFunc in `mod` declares them, and the
+    precisions the compiler's overflow proof assumed."""
+    precisions = {s["name"]: s.get("precision")
+                  for key in ("inputs", "weights", "buffers", "outputs") for s in plan[key]}
     out = []
-    for kernel in kernels:
+    for kernel in plan["kernels"]:
         buffers = mod[kernel["symbol"]].params  # TVM 0.27: each param carries its buffer
         assert len(buffers) == len(kernel["args"]), kernel["symbol"]
         out.append({"symbol": kernel["symbol"], "num_inputs": kernel["num_inputs"],
                     "args": [{"name": name, "shape": [int(d) for d in b.shape],
-                              "dtype": str(b.dtype)}
+                              "dtype": str(b.dtype), "precision": precisions[name]}
                              for name, b in zip(kernel["args"], buffers)]})
     return out
 
@@ -115,10 +118,10 @@ def _check_cpu(mcpu: str) -> None:
 
 def build_llvm(mod, mcpu: str | None = None,
                on_kernel: Callable[[str], None] | None = None,
-               kernels: list[dict] | None = None) -> Built:
+               plan: dict | None = None) -> Built:
     """Schedule and compile `mod` for the CPU; returns the linked library, holding the
-    signature of the plan's `kernels` when given (a library to load with
-    cvmc_runtime.load needs it)."""
+    signature of `plan`'s kernels when given (a library to load with cvmc_runtime.load
+    needs it)."""
     import tvm
     from cvmc_runtime.library import signature_json
 
@@ -137,8 +140,8 @@ def build_llvm(mod, mcpu: str | None = None,
     built_for = {**target, "features": features}
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         addons = [_shim_object()]
-        if kernels is not None:
-            text = signature_json(built_for, kernel_signatures(mod, kernels))
+        if plan is not None:
+            text = signature_json(built_for, kernel_signatures(mod, plan))
             addons.append(_gcc_object(signature_source(text), Path(tmp), "signature",
                                       "the library signature"))
         lib = Path(tmp) / "kernels.so"
@@ -245,17 +248,17 @@ def nvcc_shared(source: str, arch: str, output: Path) -> None:
 
 def build_cuda(mod, arch: str = "sm_80",
                on_kernel: Callable[[str], None] | None = None,
-               kernels: list[dict] | None = None) -> Built:
+               plan: dict | None = None) -> Built:
     """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability
-    `arch`, with the signature of the plan's `kernels` when given (as build_llvm)."""
+    `arch`, with the signature of `plan`'s kernels when given (as build_llvm)."""
     from cvmc_runtime.library import signature_json
 
     if not arch.startswith("sm_") or not arch[3:].isdigit():
         raise CvmcError(f"--arch {arch}: expected sm_<digits>, e.g. sm_80 or sm_90")
     target = {"kind": "cuda", "arch": arch}
     scheduled, source, rules = cuda_translation_unit(mod, arch, on_kernel)
-    if kernels is not None:
-        source += signature_source(signature_json(target, kernel_signatures(mod, kernels)))
+    if plan is not None:
+        source += signature_source(signature_json(target, kernel_signatures(mod, plan)))
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)

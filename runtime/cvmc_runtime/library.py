@@ -2,8 +2,8 @@
 
 The compiler links into each library (CPU and CUDA) a function `cvmc_signature` that
 returns a JSON text: the target and, for every kernel in call order, its symbol, its
-number of inputs and its arguments (graph tensor names, shapes, dtypes) as the compiler
-emitted them. A kernel checks only the shapes and dtypes it is handed, so two
+number of inputs and its arguments (graph tensor names, shapes, dtypes, precisions) as
+the compiler emitted them. A kernel checks only the shapes and dtypes it is handed, so two
 same-shaped arguments swapped in an edited plan would run and give wrong results; the
 runtime therefore refuses a plan that differs from its library's signature.
 """
@@ -20,7 +20,7 @@ MAX_SIGNATURE_BYTES = 64 << 20  # as a plan (cvmc_runtime.artifact.MAX_JSON_BYTE
 
 def signature_json(target: Mapping, kernels: list[Mapping]) -> str:
     """The signature text for `target` and `kernels` ({symbol, num_inputs, args: [{name,
-    shape, dtype}]}), as the compiler compiles it into a library."""
+    shape, dtype, precision}]}), as the compiler compiles it into a library."""
     return json.dumps({"target": target, "kernels": kernels}, sort_keys=True,
                       separators=(",", ":"))
 
@@ -54,30 +54,34 @@ def check_library(plan: Mapping, module) -> None:
     declared = signature["kernels"]
     if len(declared) != len(plan["kernels"]):
         raise _mismatch(f"the plan calls {len(plan['kernels'])} kernels, its library "
-                         f"holds {len(declared)}")
+                        f"holds {len(declared)}")
     tensors = {s["name"]: s for key in ("inputs", "weights", "buffers", "outputs")
                for s in plan[key]}
     for index, (kernel, lib) in enumerate(zip(plan["kernels"], declared)):
         symbol = kernel["symbol"]
         if not isinstance(lib, Mapping) or lib.get("symbol") != symbol:
             raise _mismatch(f"kernel {index} is '{symbol}' in the plan but "
-                             f"{_field(lib, 'symbol')} in the library")
+                            f"{_field(lib, 'symbol')} in the library")
         if lib.get("num_inputs") != kernel["num_inputs"]:
             raise _mismatch(f"kernel '{symbol}': {kernel['num_inputs']} inputs in the plan "
-                             f"but {_field(lib, 'num_inputs')} in the library")
+                            f"but {_field(lib, 'num_inputs')} in the library")
         args = lib.get("args")
         if not isinstance(args, list) or len(args) != len(kernel["args"]):
+            count = len(args) if isinstance(args, list) else None
             raise _mismatch(f"kernel '{symbol}': {len(kernel['args'])} arguments in the "
-                             f"plan, the library declares {_field(lib, 'args')}")
+                            f"plan but {count} in the library")
         for position, (name, arg) in enumerate(zip(kernel["args"], args)):
             if not isinstance(arg, Mapping) or arg.get("name") != name:
                 raise _mismatch(f"kernel '{symbol}': argument {position} is '{name}' in the "
-                                 f"plan but {_field(arg, 'name')} in the library")
+                                f"plan but {_field(arg, 'name')} in the library")
+            # The precisions too: the compiler proved int32 never overflows inside them.
+            keys = ("dtype", "shape", "precision")
             spec = tensors[name]
-            if [arg.get("shape"), arg.get("dtype")] != [spec["shape"], spec["dtype"]]:
-                raise _mismatch(f"kernel '{symbol}': argument '{name}' is {spec['dtype']} "
-                                 f"{spec['shape']} in the plan but {_field(arg, 'dtype')} "
-                                 f"{_field(arg, 'shape')} in the library")
+            if [arg.get(k) for k in keys] != [spec.get(k) for k in keys]:
+                raise _mismatch(f"kernel '{symbol}': argument '{name}' is "
+                                f"{', '.join(f'{k} {spec.get(k)}' for k in keys)} in the "
+                                f"plan but {', '.join(f'{k} {_field(arg, k)}' for k in keys)} "
+                                f"in the library")
 
 
 def _mismatch(message: str) -> ModelError:

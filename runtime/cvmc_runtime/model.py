@@ -94,6 +94,8 @@ class Model:
 
     def run(self, feeds: Mapping[str, object], saturate: bool = False) -> dict[str, np.ndarray]:
         """Check the inputs, call every kernel in order, return the outputs by name."""
+        if not isinstance(saturate, (bool, np.bool_)):
+            raise ModelError(f"saturate must be True or False, got {saturate!r:.40}")
         for name, value in check_inputs(self.inputs, feeds, saturate).items():
             self._buf.upload(name, value)
         for index in range(len(self._kernels)):
@@ -116,6 +118,9 @@ class Model:
         kernel timed alone over `repeat` rounds after `warmup`, then whole runs."""
         import time
 
+        for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
+            if type(value) is not int or value < least:
+                raise ModelError(f"{name} must be an integer >= {least}, got {value!r:.40}")
         self.run(feeds)
         for _ in range(warmup):
             self.run(feeds)

@@ -164,6 +164,9 @@ def _rename(old, new):
     (_kernel(4, num_inputs=0), "0 inputs in the plan but 1 in the library"),
     (_kernel(0, args=["data", "w1_packed", "b1", "r1"], num_inputs=3),
      "3 inputs in the plan but 4 in the library"),
+    # a wider input precision would let values in that void the overflow proof
+    (lambda p: p["inputs"][0].update(precision=16), "precision 16 in the plan but "),
+    (lambda p: p["weights"][0].update(precision=31), "precision 31 in the plan but "),
 ])
 def test_plans_that_differ_from_their_library_are_refused(artifact, tmp_path, capsys, edit,
                                                           words):
@@ -177,7 +180,8 @@ def test_plans_that_differ_from_their_library_are_refused(artifact, tmp_path, ca
 def _signature_of(plan: dict) -> dict:
     return {"target": plan["target"], "kernels": [
         {"symbol": k["symbol"], "num_inputs": k["num_inputs"],
-         "args": [{"name": a, "shape": [4], "dtype": "int8"} for a in k["args"]]}
+         "args": [{"name": a, "shape": [4], "dtype": "int8", "precision": 8}
+                  for a in k["args"]]}
         for k in plan["kernels"]]}
 
 
@@ -216,7 +220,8 @@ def test_reordered_dropped_kernels_and_other_shapes_are_refused():
     with pytest.raises(ModelError, match="the plan calls 1 kernels, its library holds 2"):
         check_library(dropped, library)
     plan["outputs"][0]["shape"] = [2, 2]
-    with pytest.raises(ModelError, match=r"'y' is int8 \[2, 2\] in the plan but 'int8' \[4\]"):
+    with pytest.raises(ModelError, match=r"'y' is dtype int8, shape \[2, 2\], precision 8 in "
+                                         r"the plan but dtype 'int8', shape \[4\], precision 8"):
         check_library(plan, library)
 
 
@@ -358,3 +363,16 @@ def test_every_llvm_x86_feature_is_classified():
 def test_load_of_a_non_path_is_a_model_error(value):
     with pytest.raises(ModelError, match="load expects the path of a .cvmx file"):
         cvmc_runtime.load(value)
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda m, x: m.run({"data": x}, saturate="no"), "saturate must be True or False"),
+    (lambda m, x: m.run({"data": x}, saturate=None), "saturate must be True or False"),
+    (lambda m, x: m.profile({"data": x}, repeat=0), "repeat must be an integer >= 1"),
+    (lambda m, x: m.profile({"data": x}, repeat="3"), "repeat must be an integer >= 1"),
+    (lambda m, x: m.profile({"data": x}, warmup=-1), "warmup must be an integer >= 0"),
+    (lambda m, x: m.profile({"data": x}, warmup=1.5), "warmup must be an integer >= 0"),
+])
+def test_model_methods_check_their_arguments(artifact, call, words):
+    with pytest.raises(ModelError, match=words):
+        call(cvmc_runtime.load(artifact), np.load(DATA))
