@@ -52,10 +52,10 @@ def _check_spec(where: str, spec: object) -> tuple[tuple[int, ...], str]:
 
 
 def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every declared tensor by name. A name appears once per list, and in one of inputs,
-    weights and buffers at most (each is allocated and filled once); an output may also
-    be an input or a weight (passed straight out), with the same shape and dtype, but not
-    an intermediate buffer."""
+    """Every declared tensor by name. A name appears once in inputs, weights and buffers
+    together (each is allocated and filled once); an output (which a graph may list twice)
+    may also be an input or a weight (passed straight out), with the same shape and dtype,
+    but not an intermediate buffer."""
     out: dict[str, tuple[tuple[int, ...], str]] = {}
     names: dict[str, set[str]] = {}
     for key in TENSOR_LISTS:
@@ -70,7 +70,7 @@ def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
                             f"shapes or dtypes")
             listed.append(spec["name"])
         names[key] = set(listed)
-        if len(names[key]) < len(listed):
+        if len(names[key]) < len(listed) and key != "outputs":
             twice = next(n for n in listed if listed.count(n) > 1)
             raise _fail(f"tensor '{twice}' is declared twice in '{key}'")
     for a, b in (("inputs", "weights"), ("inputs", "buffers"), ("weights", "buffers"),
