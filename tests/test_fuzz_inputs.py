@@ -639,15 +639,15 @@ def test_plan_validated_on_load(artifact, tmp_path, edit, message):
 
 
 def test_plan_kernel_argument_mismatch_is_model_error(artifact, tmp_path):
-    """A declared buffer of the wrong size for a kernel: the kernel's own argument check
-    rejects it before any native code touches memory (was a bare ValueError)."""
+    """A declared buffer of the wrong size for a kernel: refused at load, by the library's
+    signature, before any native code touches memory (was a bare ValueError at run)."""
     # The last kernel reads the pool's output (written earlier, of another shape).
     path = _with_plan(artifact, tmp_path, lambda p: _set(
         p["kernels"][-1], "args", ["p1", *p["kernels"][-1]["args"][p["kernels"][-1]
                                                                     ["num_inputs"]:]]))
-    model = cvmc_runtime.load(path)
-    with pytest.raises(ModelError, match="kernel 'k[0-9]+_[a-z_0-9]+' rejects its arguments"):
-        model.run({"data": np.zeros(SHAPE, np.int8)})
+    with pytest.raises(ModelError, match="the plan does not match its kernel library: kernel "
+                                         "'k[0-9]+_[a-z_0-9]+': argument 0 is 'p1'"):
+        cvmc_runtime.load(path)
 
 
 def test_deeply_nested_json(exported, tmp_path):

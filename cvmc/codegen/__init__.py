@@ -62,8 +62,8 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
     with progress.stage("lower", len(graph.nodes)):
         mod, groups, plan = lower_graph(graph, target)
     with progress.stage(f"schedule + build ({target})", len(groups)) as stage:
-        built = build_llvm(mod, mcpu, stage.advance) if target == "llvm" \
-            else build_cuda(mod, arch, stage.advance)
+        built = build_llvm(mod, mcpu, stage.advance, plan) if target == "llvm" \
+            else build_cuda(mod, arch, stage.advance, plan)
     plan.update(target=built.target, device="cpu" if target == "llvm" else "cuda")
     for kernel in plan["kernels"]:
         kernel["schedule"] = built.schedules[kernel["symbol"]]
@@ -135,7 +135,7 @@ def compile_cli(args, console) -> int:
 
 def _print_summary(console, output: Path, result: CompileResult) -> None:
     plan = result.plan
-    target = ", ".join(f"{k}={v}" for k, v in plan["target"].items())
+    target = ", ".join(f"{k}={v}" for k, v in plan["target"].items() if k != "features")
     console.print(f"compiled {output} ({target})")
     ops = sum(len(k["ops"]) for k in plan["kernels"])
     console.print(f"  kernels: {len(plan['kernels'])} for {ops} ops")

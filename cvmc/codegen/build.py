@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cvmc.codegen.shim import SHIM_C
+from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
+from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
 from cvmc.lowering.schedule import cuda_target, reads_own_output
 
@@ -52,18 +53,44 @@ def llvm_target(mcpu: str | None) -> dict:
     return {"kind": "llvm", "mcpu": mcpu or host_cpu()}
 
 
+def _gcc_object(source: str, folder: Path, name: str, what: str) -> Path:
+    """`source` (C) compiled by gcc into `folder/name.o`, with tvm-ffi's headers."""
+    import tvm_ffi
+
+    (folder / f"{name}.c").write_text(source)
+    obj = folder / f"{name}.o"
+    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-fopenmp",
+                           f"-I{tvm_ffi.libinfo.find_include_path()}", "-c",
+                           str(folder / f"{name}.c"), "-o", str(obj)],
+                          check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CvmcError(f"cannot compile {what} with gcc:\n{proc.stderr[-4000:]}")
+    return obj
+
+
 @functools.cache
 def _shim_object() -> Path:
     """The backend shim compiled once per process (linked into every CPU library)."""
     tmp = Path(tempfile.mkdtemp(prefix="cvmc-shim-"))
     atexit.register(shutil.rmtree, tmp, True)
-    (tmp / "shim.c").write_text(SHIM_C)
-    obj = tmp / "shim.o"
-    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-fopenmp", "-c", str(tmp / "shim.c"), "-o",
-                           str(obj)], check=False, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CvmcError(f"cannot compile the CPU backend shim with gcc:\n{proc.stderr}")
-    return obj
+    return _gcc_object(SHIM_C, tmp, "shim", "the CPU backend shim")
+
+
+def kernel_signatures(mod, plan: dict) -> list[dict]:
+    """The `plan`'s kernels as a library signature (cvmc_runtime.library): each with its
+    arguments' shapes and dtypes as its PrimFunc in `mod` declares them, and the
+    precisions the compiler's overflow proof assumed."""
+    precisions = {s["name"]: s.get("precision")
+                  for key in ("inputs", "weights", "buffers", "outputs") for s in plan[key]}
+    out = []
+    for kernel in plan["kernels"]:
+        buffers = mod[kernel["symbol"]].params  # TVM 0.27: each param carries its buffer
+        assert len(buffers) == len(kernel["args"]), kernel["symbol"]
+        out.append({"symbol": kernel["symbol"], "num_inputs": kernel["num_inputs"],
+                    "args": [{"name": name, "shape": [int(d) for d in b.shape],
+                              "dtype": str(b.dtype), "precision": precisions[name]}
+                             for name, b in zip(kernel["args"], buffers)]})
+    return out
 
 
 def schedule_module(mod, target: dict, scalar: bool = False,
@@ -93,12 +120,18 @@ def _check_cpu(mcpu: str) -> None:
 
 
 def build_llvm(mod, mcpu: str | None = None,
-               on_kernel: Callable[[str], None] | None = None) -> Built:
-    """Schedule and compile `mod` for the CPU; returns the linked library."""
+               on_kernel: Callable[[str], None] | None = None,
+               plan: dict | None = None) -> Built:
+    """Schedule and compile `mod` for the CPU; returns the linked library, holding the
+    signature of `plan`'s kernels when given (a library to load with cvmc_runtime.load
+    needs it)."""
     import tvm
+    from cvmc_runtime.library import signature_json
 
     target = llvm_target(mcpu)
     _check_cpu(target["mcpu"])
+    features = needed_features(target["mcpu"])
+    warn_if_not_host(target["mcpu"], host_cpu(), features)
     try:
         scheduled, rules = schedule_module(mod, target, False, on_kernel)
         ex = tvm.compile(scheduled, target=target)
@@ -107,10 +140,16 @@ def build_llvm(mod, mcpu: str | None = None,
         # this fails too, its error propagates.
         scheduled, rules = schedule_module(mod, target, True)
         ex = tvm.compile(scheduled, target=target)
+    built_for = {**target, "features": features}
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
+        addons = [_shim_object()]
+        if plan is not None:
+            text = signature_json(built_for, kernel_signatures(mod, plan))
+            addons.append(_gcc_object(signature_source(text), Path(tmp), "signature",
+                                      "the library signature"))
         lib = Path(tmp) / "kernels.so"
-        ex.export_library(str(lib), addons=[str(_shim_object())], options=["-fopenmp"])
-        return Built(lib.read_bytes(), target, scheduled.script(),
+        ex.export_library(str(lib), addons=[str(a) for a in addons], options=["-fopenmp"])
+        return Built(lib.read_bytes(), built_for, scheduled.script(),
                      ex.mod.inspect_source("ll"), "ll", rules)
 
 
@@ -238,9 +277,14 @@ def check_cuda_arch(arch: str) -> None:
 
 
 def build_cuda(mod, arch: str = "sm_80",
-               on_kernel: Callable[[str], None] | None = None) -> Built:
-    """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability `arch`
-    (checked by check_cuda_arch first)."""
+               on_kernel: Callable[[str], None] | None = None,
+               plan: dict | None = None) -> Built:
+    """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability
+    `arch` (checked by check_cuda_arch first), with the signature of `plan`'s kernels when
+    given (as build_llvm)."""
+    from cvmc_runtime.library import signature_json
+
+    target = {"kind": "cuda", "arch": arch}
     try:
         scheduled, source, rules = cuda_translation_unit(mod, arch, on_kernel)
     except (CvmcError, KeyboardInterrupt):
@@ -249,8 +293,9 @@ def build_cuda(mod, arch: str = "sm_80",
         # TVM's message ends its text (after any traceback TVM adds)
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({reason})") from None
+    if plan is not None:
+        source += signature_source(signature_json(target, kernel_signatures(mod, plan)))
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)
-        return Built(lib.read_bytes(), {"kind": "cuda", "arch": arch}, scheduled.script(),
-                     source, "cu", rules)
+        return Built(lib.read_bytes(), target, scheduled.script(), source, "cu", rules)

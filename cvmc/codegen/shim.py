@@ -119,3 +119,26 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(cvmc_empty, cvmc_cuda::Empty);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cvmc_copy, cvmc_cuda::Copy);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(cvmc_sync, cvmc_cuda::Sync);
 """
+
+
+def signature_source(text: str) -> str:
+    """C (and CUDA C++) source of the library function that returns the signature `text`
+    (cvmc_runtime.library), its bytes spelled as numbers so no text needs escaping."""
+    from cvmc_runtime.library import SIGNATURE_FUNCTION
+
+    data = text.encode()
+    rows = ",\n".join(",".join(str(b) for b in data[i:i + 40]) for i in range(0, len(data), 40))
+    return f"""
+#include <tvm/ffi/c_api.h>
+static const char cvmc_signature_text[] = {{
+{rows}, 0}};
+#ifdef __cplusplus
+extern "C"
+#endif
+TVM_FFI_DLL_EXPORT int __tvm_ffi_{SIGNATURE_FUNCTION}(void* self, const TVMFFIAny* args,
+                                                  int32_t num_args, TVMFFIAny* result) {{
+  TVMFFIByteArray text = {{cvmc_signature_text, sizeof(cvmc_signature_text) - 1}};
+  (void)self; (void)args; (void)num_args;
+  return TVMFFIStringFromByteArray(&text, result);
+}}
+"""

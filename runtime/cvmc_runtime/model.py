@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from cvmc_runtime.artifact import LIBRARY, read_artifact
+from cvmc_runtime.cpu import check_host_cpu
+from cvmc_runtime.library import check_library
 from cvmc_runtime.plan import tensor_bytes
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
@@ -75,13 +77,15 @@ class Model:
         self.outputs = [TensorSpec.from_json(s) for s in plan["outputs"]]
         self._kernels = [(module[k["symbol"]], k["args"]) for k in plan["kernels"]]
         self._buf = _Buffers(module, plan["device"])
-        specs = [*plan["inputs"], *plan["weights"], *plan["buffers"], *plan["outputs"]]
-        # Intermediate buffers live in one arena, allocated once per loaded model, at the
-        # offsets the compiler planned by liveness (validated with the plan).
+        specs = [*plan["inputs"], *plan["weights"], *plan["outputs"]]
+        for spec in {s["name"]: s for s in specs}.values():
+            self._buf.allocate(spec["name"], spec["shape"], spec["dtype"])
+        # Intermediate buffers, and only they, live in one arena allocated once per loaded
+        # model, at the offsets the compiler planned by liveness (validated with the plan).
         arena = plan.get("arena") if plan["device"] == "cpu" else None
         memory = aligned_empty((max(arena["bytes"], 1),), "uint8") if arena else None
-        for spec in {s["name"]: s for s in specs}.values():
-            offset = arena["offsets"].get(spec["name"]) if arena else None
+        for spec in plan["buffers"]:
+            offset = arena["offsets"][spec["name"]] if arena else None
             view = None if offset is None else \
                 memory[offset:offset + tensor_bytes(spec)]  # type: ignore[index]
             self._buf.allocate(spec["name"], spec["shape"], spec["dtype"], view)
@@ -90,6 +94,8 @@ class Model:
 
     def run(self, feeds: Mapping[str, object], saturate: bool = False) -> dict[str, np.ndarray]:
         """Check the inputs, call every kernel in order, return the outputs by name."""
+        if not isinstance(saturate, (bool, np.bool_)):
+            raise ModelError(f"saturate must be True or False, got {saturate!r:.40}")
         for name, value in check_inputs(self.inputs, feeds, saturate).items():
             self._buf.upload(name, value)
         for index in range(len(self._kernels)):
@@ -112,6 +118,9 @@ class Model:
         kernel timed alone over `repeat` rounds after `warmup`, then whole runs."""
         import time
 
+        for name, value, least in (("repeat", repeat, 1), ("warmup", warmup, 0)):
+            if type(value) is not int or value < least:
+                raise ModelError(f"{name} must be an integer >= {least}, got {value!r:.40}")
         self.run(feeds)
         for _ in range(warmup):
             self.run(feeds)
@@ -154,25 +163,38 @@ def cuda_available() -> bool:
 
 def load(path: str | os.PathLike) -> Model:
     """Load a .cvmx artifact; every problem with the file is a ModelError."""
-    import tvm_ffi
-
+    if not isinstance(path, (str, os.PathLike)) or not isinstance(os.fspath(path), str):
+        raise ModelError(f"load expects the path of a .cvmx file (a str or os.PathLike), "
+                         f"got {type(path).__name__}")
     plan, library, weights = read_artifact(path)
-    if plan.get("device") == "cuda" and not cuda_available():
-        target = plan.get("target")
-        arch = target.get("arch") if isinstance(target, dict) else None
-        raise ModelError(f"{path}: built for CUDA ({arch}), "
-                         f"but no CUDA GPU is available on this machine")
-    with tempfile.TemporaryDirectory(prefix="cvmx-") as tmp:
-        lib = Path(tmp) / LIBRARY
-        lib.write_bytes(library)
-        try:
-            module = tvm_ffi.load_module(str(lib))
-        except Exception as e:  # noqa: BLE001 (tvm-ffi reports a bad library generically)
-            raise ModelError(f"{path}: cannot load its kernel library ({e})") from None
     try:
+        module = _load_library(plan, library)
+        check_library(plan, module)
         return Model(plan, module, weights)
+    except ModelError as e:
+        raise ModelError(f"{path}: {e}") from None
     except (KeyError, AttributeError) as e:
         raise ModelError(f"{path}: plan does not match its library ({e})") from None
     except MemoryError:
         raise ModelError(f"{path}: not enough memory for the buffers its plan declares") \
             from None
+
+
+def _load_library(plan: dict, library: bytes):
+    """The kernel library loaded, once this machine is known to be able to run it: a CUDA
+    GPU for a cuda plan, every CPU feature its code needs for a cpu plan (checked before
+    the code is mapped, not found by a SIGILL)."""
+    import tvm_ffi
+
+    if plan["device"] == "cuda" and not cuda_available():
+        raise ModelError(f"built for CUDA ({plan['target']['arch']}), but no CUDA GPU is "
+                         f"available on this machine")
+    if plan["device"] == "cpu":
+        check_host_cpu(plan["target"])
+    with tempfile.TemporaryDirectory(prefix="cvmx-") as tmp:
+        lib = Path(tmp) / LIBRARY
+        lib.write_bytes(library)
+        try:
+            return tvm_ffi.load_module(str(lib))
+        except Exception as e:  # noqa: BLE001 (tvm-ffi reports a bad library generically)
+            raise ModelError(f"cannot load its kernel library ({e})") from None

@@ -1,10 +1,14 @@
 """Validation of an artifact's plan before any buffer is allocated or any kernel runs.
 
 A damaged or hand-edited plan must fail with a ModelError, never reach native code with
-buffers it does not expect. Every tensor the plan names is declared once with one shape
-and dtype, every kernel argument names a declared tensor, and every weight array matches
-its declaration. The kernels themselves (TVM's packed-function wrappers) check the rank,
-shape, dtype and contiguity of each argument on every call.
+buffers it does not expect, nor a traceback: every field the runtime or `cvmc run` /
+`bench` reads is checked for its type and bounded before any arithmetic. Every tensor the
+plan names is declared once with one shape and dtype, every kernel argument names a
+declared tensor, the arena holds only intermediate buffers at disjoint places while they
+live, and every weight array matches its declaration. At load the plan is then compared
+with its library's own signature (cvmc_runtime.library) and its target's CPU features with
+the host's (cvmc_runtime.cpu). The kernels themselves (TVM's packed-function wrappers)
+check the rank, shape, dtype and contiguity of each argument on every call.
 """
 from __future__ import annotations
 
@@ -48,17 +52,32 @@ def _check_spec(where: str, spec: object) -> tuple[tuple[int, ...], str]:
 
 
 def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Every declared tensor by name; a name declared twice must agree."""
+    """Every declared tensor by name. A name appears once in inputs, weights and buffers
+    together (each is allocated and filled once); an output (which a graph may list twice)
+    may also be an input or a weight (passed straight out), with the same shape and dtype,
+    but not an intermediate buffer."""
     out: dict[str, tuple[tuple[int, ...], str]] = {}
+    names: dict[str, set[str]] = {}
     for key in TENSOR_LISTS:
         specs = plan.get(key)
         if not isinstance(specs, list):
             raise _fail(f"'{key}' must be a list")
+        listed = []
         for k, spec in enumerate(specs):
             decl = _check_spec(f"{key}[{k}]", spec)
             if out.setdefault(spec["name"], decl) != decl:
                 raise _fail(f"tensor '{spec['name']}' is declared twice with different "
                             f"shapes or dtypes")
+            listed.append(spec["name"])
+        names[key] = set(listed)
+        if len(names[key]) < len(listed) and key != "outputs":
+            twice = next(n for n in listed if listed.count(n) > 1)
+            raise _fail(f"tensor '{twice}' is declared twice in '{key}'")
+    for a, b in (("inputs", "weights"), ("inputs", "buffers"), ("weights", "buffers"),
+                 ("buffers", "outputs")):
+        both = sorted(names[a] & names[b])
+        if both:
+            raise _fail(f"tensor '{both[0]}' is declared in both '{a}' and '{b}'")
     return out
 
 
@@ -74,7 +93,7 @@ def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
     if not isinstance(kernels, list):
         raise _fail("'kernels' must be a list")
     readonly = {s["name"] for key in ("inputs", "weights") for s in plan[key]}
-    written = set(readonly)
+    written, called = set(readonly), set()
     for k, kernel in enumerate(kernels):
         if not isinstance(kernel, Mapping) or not isinstance(kernel.get("symbol"), str) or \
                 not isinstance(kernel.get("args"), list):
@@ -87,6 +106,11 @@ def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
         if type(count) is not int or not 0 <= count <= len(args):
             raise _fail(f"kernel '{symbol}': num_inputs must be an integer in "
                         f"0..{len(args)}, got {count!r:.20}")
+        if len(set(args)) < len(args) or symbol in called:
+            # A kernel reading and writing one tensor would alias its own buffers.
+            raise _fail(f"kernel '{symbol}' is called twice or names one tensor twice")
+        called.add(symbol)
+        _check_kernel_extras(symbol, kernel)
         unwritten = [a for a in args[:count] if a not in written]
         if unwritten:
             raise _fail(f"kernel '{symbol}' reads '{unwritten[0]}' before anything writes it")
@@ -99,6 +123,42 @@ def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
     if missing:
         raise _fail(f"output '{missing[0]}' is never written by any kernel and is neither an "
                     f"input nor a weight")
+
+
+MAX_ARITH_OPS = 1 << 62  # far above any model (a ResNet-50 run is ~2^33)
+
+
+def _check_kernel_extras(symbol: str, kernel: Mapping) -> None:
+    """The fields `cvmc bench` reports, when present: `arith_ops` (an integer count) and
+    `schedule` (a rule name)."""
+    ops, rule = kernel.get("arith_ops", 0), kernel.get("schedule", "")
+    if type(ops) is not int or not 0 <= ops <= MAX_ARITH_OPS:
+        raise _fail(f"kernel '{symbol}': arith_ops must be an integer in 0..{MAX_ARITH_OPS}, "
+                    f"got {ops!r:.40}")
+    if not isinstance(rule, str) or len(rule) > 200:
+        raise _fail(f"kernel '{symbol}': schedule must be a rule name, got {rule!r:.40}")
+
+
+def _check_target(plan: Mapping) -> None:
+    """The target the library was built for: llvm with its CPU name and the CPU features
+    its code needs (cvmc_runtime.cpu), or cuda with its compute capability."""
+    target, device = plan.get("target"), plan["device"]
+    if device == "cpu":
+        ok = isinstance(target, Mapping) and set(target) == {"kind", "mcpu", "features"} \
+            and target["kind"] == "llvm" and isinstance(target["mcpu"], str) \
+            and 0 < len(target["mcpu"]) <= 100 and isinstance(target["features"], list) \
+            and all(isinstance(f, str) and len(f) <= 40 for f in target["features"])
+        want = "{kind: 'llvm', mcpu: a CPU name, features: a list of LLVM feature names}"
+    else:
+        arch = target.get("arch") if isinstance(target, Mapping) else None
+        ok = isinstance(target, Mapping) and set(target) == {"kind", "arch"} and \
+            target["kind"] == "cuda" and isinstance(arch, str) and arch.startswith("sm_") \
+            and arch[3:].isdigit() and len(arch) <= 10
+        want = "{kind: 'cuda', arch: 'sm_XX'}"
+    if not ok:
+        old = isinstance(target, Mapping) and "features" not in target and device == "cpu"
+        raise _fail(f"a {device} plan's target must be {want}, got {target!r:.120}"
+                    + ("; it was compiled by an older cvmc: recompile the model" if old else ""))
 
 
 ARENA_ALIGNMENT = 64
@@ -123,24 +183,37 @@ def tensor_bytes(spec: Mapping) -> int:
 
 
 def _check_arena(plan: Mapping) -> None:
-    """The arena holds every buffer at an aligned offset inside it, and two buffers share
-    bytes only if no kernel needs both (their lifetimes are disjoint)."""
+    """The arena holds exactly the intermediate buffers, each at an aligned offset inside
+    it, and two buffers share bytes only if no kernel needs both (their lifetimes are
+    disjoint); its size is where its last buffer ends.
+
+    Only buffers: inputs and weights are live from load (weights are uploaded once, an
+    input before each run) and outputs until they are read back after the run, so none
+    may share bytes with anything; the compiler gives each its own allocation.
+    """
     arena = plan.get("arena")
     if arena is None:
         return
     if not isinstance(arena, Mapping) or type(arena.get("bytes")) is not int or \
-            not isinstance(arena.get("offsets"), Mapping) or not 0 <= arena["bytes"] <= \
-            MAX_VOLUME * 4 * max(len(plan["buffers"]), 1):
+            not isinstance(arena.get("offsets"), Mapping):
         raise _fail("'arena' must be an object with integer 'bytes' and 'offsets'")
+    buffers = {spec["name"]: spec for spec in plan["buffers"]}
+    strangers = [name for name in arena["offsets"] if name not in buffers]
+    if strangers:
+        raise _fail(f"arena: {strangers[0]!r:.80} is not an intermediate buffer; the arena "
+                    f"holds only the plan's 'buffers'")
     places = []
-    for spec in plan["buffers"]:
-        offset, size = arena["offsets"].get(spec["name"]), tensor_bytes(spec)
+    for name, spec in buffers.items():
+        offset, size = arena["offsets"].get(name), tensor_bytes(spec)
         if type(offset) is not int or offset < 0 or offset % ARENA_ALIGNMENT or \
                 offset + size > arena["bytes"]:
-            raise _fail(f"arena: buffer '{spec['name']}' needs an offset that is a multiple "
+            raise _fail(f"arena: buffer '{name}' needs an offset that is a multiple "
                         f"of {ARENA_ALIGNMENT} with its {size} bytes inside the arena's "
                         f"{arena['bytes']}, got {offset!r:.20}")
-        places.append((spec["name"], offset, offset + size))
+        places.append((name, offset, offset + size))
+    end = max((stop for _, _, stop in places), default=0)
+    if arena["bytes"] != end:
+        raise _fail(f"arena: {arena['bytes']} bytes, but its buffers end at byte {end}")
     life = buffer_lifetimes(plan)
     for i, (a, a0, a1) in enumerate(places):
         for b, b0, b1 in places[i + 1:]:
@@ -155,6 +228,7 @@ def validate_plan(plan: object) -> None:
         raise _fail(f"expected a JSON object, got {type(plan).__name__}")
     if plan.get("device") not in DEVICES:
         raise _fail(f"device must be one of {', '.join(DEVICES)}, got {plan.get('device')!r:.40}")
+    _check_target(plan)
     _check_kernels(plan, _tensors(plan))
     _check_arena(plan)
 

@@ -14,9 +14,10 @@ def _spec(name, shape=(4,), dtype="int8", precision=8):
     return {"name": name, "shape": list(shape), "dtype": dtype, "precision": precision}
 
 
+TARGET = {"kind": "llvm", "mcpu": "x86-64", "features": []}
 # x -> k0 -> t -> k1 -> y, with weight w read by k1.
 PLAN = {
-    "device": "cpu",
+    "device": "cpu", "target": TARGET,
     "inputs": [_spec("x")], "weights": [_spec("w")], "buffers": [_spec("t")],
     "outputs": [_spec("y")],
     "kernels": [{"symbol": "k0", "args": ["x", "t"], "num_inputs": 1},
@@ -115,8 +116,8 @@ def test_weight_members_larger_than_declared_and_unused_members(tmp_path):
 # ---- the arena (issue 11: one allocation per model, offsets by liveness) --------------------
 def _chain_plan() -> dict:
     """x -> k0 -> a -> k1 -> b -> k2 -> c -> k3 -> y, buffers of 250 int32 (1000 bytes)."""
-    plan = {"device": "cpu", "inputs": [_spec("x", (250,), "int32")], "weights": [],
-            "outputs": [_spec("y", (250,), "int32")],
+    plan = {"device": "cpu", "target": TARGET, "inputs": [_spec("x", (250,), "int32")],
+            "weights": [], "outputs": [_spec("y", (250,), "int32")],
             "buffers": [_spec(n, (250,), "int32") for n in "abc"],
             "kernels": [{"symbol": f"k{i}", "args": [src, dst], "num_inputs": 1}
                         for i, (src, dst) in enumerate(zip("xabc", "abcy"))]}
@@ -141,6 +142,7 @@ def test_arena_offsets_by_liveness():
     ({"a": 0, "b": 0, "c": 1024}, 2024, "buffers 'a' and 'b' overlap while both are live"),
     ({"a": 0, "b": 1000, "c": 0}, 2024, "offset that is a multiple of 64"),
     ({"a": 0, "b": 1024, "c": 0}, 2000, "inside the arena's 2000"),
+    ({"a": 0, "b": 1024, "c": 0}, 4096, "4096 bytes, but its buffers end at byte 2024"),
     ({"a": 0, "b": 1024}, 2024, "buffer 'c' needs an offset"),
 ])
 def test_bad_arenas_are_refused(offsets, bytes_, words):

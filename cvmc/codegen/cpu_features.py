@@ -1,0 +1,96 @@
+"""The CPU features an x86 kernel library needs: what the runtime checks before loading it.
+
+LLVM enables a set of features for each `--mcpu`; generated code may use the
+instruction-set extensions among them, so a library built for a newer CPU dies with
+SIGILL on an older one. Every feature LLVM knows for x86 is classified here, explicitly:
+- needed: an extension generated code may use, with the /proc/cpuinfo flag the runtime
+  checks (cvmc_runtime.cpu.CPUINFO_FLAGS);
+- never emitted: extensions LLVM selects only for their own intrinsics, which cvmc's
+  kernels never call (cryptography, AMX tiles, system and privileged instructions);
+- tuning: scheduling preferences, no instructions of their own.
+A feature in none of these (a newer LLVM), or one Linux lists no flag for (APX, AVX10),
+is refused at compile time rather than left unchecked.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+from cvmc_runtime.cpu import CPUINFO_FLAGS, host_flags
+
+from cvmc.errors import CvmcError
+
+NEVER_EMITTED = frozenset({
+    "amx-avx512", "amx-bf16", "amx-complex", "amx-fp16", "amx-fp8", "amx-int8", "amx-movrs",
+    "amx-tf32", "amx-tile", "avxneconvert", "avxvnniint16", "avxvnniint8", "cldemote",
+    "clflushopt", "clwb", "clzero", "cmpccxadd", "enqcmd", "fsgsbase", "hreset", "invpcid",
+    "kl", "lwp", "movdir64b", "movdiri", "movrs", "mwaitx", "pconfig", "pku", "prefetchi",
+    "ptwrite", "rdpid", "rdpru", "rdrnd", "rdseed", "serialize", "sha512", "shstk", "sm3",
+    "sm4", "tsxldtrk", "uintr", "usermsr", "waitpkg", "wbnoinvd", "widekl", "xsave",
+    "xsavec", "xsaveopt", "xsaves",
+})
+TUNING_PREFIXES = ("fast-", "slow-", "false-deps-", "no-bypass-delay", "prefer-", "tuning-",
+                   "use-", "idiv")
+# 64bit-mode is the mode, not an extension; nopl, vzeroupper, ermsb, fsrm and
+# branch-hint choose among instructions every x86-64 CPU has.
+TUNING = frozenset({
+    "64bit-mode", "allow-light-256-bit", "branch-hint", "branchfusion", "ermsb", "fsrm",
+    "faster-shift-than-shuffle", "lea-sp", "lea-uses-ag", "macrofusion", "nopl",
+    "pad-short-functions", "sbb-dep-breaking", "vzeroupper",
+})
+
+
+def classify(feature: str) -> str:
+    """'needed', 'never emitted', 'tuning' or 'unknown' for one LLVM x86 feature."""
+    if feature in CPUINFO_FLAGS:
+        return "needed"
+    if feature in NEVER_EMITTED:
+        return "never emitted"
+    if feature in TUNING or feature.startswith(TUNING_PREFIXES):
+        return "tuning"
+    return "unknown"
+
+
+def llvm_features(mcpu: str) -> frozenset[str]:
+    """The features LLVM enables for `mcpu`."""
+    import tvm
+    from tvm.target import codegen
+
+    return frozenset(str(f) for f in codegen.llvm_get_cpu_features(
+        tvm.target.Target({"kind": "llvm", "mcpu": mcpu})))
+
+
+@functools.cache
+def _x86_host() -> bool:
+    """True if cvmc compiles for x86 (it compiles for the host's triple)."""
+    import tvm
+
+    triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
+    return triple.startswith(("x86_64", "i386", "i686"))
+
+
+def needed_features(mcpu: str) -> list[str]:
+    """The features of `mcpu` the runtime must find on the host, sorted; a CvmcError for
+    a feature cvmc cannot classify or check."""
+    if not _x86_host():
+        warnings.warn(f"--mcpu {mcpu}: the runtime checks CPU features on x86 only; an "
+                      f"artifact built for a CPU newer than its host may crash there")
+        return []
+    features = llvm_features(mcpu)
+    unknown = sorted(f for f in features if classify(f) == "unknown")
+    if unknown:
+        raise CvmcError(f"--mcpu {mcpu}: LLVM enables {', '.join(unknown)}, which generated "
+                        f"code may use but the runtime cannot check on a host (no "
+                        f"/proc/cpuinfo flag cvmc knows); choose an older --mcpu")
+    return sorted(f for f in features if classify(f) == "needed")
+
+
+def warn_if_not_host(mcpu: str, host: str, needed: list[str]) -> None:
+    """A warning when `mcpu` is not the host CPU `host`, naming what this host lacks."""
+    if mcpu == host:
+        return
+    flags = host_flags()
+    lacking = [f for f in needed if flags is not None and CPUINFO_FLAGS[f] not in flags]
+    consequence = f"it will not run here (this CPU lacks {', '.join(lacking)})" if lacking \
+        else "it runs only on CPUs with its features"
+    warnings.warn(f"--mcpu {mcpu} is not this machine's CPU ({host}): {consequence}")
