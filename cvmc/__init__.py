@@ -8,7 +8,7 @@ artifact; the pass pipeline runs inside), `print_graph` (the graph as NNEF text)
 from cvmc.builder import GraphBuilder
 from cvmc.errors import CvmcError
 from cvmc.frontend import load_graph
-from cvmc.ir.printer import print_graph
+from cvmc.frontend.printer import print_graph
 from cvmc.reference import reference_run
 
 __all__ = ["CvmcError", "GraphBuilder", "compile", "load_graph", "print_graph",

@@ -49,8 +49,8 @@ from cvmc.frontend.syntax import KEYWORDS, Source
 from cvmc.ir import Graph, TensorType
 from cvmc.ops import all_ops, lookup
 from cvmc.ops.common import data_precision, integer_data_error
+from cvmc.ops.infer import infer_node
 from cvmc.ops.registry import REQUIRED
-from cvmc.passes.precision import infer_node
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _DTYPES = {"float32": "scalar", "int32": "integer", "int8": "integer", "bool": "logical"}

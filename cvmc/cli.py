@@ -15,8 +15,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from cvmc_runtime.fileio import atomic_write
-from cvmc_runtime.signature import ModelError
+from cvmc_runtime import ModelError, atomic_write
 from rich.console import Console
 from rich.table import Table
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from cvmc_runtime.signature import TensorSpec, check_inputs
+from cvmc_runtime import TensorSpec, check_inputs
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import convert_np, prec_max
+from cvmc.ops.infer import infer_precision
 from cvmc.ops.registry import Attrs
-from cvmc.passes.precision import infer_precision
 
 
 def input_specs(graph: Graph) -> list[TensorSpec]:

@@ -8,8 +8,8 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
+from cvmc.ops.infer import infer_precision
 from cvmc.ops.registry import Attrs
-from cvmc.passes.precision import infer_precision
 from cvmc.reference import reference_run
 
 

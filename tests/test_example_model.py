@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cvmc
-from cvmc.passes.precision import infer_precision
+from cvmc.ops.infer import infer_precision
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "small_cnn"
 

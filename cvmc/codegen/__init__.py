@@ -43,7 +43,7 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
     """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
     .cvmx file. (The pipeline is idempotent: a graph that has been through it already,
     as `cvmc compile` does to dump it, is unchanged.)"""
-    from cvmc_runtime.artifact import write_artifact
+    from cvmc_runtime import write_artifact
 
     from cvmc.codegen.build import build_cuda, build_llvm
     from cvmc.lowering.lower import lower_graph
@@ -103,10 +103,11 @@ def _emit_paths(output: Path, kinds: list[str], target: str) -> dict[str, Path]:
 
 def compile_cli(args, console) -> int:
     """`cvmc compile`: load, run the passes, compile, write extras, print a summary."""
-    from cvmc_runtime.fileio import atomic_write_bytes
+    from cvmc_runtime import atomic_write_bytes
 
     from cvmc.codegen.progress import RichProgress
     from cvmc.frontend import load_checked
+    from cvmc.frontend.printer import graph_dumper
     from cvmc.passes.pipeline import run_pipeline
 
     output = writable_file(args.output, "-o")
@@ -118,7 +119,8 @@ def compile_cli(args, console) -> int:
         graph = load_checked(args.model, quant=args.quant, params=args.params)
     if args.stop_after or args.dump_ir:
         with progress.stage("passes"):
-            graph = run_pipeline(graph, stop_after=args.stop_after, dump_dir=args.dump_ir,
+            dump = graph_dumper(args.dump_ir) if args.dump_ir else None
+            graph = run_pipeline(graph, stop_after=args.stop_after, after_pass=dump,
                                  target=args.target)
     if args.stop_after:
         console.print(f"stopped after pass '{args.stop_after}'")

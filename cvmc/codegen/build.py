@@ -126,7 +126,7 @@ def build_llvm(mod, mcpu: str | None = None,
     signature of `plan`'s kernels when given (a library to load with cvmc_runtime.load
     needs it)."""
     import tvm
-    from cvmc_runtime.library import signature_json
+    from cvmc_runtime import signature_json
 
     target = llvm_target(mcpu)
     _check_cpu(target["mcpu"])
@@ -282,7 +282,7 @@ def build_cuda(mod, arch: str = "sm_80",
     """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability
     `arch` (checked by check_cuda_arch first), with the signature of `plan`'s kernels when
     given (as build_llvm)."""
-    from cvmc_runtime.library import signature_json
+    from cvmc_runtime import signature_json
 
     target = {"kind": "cuda", "arch": arch}
     try:

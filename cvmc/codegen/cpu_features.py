@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from cvmc_runtime.cpu import CPUINFO_FLAGS, host_flags
+from cvmc_runtime import CPUINFO_FLAGS, host_flags
 
 from cvmc.errors import CvmcError
 

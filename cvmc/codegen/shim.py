@@ -124,7 +124,7 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(cvmc_sync, cvmc_cuda::Sync);
 def signature_source(text: str) -> str:
     """C (and CUDA C++) source of the library function that returns the signature `text`
     (cvmc_runtime.library), its bytes spelled as numbers so no text needs escaping."""
-    from cvmc_runtime.library import SIGNATURE_FUNCTION
+    from cvmc_runtime import SIGNATURE_FUNCTION
 
     data = text.encode()
     rows = ",\n".join(",".join(str(b) for b in data[i:i + 40]) for i in range(0, len(data), 40))

@@ -43,5 +43,5 @@ def load_checked(path: str | Path, quant: str | Path | None = None,
                  params: str | Path | None = None) -> Graph:
     """Read a model and check it (`check_graph`): every command's one way in, so that none
     accepts a model another refuses."""
-    from cvmc.passes.precision import check_graph
+    from cvmc.ops.infer import check_graph
     return check_graph(load_graph(path, quant=quant, params=params))

@@ -29,8 +29,8 @@ from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import OpDef, lookup
 from cvmc.ops.common import integer_data_error
+from cvmc.ops.infer import infer_precision
 from cvmc.ops.registry import Attrs, suggest
-from cvmc.passes.precision import infer_precision
 
 VERSIONS = ("cvm_1.0.0", "cvm_1.1.0")
 EXPORT_VERSION = "cvm_1.1.0"
@@ -510,7 +510,7 @@ def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
 
 def export_cvm(graph: Graph, out_dir: str | Path) -> list[Path]:
     """Write `out_dir/symbol.json` and `out_dir/params` for CVM-Runtime; returns the paths."""
-    from cvmc_runtime.fileio import atomic_write_bytes
+    from cvmc_runtime import atomic_write_bytes
 
     doc, arrays = cvm_document(graph)
     out = Path(out_dir)

@@ -13,7 +13,7 @@ from typing import Any
 
 import lark
 
-from cvmc.frontend.syntax import Source, parse_text
+from cvmc.frontend.syntax import Source, literal_value, parse_text
 
 Type = tuple
 NO_DEFAULT: Any = object()
@@ -176,7 +176,6 @@ def stdlib() -> dict[str, Fragment]:
     header = "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
     placeholder = "\ngraph G( x ) -> ( x ) { x = external(shape = []); }\n"
     source = Source(header + text + placeholder, "<stdlib.nnef>")
-    from cvmc.frontend.semantics import literal_value
     tree = parse_text(source)
     return {f.children[0].value: declare(f, source, literal_value)
             for f in tree.find_data("fragment")}

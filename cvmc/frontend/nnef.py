@@ -14,9 +14,8 @@ import lark
 from cvmc.errors import CvmcError
 from cvmc.frontend.container import ModelSource, open_model
 from cvmc.frontend.fragments import Fragment, declare, stdlib
-from cvmc.frontend.literals import literal_value
 from cvmc.frontend.semantics import GraphBuilder, Scope
-from cvmc.frontend.syntax import Source, parse_text
+from cvmc.frontend.syntax import Source, literal_value, parse_text
 from cvmc.ir import Graph, TensorType
 
 FRAGMENTS_EXT = "KHR_enable_fragment_definitions"

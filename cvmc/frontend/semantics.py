@@ -28,13 +28,13 @@ from cvmc.frontend.fragments import (
     show_value,
     stdlib,
 )
-from cvmc.frontend.literals import TensorFactory, float32_rounding, literal_value
-from cvmc.frontend.syntax import Source
+from cvmc.frontend.literals import TensorFactory, float32_rounding
+from cvmc.frontend.syntax import Source, literal_value
 from cvmc.ir import Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.registry import GENERIC, Attrs, OpDef, suggest
 
-__all__ = ["GraphBuilder", "Scope", "literal_value"]
+__all__ = ["GraphBuilder", "Scope"]
 
 # Tensor operator expressions map to these NNEF operations (spec 3.2.3 table).
 BINARY_OPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "^": "pow", "<": "lt",

@@ -162,3 +162,22 @@ def _expected(e: lark.UnexpectedToken) -> str:
 def _anon_word(name: str) -> str:
     """Readable form of lark's names for anonymous tokens ("VERSION" -> 'version')."""
     return f"'{name.lower()}'" if name.isalpha() else name
+
+
+def literal_value(tree: Any) -> Any:
+    """The value of a literal expression (numbers, strings, logicals, arrays, tuples)."""
+    kind = tree.data
+    if kind == "number":
+        text = str(tree.children[0])
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    if kind == "string":
+        return str(tree.children[0])[1:-1]
+    if kind in ("true", "false"):
+        return kind == "true"
+    if kind == "unary" and str(tree.children[0]) in "+-":
+        v = literal_value(tree.children[1])
+        return -v if str(tree.children[0]) == "-" else v
+    if kind in ("array", "tuple"):
+        items = [literal_value(c) for c in tree.children]
+        return items if kind == "array" else tuple(items)
+    raise ValueError(kind)

@@ -34,19 +34,14 @@ MobileNet-v1's nine depthwise shapes, 1 thread, Zen 4):
 from __future__ import annotations
 
 from cvmc.lowering.schedule import (
-    MATERIALIZE,
     inline_all,
     largest_divisor,
     stride_along,
     uses,
     vectorize_under,
 )
+from cvmc.ops.te import DEPTHWISE, MATERIALIZE
 
-# Block annotation conv2d's lower rule puts on a depthwise conv's reduction block. The op
-# knows what it computed; the schedule reads that rather than guessing it from the TIR's
-# shapes (an ordinary conv, a grouped one with several channels per group and a depthwise
-# one with a channel multiplier all share the block's form).
-DEPTHWISE = "cvmc.depthwise"
 _LANES = 16  # int32 lanes of one AVX-512 register
 _TIR_ROW = 2 * _LANES  # rows up to this many output columns are vectorised in TIR
 _WIDE_PLANE_ROW = 8  # stride-1 rows shorter than this read an int32 padded plane

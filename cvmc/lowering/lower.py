@@ -15,14 +15,13 @@ import numpy as np
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
+from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.fusion import Group, fuse_kernels, kernel_groups
-
-ANCHOR_ATTR = "cvmc.anchor"
 
 
 def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[str, object]):
     """TE outputs of `node`, reading its inputs from `inputs` (name -> te.Tensor)."""
-    from cvmc.lowering.te_facade import cast, convert
+    from cvmc.ops.te import cast, convert
 
     views = []
     for name in node.inputs:
@@ -45,7 +44,7 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
     is not an output) becomes a trailing argument the caller allocates: CUDA kernels built
     for `cuda_host` cannot allocate global memory themselves. Specs are (shape, dtype).
     """
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
 
     # `n_`: a value may be named like a C++ keyword (`and`, `new`), which CUDA source cannot
     # take as a parameter name
@@ -96,7 +95,7 @@ def needs_global_memory(func) -> bool:
 
 def _materialized_stages(outs) -> list:
     """Reduction and extern stages feeding `outs` (they get a buffer of their own)."""
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
 
     found, visited = [], set()
 
@@ -165,7 +164,7 @@ def plan_arena(plan: dict) -> dict:
     """Offsets of the intermediate buffers in one arena: a buffer may reuse bytes of any
     buffer whose lifetime (first writer to last user, in kernel order) is disjoint from
     its own. Greedy, largest first, lowest 64-byte aligned offset that fits."""
-    from cvmc_runtime.plan import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
+    from cvmc_runtime import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
 
     life = buffer_lifetimes(plan)
     placed: list[tuple[int, int, tuple[int, int]]] = []  # (start, end, lifetime)

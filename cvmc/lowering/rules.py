@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise
-from cvmc.lowering.lower import ANCHOR_ATTR
 from cvmc.lowering.schedule import schedule_cpu, schedule_layout_transform
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
+from cvmc.ops.te import ANCHOR_ATTR
 
 
 @dataclass(frozen=True)

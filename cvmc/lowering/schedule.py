@@ -12,15 +12,9 @@ one block (the sequential vision ops), so no loop ever stays on the host.
 from __future__ import annotations
 
 from cvmc.errors import CvmcError
+from cvmc.ops.te import INTERIOR, MATERIALIZE
 
 _VECTOR_WIDTHS = (64, 32, 16, 8, 4)
-# Block annotation a lower rule puts on a stage the CPU schedule must keep as a buffer
-# rather than inline (conv padding: the conv's inner loop then reads without a test).
-MATERIALIZE = "cvmc.materialize"
-# Block annotation [axis, start, stop]: the block's value along iterator `axis` is padding
-# outside [start, stop). `split_interior` partitions that loop so the interior part runs
-# without the padding test (TVM's simplifier drops it there), and vectorises.
-INTERIOR = "cvmc.interior"
 # Conv register tile: up to 16 output channels x 16 int32 lanes (one AVX-512 register
 # each) stay in registers across the reduction loops (16 x 16 measured best on Zen 4).
 _TILE_CHANNELS = 16

@@ -50,7 +50,7 @@ def np_operands(xs) -> list[np.ndarray]:
 
 def te_broadcast(xs, fn: Callable, name: str):
     """`te.compute` of `fn(X0[...], X1[...], ...)` over the broadcast output shape."""
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
     out = broadcast_shapes(name, [f"input {k}" for k in range(len(xs))],
                            [shape_of(x) for x in xs])
 
@@ -82,14 +82,14 @@ def np_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def te_div(u, v):
     """u / v truncated toward zero; x / 0 = 0."""
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
     # divide by 1 where v = 0: a zero divisor would trap (x86 idiv) even in a dead branch
     q = tirx.truncdiv(u, tirx.Select(v == 0, const(1), v))
     return tirx.Select(v == 0, const(0), q)
 
 
 def _te_max(u, v):
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.max(u, v)
 
 

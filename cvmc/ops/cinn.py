@@ -4,7 +4,7 @@
 Element types. Each op's `types` says what it takes: `scalar` (float32), `integer` (a CVM
 integer: int32 or int8 storage, with a precision), `logical` (bool), `numeric` (scalar or
 integer, the same for all such inputs) and `?` (anything, the same for all). Integer
-results get a precision rule that keeps the int32 proof sound (cvmc/passes/precision.py);
+results get a precision rule that keeps the int32 proof sound (cvmc/ops/infer.py);
 a result that could need more than 32 bits is rejected where the op is called, naming the
 op and its rule. Float results follow nnef_math's accuracy statement: bit-exact where
 IEEE rounds one float32 operation correctly, the C math library's float function (within
@@ -109,7 +109,7 @@ def _is_float(x) -> bool:
 
 
 def _f32(v: float):
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.const(v, "float32")
 
 
@@ -133,7 +133,7 @@ def _attach(d: OpDef, float_rule: Rule | None, other_rule: Rule | None, name: st
         d.reference(lambda xs, a: pick(xs[0])[0](xs[0]))
 
         def lower(xs, a):
-            from cvmc.lowering.te_facade import elementwise
+            from cvmc.ops.te import elementwise
             return elementwise(xs[0], pick(xs[0])[1], name)
     else:
         d.shape(lambda ins, a: broadcast_shapes(d.name, d.input_names, [t.shape for t in ins]))
@@ -147,7 +147,7 @@ def _attach(d: OpDef, float_rule: Rule | None, other_rule: Rule | None, name: st
 def _te(fn: Callable) -> Callable:
     """A TE expression built by `fn(tirx, *operands)` (tirx imported when lowering)."""
     def expr(*xs):
-        from cvmc.lowering.te_facade import tirx
+        from cvmc.ops.te import tirx
         return fn(tirx, *xs)
     return expr
 
@@ -478,7 +478,7 @@ dot.reference(lambda xs, a: np.reshape(np.dot(xs[0], xs[1]), _dot_shape(types_of
 
 @dot.lower
 def _dot_lower(xs, a):
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     x, y = xs
     k = te.reduce_axis((0, int(x.shape[-1])), name="k")
     rows = len(x.shape) - 1  # output axes taken from x (0 or 1), then from y
@@ -540,7 +540,7 @@ def _reduce_reference(xs, a):
 
 def _te_reducer(kind: str, dtype: str):
     """The TE reducer of a reduce kind on elements of `dtype`."""
-    from cvmc.lowering.te_facade import te, tirx
+    from cvmc.ops.te import te, tirx
     if kind == "sum":
         return te.sum
     if kind == "prod":
@@ -555,7 +555,7 @@ def _te_reducer(kind: str, dtype: str):
 
 @reduce_op.lower
 def _reduce_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise
+    from cvmc.ops.te import elementwise
     x = xs[0]
     r = _reduce_axes(len(x.shape), a)
     if not r:
@@ -588,7 +588,7 @@ def _bn_mean_variance_reference(xs, a):
 
 @bn_mean_variance.lower
 def _bn_mean_variance_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise, te
+    from cvmc.ops.te import elementwise, te
     x = xs[0]
     r = _channel_reduced("cinn.bn_mean_variance", tuple(int(d) for d in x.shape))
     square = elementwise(x, lambda v: v * v, "square")
@@ -622,7 +622,7 @@ def _bn_grad_reference(xs, a):
 
 @bn_grad_bias_scale.lower
 def _bn_grad_lower(xs, a):
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     x, grad, mean = xs
     r = _channel_reduced("cinn.bn_grad_bias_scale", tuple(int(d) for d in x.shape))
     term = te.compute(x.shape, lambda *i: grad(*i) * (x(*i) - mean(i[1])), name="bn_term")
@@ -790,8 +790,8 @@ const_scalar.reference(lambda xs, a: np.asarray(a.value))
 
 @const_scalar.lower
 def _const_scalar_lower(xs, a):
-    from cvmc.lowering.te_facade import te, tirx
     from cvmc.ops.registry import KINDS
+    from cvmc.ops.te import te, tirx
     value = tirx.const(a.value, KINDS[_const_scalar_kind([], a)])
     return te.compute((), lambda: value, name="const_scalar")
 

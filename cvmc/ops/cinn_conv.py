@@ -162,7 +162,7 @@ def _filter_gradient(x, dy, w_shape, a, before):
 
 @conv.lower
 def _lower(xs, a):
-    from cvmc.lowering.te_facade import clamped_index, shape_of, te, tirx
+    from cvmc.ops.te import clamped_index, shape_of, te, tirx
     lhs, rhs = xs
 
     def nchw(t):

@@ -80,7 +80,7 @@ def integer_data_error(values, precision: int | None) -> str | None:
 # dtype): float -> integer truncates toward zero and saturates to +-(2^31 - 1) (the range
 # of precision 32), NaN -> 0; anything -> logical is `x != 0` (NaN is true); logical ->
 # number is 0 / 1; integer -> float32 rounds to nearest even. C leaves an out-of-range
-# float -> int conversion undefined, so it is spelled out; `te_facade.convert` is the
+# float -> int conversion undefined, so it is spelled out; `ops.te.convert` is the
 # kernels' side of this rule.
 INT32_SAT = (1 << 31) - 1
 

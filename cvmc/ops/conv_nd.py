@@ -96,7 +96,7 @@ def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
     convolution's precision rule requires); dst is NCX, or NXC with `channels_last` (the
     reduction itself writes that order: a transposing epilogue after it would defeat
     dlight's CUDA reduction rules)."""
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
 
     n, c, *size = shape_of(x)
     oc, icg, *k = shape_of(w)
@@ -125,8 +125,7 @@ def conv_nd_compute(x, w, b, strides: Sequence[int], pads_begin: Sequence[int],
 def padded_input(x, size, k, out, strides, dilations, pads_begin, name: str):
     """(n, c, p1..pr) -> x[n, c, p1 - PB_1, ..] inside the input, 0 outside (padded
     coordinates), as a materialised stage when any read can fall outside the input."""
-    from cvmc.lowering.schedule import MATERIALIZE
-    from cvmc.lowering.te_facade import te, tirx
+    from cvmc.ops.te import MATERIALIZE, te, tirx
 
     # extent of padded coordinates read: the last tap of the last output, plus one
     extent = [(o - 1) * s + (kd - 1) * dd + 1

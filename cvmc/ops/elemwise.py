@@ -38,13 +38,13 @@ def _np_clip(x: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 def _te_clip(v, lo: int, hi: int):
     """TE expression clamping `v` to [lo, hi]."""
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
     return tirx.max(tirx.min(v, const(hi)), const(lo))
 
 
 def _te_binary(xs, fn, name: str):
     """`te.compute` applying `fn(a, b)` to same-shaped inputs."""
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     a, b = xs
     return te.compute(a.shape, lambda *i: fn(a(*i), b(*i)), name=name)
 
@@ -74,13 +74,13 @@ def _sign_op(name: str, reference, te_fn):
 
     @d.lower
     def _lower(xs, a):
-        from cvmc.lowering.te_facade import elementwise
+        from cvmc.ops.te import elementwise
         return elementwise(xs[0], te_fn, name)
     return d
 
 
 def _te_abs(v):
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.abs(v)
 
 
@@ -111,7 +111,7 @@ def _cvm_precision_reference(xs, a):
 
 @cvm_precision.lower
 def _cvm_precision_lower(xs, a):
-    from cvmc.lowering.te_facade import const, elementwise, tirx
+    from cvmc.ops.te import const, elementwise, tirx
 
     def bit_length(v):
         # clz(0) is undefined, and max(|x|, 1) has the bit length the spec gives 0 (one)
@@ -167,7 +167,7 @@ def _clip_reference(xs, a):
 
 @clip.lower
 def _clip_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise
+    from cvmc.ops.te import elementwise
     return elementwise(xs[0], lambda v: _te_clip(v, a.a_min, a.a_max), "clip")
 
 
@@ -186,7 +186,7 @@ def _cvm_clip_reference(xs, a):
 
 @cvm_clip.lower
 def _cvm_clip_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise
+    from cvmc.ops.te import elementwise
     alpha = prec_max(a.precision)
     return elementwise(xs[0], lambda v: _te_clip(v, -alpha, alpha), "cvm_clip")
 
@@ -209,7 +209,7 @@ def _cvm_right_shift_reference(xs, a):
 
 @cvm_right_shift.lower
 def _cvm_right_shift_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise
+    from cvmc.ops.te import elementwise
     alpha = prec_max(a.precision)
 
     def shift(v):
@@ -245,7 +245,7 @@ def _cvm_left_shift_reference(xs, a):
 
 @cvm_left_shift.lower
 def _cvm_left_shift_lower(xs, a):
-    from cvmc.lowering.te_facade import elementwise
+    from cvmc.ops.te import elementwise
     alpha = prec_max(a.precision)
     # the precision rule keeps |x| * 2^shift_bit < 2^31, so the shift cannot overflow
     return elementwise(xs[0], lambda v: _te_clip(v << a.shift_bit, -alpha, alpha),

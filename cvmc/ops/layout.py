@@ -114,7 +114,7 @@ def _layout_transform_reference(xs, a):
 
 @layout_transform.lower
 def _layout_transform_lower(xs, a):
-    from cvmc.lowering.te_facade import const, shape_of, te, tirx
+    from cvmc.ops.te import const, shape_of, te, tirx
     x = xs[0]
     shape = shape_of(x)
     plain, outer, blocks = _parse_layouts(a, len(shape))
@@ -257,8 +257,7 @@ def _conv2d_packed_reference(xs, a):
 
 @conv2d_packed.lower
 def _conv2d_packed_lower(xs, a):
-    from cvmc.lowering.schedule import INTERIOR, MATERIALIZE
-    from cvmc.lowering.te_facade import const, shape_of, te, tirx
+    from cvmc.ops.te import INTERIOR, MATERIALIZE, const, shape_of, te, tirx
     x, wp, comp = xs[0], xs[1], xs[2]
     blocked_in = a.data_layout != "NCHW"
     n, c, h, w = _transformed_shape(shape_of(x), _TO_PLAIN) if blocked_in else shape_of(x)

@@ -82,7 +82,7 @@ def _lower_bias(y, xs, axis: int, name: str):
     """TE: y + B[index along axis] as its own stage (the sum stays a pure reduction)."""
     if len(xs) < 3:
         return y
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     b = xs[2]
     return te.compute(y.shape, lambda *i: y(*i) + b[i[axis]], name=name)
 
@@ -98,7 +98,7 @@ def _padded_reader(x, ph: int, pw: int, value: int, rows: int, cols: int,
     side when the reads reach past the input (padding, or ceil_mode's overhanging last
     window even with zero padding).
     """
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
     h, w = int(x.shape[2]), int(x.shape[3])
     low_h, low_w, high_h, high_w = ph > 0, pw > 0, rows > h + ph, cols > w + pw
 
@@ -217,9 +217,7 @@ def _conv2d_reference(xs, a):
 
 @conv2d.lower
 def _conv2d_lower(xs, a):
-    from cvmc.lowering.depthwise import DEPTHWISE
-    from cvmc.lowering.schedule import MATERIALIZE
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import DEPTHWISE, MATERIALIZE, shape_of, te
     x, w = xs[0], xs[1]
     n = shape_of(x)[0]
     oc, ic, kh, kw = shape_of(w)
@@ -299,7 +297,7 @@ def _dense_reference(xs, a):
 
 @dense.lower
 def _dense_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
     x, w = xs[0], xs[1]
     (m, k), units = shape_of(x), shape_of(w)[0]
     rk = te.reduce_axis((0, k), name="rk")
@@ -333,7 +331,7 @@ def _relu_reference(xs, a):
 
 @relu.lower
 def _relu_lower(xs, a):
-    from cvmc.lowering.te_facade import const, elementwise, tirx
+    from cvmc.ops.te import const, elementwise, tirx
     return elementwise(xs[0], lambda v: tirx.max(v, const(0)), "relu")
 
 
@@ -417,8 +415,7 @@ _MAX_UNROLLED_WINDOW = 64
 
 @max_pool2d.lower
 def _max_pool2d_lower(xs, a):
-    from cvmc.lowering.schedule import INTERIOR
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import INTERIOR, shape_of, te, tirx
     x = xs[0]
     ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
     (kh, kw), (sh, sw) = a.pool_size, a.strides
@@ -488,7 +485,7 @@ def _upsampling_reference(xs, a):
 
 @upsampling.lower
 def _upsampling_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
     x, s = xs[0], a.scale
     n, c, h, w = shape_of(x)
     # Indices are non-negative, so TIR's floor division equals the spec's floor.

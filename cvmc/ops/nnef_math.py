@@ -50,7 +50,7 @@ EXACT_UNARY: dict[str, Callable] = {
 @functools.cache
 def exact_unary_te() -> dict[str, Callable]:
     """TE expressions of EXACT_UNARY's ops (built when lowering: they need TVM)."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
 
     def f32(v: float):
         return tirx.const(v, "float32")
@@ -90,7 +90,7 @@ def np_broadcast(xs: list[np.ndarray]) -> list[np.ndarray]:
 
 def te_broadcast(xs, fn: Callable, name: str):
     """`te.compute` of `fn(*elements)` with NNEF broadcasting (left-aligned shapes)."""
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
 
     shapes = [shape_of(x) for x in xs]
     rank = max(len(s) for s in shapes)
@@ -116,20 +116,20 @@ def _attach(name: str, ref: Callable, expr: Callable) -> None:
 def extern(fname: str) -> Callable:
     """A TE expression calling the C math library's float function `fname`."""
     def call(*args):
-        from cvmc.lowering.te_facade import tirx
+        from cvmc.ops.te import tirx
         return tirx.call_pure_extern("float32", fname, *args)
     return call
 
 
 def te_ne(x, y):
     """TE x != y, true when either is NaN (TIR's `!=` on floats is an ordered compare)."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.Or(tirx.Or(tirx.isnan(x), tirx.isnan(y)), x != y)
 
 
 def te_select(c, t, f):
     """TE select (c ? t : f)."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.Select(c, t, f)
 
 
@@ -151,6 +151,6 @@ _attach("not", np.logical_not, lambda x: ~x)
 _attach("copy", lambda x: x.copy(), lambda x: x)
 _attach("select", np.where, te_select)
 # cast<T>: the value itself; the interpreter and the lowering convert every result to its
-# tensor's dtype by one rule (`cvmc.ops.common.convert_np` / `te_facade.convert`).
+# tensor's dtype by one rule (`cvmc.ops.common.convert_np` / `ops.te.convert`).
 _attach("cast", lambda x: x.copy(), lambda x: x)
 assert set(ARITHMETIC) <= {*_BINARY, "pow"} and set(COMPARISON) <= set(_BINARY)

@@ -368,24 +368,24 @@ def _roi_resample_reference(xs, a):
 
 # ---- TE lowering ------------------------------------------------------------------------
 def _f32(v: float):
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.const(v, "float32")
 
 
 def _all(conds: list):
     """The conjunction of `conds` (None when empty)."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.all(*conds) if conds else None
 
 
 def _select(cond, value, other):
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return value if cond is None else tirx.Select(cond, value, other)
 
 
 def _clamp(e, lo: int, hi: int):
     """e clamped into [lo, hi] (a NaN may come out either way: test isnan on e first)."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
     return tirx.max(tirx.min(e, hi), lo)  # the bounds take e's dtype
 
 
@@ -393,7 +393,7 @@ def te_index(pos, z: int, border: str, within: bool):
     """(index to load, inside or None) for a position of the extended input along an axis
     of extent z; `within`: the position is known to be inside. Every load index is clamped
     into [0, z), so no kernel reads outside its input whatever the data."""
-    from cvmc.lowering.te_facade import clamped_index, tirx
+    from cvmc.ops.te import clamped_index, tirx
 
     if within:
         return pos, None
@@ -411,7 +411,7 @@ def _te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: st
                   reverse: bool):
     """(load index per window axis, conditions for the tap to take part, conditions for
     the read to be inside) for output indices `idx` and taps (reduce vars or ints)."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
 
     loads, hit, inside = [], [], []
     for dim, i, j in zip(dims, idx, taps):
@@ -435,7 +435,7 @@ def _te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: st
 
 def _reduce_axes(dims: Sequence[Dim], prefix: str):
     """One reduce axis per window dim of size > 1 (0 for the others), and the axes."""
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
 
     taps = [te.reduce_axis((0, d.f), f"{prefix}{k}") if d.f > 1 else 0
             for k, d in enumerate(dims)]
@@ -450,7 +450,7 @@ def _read(x, loads, inside, border: str):
 
 def _conv_lower(name: str, reverse: bool) -> Callable:
     def rule(xs, a):
-        from cvmc.lowering.te_facade import shape_of, te
+        from cvmc.ops.te import shape_of, te
 
         x, w = xs[0], xs[1]
         out, dims, groups = _conv_geometry(name, a, shape_of(x), shape_of(w), reverse)
@@ -484,7 +484,7 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
 
 def _box_lower(name: str, reverse: bool) -> Callable:
     def rule(xs, a):
-        from cvmc.lowering.te_facade import shape_of, te, tirx
+        from cvmc.ops.te import shape_of, te, tirx
 
         (x,) = xs
         out, dims = _geometry(name, a, [shape_of(x)], a.size,
@@ -518,7 +518,7 @@ def _ordered(value, zero_is_negative_zero: bool = False):
     `zero_is_negative_zero` -0 maps to 0's key (argmax: they tie). Reductions over such keys
     are plain integer max reductions, which every target reduces across threads, in any
     order, to the same result."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
 
     bits = tirx.reinterpret("int32", value)
     key = tirx.Select(bits >= 0, bits, bits ^ 0x7FFFFFFF).astype("int64") + 2**31
@@ -531,7 +531,7 @@ def _ordered(value, zero_is_negative_zero: bool = False):
 
 def _unordered(key):
     """The float32 whose `_ordered` key is `key`."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
 
     k = (key - 2**31).astype("int32")
     return tirx.reinterpret("float32", tirx.Select(k >= 0, k, k ^ 0x7FFFFFFF))
@@ -543,7 +543,7 @@ def _flat_tap(taps: Sequence, sizes: Sequence[int]):
 
 
 def _argmax_pool_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import shape_of, te, tirx
 
     (x,) = xs
     out, dims = _geometry("argmax_pool", a, [shape_of(x)], a.size, box_shape, False, 0)
@@ -570,7 +570,7 @@ def _argmax_pool_lower(xs, a):
 
 
 def _sample_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import shape_of, te, tirx
 
     x, index = xs
     out, dims = _geometry("sample", a, [shape_of(x), shape_of(index)], a.size, box_shape,
@@ -588,7 +588,7 @@ def _sample_lower(xs, a):
 
 
 def _desample_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
 
     x, index = xs
     out, dims = _geometry("desample", a, [shape_of(x), shape_of(index)], a.size,
@@ -607,7 +607,7 @@ def _desample_lower(xs, a):
 def _te_linear(method: str, i, n: int, f: int):
     """(j, numerator, denominator) of multilinear_upsample along an axis: the exact
     rational u = numerator / denominator of the spec's frac(...), integers only."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
 
     if method == "asymmetric":  # i / f
         return tirx.floordiv(i, f), tirx.floormod(i, f), f
@@ -638,7 +638,7 @@ def _te_interpolate(x, lead: Sequence, corners: Sequence, border: str):
 
 
 def _upsample_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
 
     (x,) = xs
     shape = shape_of(x)
@@ -658,7 +658,7 @@ def _upsample_lower(xs, a):
 
 def te_round_coordinate(v):
     """`np_round_coordinate` in TE: floor(v + 0.5) in float64, clamped; NaN gives 0."""
-    from cvmc.lowering.te_facade import tirx
+    from cvmc.ops.te import tirx
 
     wide = _clamp(v.astype("float64"), -COORD_LIMIT, COORD_LIMIT)
     r = tirx.floor(wide + tirx.const(0.5, "float64"))
@@ -667,7 +667,7 @@ def te_round_coordinate(v):
 
 def _batch(batch_index, n, batches: int):
     """The clamped batch index of RoI n ([N] or [N, 1] tensor)."""
-    from cvmc.lowering.te_facade import shape_of
+    from cvmc.ops.te import shape_of
 
     read = batch_index(n) if len(shape_of(batch_index)) == 1 else batch_index(n, 0)
     return _clamp(read, 0, batches - 1)
@@ -675,7 +675,7 @@ def _batch(batch_index, n, batches: int):
 
 def _roi_pool_lower(kind: str) -> Callable:
     def rule(xs, a):
-        from cvmc.lowering.te_facade import shape_of, te, tirx
+        from cvmc.ops.te import shape_of, te, tirx
 
         x, rois, batch_index = xs
         shape = shape_of(x)
@@ -730,7 +730,7 @@ def _roi_pool_lower(kind: str) -> Callable:
 
 
 def _roi_resample_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import shape_of, te, tirx
 
     x, rois, batch_index = xs
     shape = shape_of(x)

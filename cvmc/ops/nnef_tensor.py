@@ -38,14 +38,14 @@ from cvmc.ops.transform import ravel, reshape_like, te_concat, te_gather, types_
 def _reduce_axes(shape: Sequence[int], axes: Sequence[int]):
     """(reduce itervars, a function giving the input index for an output index): argmax
     needs the itervars themselves (for the flat index), which `te_reduce` keeps inside."""
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     rs = {k: te.reduce_axis((0, shape[k]), name=f"r{k}") for k in sorted(axes)}
     return list(rs.values()), lambda o: [rs[k] if k in rs else o[k] for k in range(len(shape))]
 
 
 def _reduce_te(kind: str):
     def lower(xs, a):
-        from cvmc.lowering.te_facade import shape_of, te, tirx
+        from cvmc.ops.te import shape_of, te, tirx
         x, r = xs[0], tuple(sorted(a.axes))
         if kind == "sum":
             y = te_reduce(x, r, True, te.sum, "sum_reduce_")
@@ -80,7 +80,7 @@ def _reduce_te(kind: str):
 
 def _arg_te(kind: str):
     def lower(xs, a):
-        from cvmc.lowering.te_facade import shape_of, te, tirx
+        from cvmc.ops.te import shape_of, te, tirx
         x = xs[0]
         shape = shape_of(x)
         best = _reduce_te(kind)(xs, a)  # NaN-propagating max / min: the value to find
@@ -161,7 +161,7 @@ def _matmul_reference(xs, a):
 
 @lookup("matmul").lower
 def _matmul_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
     A, B = xs
     sa, sb = shape_of(A), shape_of(B)
     k_extent = sa[-2] if a.transposeA else sa[-1]
@@ -204,7 +204,7 @@ def _transpose_perm(a, rank: int) -> list[int]:
 
 
 def _transpose_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of
+    from cvmc.ops.te import shape_of
     x = xs[0]
     shape = shape_of(x)
     perm = _transpose_perm(a, len(shape))
@@ -224,7 +224,7 @@ def _concat_lower(xs, a):
 
 
 def _stack_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import shape_of, te, tirx
     shape = shape_of(xs[0])
     out = [*shape[:a.axis], len(xs), *shape[a.axis:]]
 
@@ -285,7 +285,7 @@ def _slice_reference(xs, a):
 
 
 def _slice_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of
+    from cvmc.ops.te import shape_of
     x = xs[0]
     shape = shape_of(x)
     out = _out_shapes("nnef.slice", xs, a)[0]
@@ -301,7 +301,7 @@ _attach("nnef.tile", lambda xs, a: np.tile(xs[0], a.repeats),
 
 
 def _tile_lower(x, a):
-    from cvmc.lowering.te_facade import shape_of
+    from cvmc.ops.te import shape_of
     shape = shape_of(x)
     out = tuple(e * r for e, r in zip(shape, a.repeats))
     return te_gather(x, out, lambda o: [i % e for i, e in zip(o, shape)], "tile_")
@@ -314,7 +314,7 @@ def _border_index(i, z: int, border: str):
     def where(cond, p, q):
         if isinstance(i, np.ndarray):
             return np.where(cond, p, q)
-        from cvmc.lowering.te_facade import tirx
+        from cvmc.ops.te import tirx
         return tirx.Select(cond, p, q)
 
     if border == "replicate":
@@ -341,7 +341,7 @@ def _pad_reference(xs, a):
 
 
 def _pad_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import shape_of, te, tirx
     x = xs[0]
     shape = shape_of(x)
     out = [p + e + q for e, (p, q) in zip(shape, a.padding)]
@@ -367,7 +367,7 @@ def _gather_reference(xs, a):
 
 
 def _gather_lower(xs, a):
-    from cvmc.lowering.te_facade import shape_of, te, tirx
+    from cvmc.ops.te import shape_of, te, tirx
     x, idx = xs
     shape, ishape = shape_of(x), shape_of(idx)
     extent = shape[a.axis]

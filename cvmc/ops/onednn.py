@@ -158,7 +158,7 @@ def _te_transpose(t, axes: Sequence[int], name: str):
     """TE of np.transpose(t, axes); `t` itself for the identity."""
     if tuple(axes) == tuple(range(len(axes))):
         return t
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
 
     def element(*i):
         index = [None] * len(axes)

@@ -40,7 +40,7 @@ def reduced_shape(shape: tuple[int, ...], r: tuple[int, ...], keepdims: bool) ->
 def te_reduce(x, r: tuple[int, ...], keepdims: bool, reducer, name: str):
     """TE reduction of `x` over axes `r` (not empty) with `reducer` (`te.sum`, `te.max`, a
     `te.comm_reducer`); the output shape is `reduced_shape`."""
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
     shape = shape_of(x)
     raxes = {ax: te.reduce_axis((0, shape[ax]), name=f"k{ax}") for ax in r}
     kept = [i for i in range(len(shape)) if i not in r]
@@ -55,7 +55,7 @@ def te_reduce(x, r: tuple[int, ...], keepdims: bool, reducer, name: str):
 
 def _te_reduce(x, a, name: str, reducer_name: str):
     """TE reduction of `x` over R with `te.sum` / `te.max`."""
-    from cvmc.lowering.te_facade import shape_of, te
+    from cvmc.ops.te import shape_of, te
     r = reduced_axes(name, len(shape_of(x)), a)
     if not r:
         return te.compute(x.shape, lambda *i: x(*i), name=name)

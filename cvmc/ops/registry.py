@@ -25,7 +25,7 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   int64 and outputs are returned as int64; the interpreter checks them against the
   inferred precision and casts to the storage dtype.
 - lower(xs, a) -> te.Tensor(s): TE compute over int32 inputs; the lowering casts the
-  result to the storage dtype. Import TVM inside the rule (`cvmc.lowering.te_facade`),
+  result to the storage dtype. Import TVM inside the rule (`cvmc.ops.te`),
   never at module level, so checking a graph never loads TVM.
 - cost(ins, outs, a) -> int: base operations per output element (default 1).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only

@@ -58,7 +58,7 @@ def _np_gather(x: np.ndarray, out_shape: tuple[int, ...], index_map: IndexMap) -
 
 def te_gather(x, out_shape: tuple[int, ...], index_map: IndexMap, name: str):
     """TE stage Y[d] = X[index_map(d)]."""
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     return te.compute(out_shape, lambda *d: x(*index_map(d)), name=name)
 
 
@@ -97,7 +97,7 @@ def unravel(flat, shape: Sequence[int]) -> tuple:
 
 def _te_clamp(v, lo: int, hi: int):
     """TE expression clamping `v` to [lo, hi]."""
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
     return tirx.max(tirx.min(v, const(hi)), const(lo))
 
 
@@ -397,7 +397,7 @@ def _take_reference(x: np.ndarray, indices: np.ndarray, axis: int | None) -> np.
 
 def _take_lower(x, indices, axis: int | None, name: str):
     """TE take with clipped indices (axis None: into the flattened data)."""
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
     shape = types_of([x])[0].shape
     m = len(indices.shape)
     if axis is None:
@@ -497,7 +497,7 @@ def _concatenate_lower(xs, a):
 
 def te_concat(xs, axis: int, out: tuple[int, ...], name: str):
     """TE stage joining `xs` along `axis` into shape `out`."""
-    from cvmc.lowering.te_facade import te, tirx
+    from cvmc.ops.te import te, tirx
     starts = np.cumsum([0] + [int(x.shape[axis]) for x in xs]).tolist()
 
     def element(*d):
@@ -546,7 +546,7 @@ def _where_reference(xs, a):
 
 @where.lower
 def _where_lower(xs, a):
-    from cvmc.lowering.te_facade import const, te, tirx
+    from cvmc.ops.te import const, te, tirx
     cond, x, y = xs
     rows = len(cond.shape) != len(x.shape)
 

@@ -77,7 +77,7 @@ def _gvc_reference(xs, a):
 
 @get_valid_count.lower
 def _gvc_lower(xs, a):
-    from cvmc.lowering.te_facade import const, te, tirx
+    from cvmc.ops.te import const, te, tirx
 
     x = xs[0]
     b_, n_, k_ = x.shape
@@ -195,7 +195,7 @@ def _nms_reference(xs, a):
 
 @non_max_suppression.lower
 def _nms_lower(xs, a):
-    from cvmc.lowering.te_facade import te
+    from cvmc.ops.te import te
 
     x, vc = xs
     order = _nms_sort_order(x, vc)
@@ -205,13 +205,13 @@ def _nms_lower(xs, a):
 
 def _valid_rows(vc, b, n_):
     """T = max(min(N, valid_count[b]), 0): the rows NMS looks at."""
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
     return tirx.max(tirx.min(const(n_), vc[b]), const(0))
 
 
 def _nms_sort_order(x, vc):
     """order[b, r]: the input row of rank r after a stable descending sort by score."""
-    from cvmc.lowering.te_facade import te, tirx
+    from cvmc.ops.te import te, tirx
 
     b_, n_, _ = x.shape
     j = te.reduce_axis((0, n_), name="j")
@@ -228,9 +228,9 @@ def _nms_sort_order(x, vc):
 
 def _nms_greedy_ir(x_buf, vc_buf, order_buf, y_buf, a):
     """TIR: per batch, keep sorted boxes not suppressed by an earlier kept one; fill -1."""
-    from cvmc.lowering.te_facade import IRBuilder as ir_builder
-    from cvmc.lowering.te_facade import const, tirx
-    from cvmc.lowering.te_facade import tir_builder as T
+    from cvmc.ops.te import IRBuilder as ir_builder
+    from cvmc.ops.te import const, tirx
+    from cvmc.ops.te import tir_builder as T
     b_, n_ = (int(d) for d in x_buf.shape[:2])
     with ir_builder() as ib:
         x, vc, order, y = (T.buffer_proxy(buf) for buf in (x_buf, vc_buf, order_buf, y_buf))
@@ -252,7 +252,7 @@ def _nms_greedy_ir(x_buf, vc_buf, order_buf, y_buf, a):
 
 def _emit_keep_if_alive(T, x, y, b, row, kept, a):
     """TIR: append input row `row` to Y unless a kept box (Y[b, :kept]) suppresses it."""
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
 
     threshold = min(a.iou_threshold, FULL_OVERLAP)  # same decisions, no int64 overflow
     alive = T.buffer_proxy(T.alloc_buffer((1,), "int32", scope="local"))
@@ -271,7 +271,7 @@ def _emit_keep_if_alive(T, x, y, b, row, kept, a):
 
 def _suppresses_expr(a, b, threshold: int):
     """TIR bool: 100 * I >= threshold * U and I > 0, exact in int64 for p_x <= 30."""
-    from cvmc.lowering.te_facade import const, tirx
+    from cvmc.ops.te import const, tirx
 
     def wide(e):
         return tirx.max(e, const(0)).astype("int64")

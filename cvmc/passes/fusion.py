@@ -49,14 +49,15 @@ class Group:
         return [n.op for n in self.nodes]
 
 
+# The ops whose CUDA kernels take their element-wise epilogue: those a row of the CUDA
+# schedule table (cvmc.lowering.rules.CUDA_TABLE) is anchored on; dlight, which schedules
+# the rest, wants a reduction alone (tests/lowering/test_fusion_and_plan.py checks they agree).
+CUDA_EPILOGUE_ANCHORS = frozenset({"conv2d", "conv2d_packed", "dense"})
+
+
 def fuse_kernels(graph: Graph, target: str | None = None) -> Graph:
     """The graph with its kernel partition for `target` recorded in `Graph.kernels`."""
-    anchors = None
-    if target == "cuda":
-        from cvmc.lowering.rules import CUDA_TABLE  # imports no TVM
-
-        anchors = {rule.anchor for rule in CUDA_TABLE}
-    groups = fuse_groups(graph, anchors)
+    groups = fuse_groups(graph, CUDA_EPILOGUE_ANCHORS if target == "cuda" else None)
     return graph.replace(kernels=[[n.name for n in g.nodes] for g in groups])
 
 

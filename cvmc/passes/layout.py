@@ -30,9 +30,9 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
+from cvmc.ops.infer import infer_precision
 from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIGHT_LAYOUT
 from cvmc.ops.registry import Attrs, Fusion
-from cvmc.passes.precision import infer_precision
 
 # Ops whose kernels take the packed form, per target. CUDA keeps dense as it is (its own
 # dp4a rule, a warp per output): as a conv on one pixel it gives too few threads (H200:

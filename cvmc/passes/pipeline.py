@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
+from cvmc.ops.infer import infer_precision
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
-from cvmc.passes.precision import infer_precision
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
 # (name, pass, targets): a pass with targets runs only when compiling for one of them
@@ -43,9 +42,11 @@ def pass_names() -> list[str]:
 
 
 def run_pipeline(graph: Graph, stop_after: str | None = None,
-                 dump_dir: str | Path | None = None, target: str | None = None) -> Graph:
-    """Run the passes in order (those for `target` too); optionally dump the graph after
-    each and stop early. Running it on its own output changes nothing."""
+                 after_pass: Callable[[int, str, Graph], None] | None = None,
+                 target: str | None = None) -> Graph:
+    """Run the passes in order (those for `target` too), calling `after_pass(index, name,
+    graph)` after each (`--dump-ir`: `cvmc.frontend.printer.graph_dumper`), and stop after
+    `stop_after`. Running it on its own output changes nothing."""
     if stop_after is not None and stop_after not in pass_names():
         raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
                         f"passes: {', '.join(pass_names())}")
@@ -54,11 +55,8 @@ def run_pipeline(graph: Graph, stop_after: str | None = None,
             continue
         graph = fn(graph, target) if targets else fn(graph)
         graph.verify()
-        if dump_dir is not None:
-            from cvmc.ir.printer import print_graph
-            out = Path(dump_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"{index:02d}-{name}.nnef").write_text(print_graph(graph))
+        if after_pass is not None:
+            after_pass(index, name, graph)
         if name == stop_after:
             break
     return graph

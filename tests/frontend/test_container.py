@@ -207,7 +207,7 @@ def test_duplicate_archive_members_are_ambiguous(tmp_path: Path) -> None:
 
 def test_missing_dat_is_located_at_the_variable(tmp_path: Path) -> None:
     from cvmc.frontend.nnef import load_nnef
-    from cvmc.passes.precision import infer_precision
+    from cvmc.ops.infer import infer_precision
 
     (tmp_path / "graph.nnef").write_text(
         "version 1.0;\ngraph G( x ) -> ( y )\n{\n"

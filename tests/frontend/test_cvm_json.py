@@ -20,7 +20,7 @@ from cvmc.frontend.cvm_json import (
 from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import all_ops, lookup
-from cvmc.passes.precision import infer_precision
+from cvmc.ops.infer import infer_precision
 from cvmc.reference import reference_run
 from tests.frontend.test_cvm_params import pack_array, pack_params
 

@@ -14,7 +14,7 @@ from cvmc.errors import CvmcError
 from cvmc.frontend.tensorfile import write_tensor
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops.common import data_precision
-from cvmc.passes.precision import infer_precision
+from cvmc.ops.infer import infer_precision
 
 WIDE = [
     (np.array([0, 2**64 - 1], np.uint64), 8, "value 18446744073709551615 at index [1]"),

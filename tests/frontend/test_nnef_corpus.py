@@ -173,7 +173,7 @@ def test_a_name_shared_by_a_cvm_op_takes_the_nnef_reading_on_scalar_tensors():
 @requires_shared
 @pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
 def test_printed_corpus_document_parses_back_equal(path, shuffle_op):
-    from cvmc.ir.printer import print_graph
+    from cvmc.frontend.printer import print_graph
     g = load_nnef(path, None)
     again = parse_nnef(print_graph(g), "printed.nnef")
     assert again == g and again.labels == g.labels

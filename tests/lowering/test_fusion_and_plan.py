@@ -8,8 +8,8 @@ import pytest
 from cvmc.codegen import compile_model
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.lower import lower_graph, lower_node
-from cvmc.passes.fusion import fuse_groups, fuse_kernels
-from cvmc.passes.precision import infer_precision
+from cvmc.ops.infer import infer_precision
+from cvmc.passes.fusion import CUDA_EPILOGUE_ANCHORS, fuse_groups, fuse_kernels
 from cvmc.reference import reference_run
 from tests.codegen.op_cases import rand
 
@@ -76,6 +76,14 @@ def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
     assert [len(k) for k in fuse_kernels(fc, "llvm").kernels] == [2]
 
 
+def test_cuda_epilogue_anchors_are_the_cuda_tables_anchors():
+    """The fusion pass knows which CUDA kernels take an epilogue without importing the
+    schedule table (passes sit below lowering); the two must name the same ops."""
+    from cvmc.lowering.rules import CUDA_TABLE
+
+    assert CUDA_EPILOGUE_ANCHORS == {rule.anchor for rule in CUDA_TABLE}
+
+
 def test_shared_values_outputs_and_reductions_end_groups():
     groups = fuse_groups(diamond())
     assert [g.ops for g in groups] == [["relu"], ["abs"], ["negative"],
@@ -85,7 +93,7 @@ def test_shared_values_outputs_and_reductions_end_groups():
 
 def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path):
     from cvmc.frontend.nnef import parse_nnef
-    from cvmc.ir.printer import print_graph
+    from cvmc.frontend.printer import graph_dumper, print_graph
     from cvmc.passes.fusion import fuse_kernels
     from cvmc.passes.pipeline import run_pipeline
 
@@ -99,7 +107,7 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
     # a pass that rewrites the nodes drops the stale partition
     assert fused.replace(nodes=fused.nodes[:1], outputs=["a"]).kernels == []
     # --dump-ir: each kernel is a comment before its first node; the text parses back
-    run_pipeline(diamond(), dump_dir=tmp_path, target="llvm")
+    run_pipeline(diamond(), after_pass=graph_dumper(tmp_path), target="llvm")
     text = (tmp_path / "05-fuse-kernels.nnef").read_text()
     assert "    # kernel 3: abs, elemwise_add\n    d = abs(z);\n    e = elemwise_add(c, d);" \
         in text

@@ -24,8 +24,8 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.x86 import avx2_tile_shape, column_lanes, tile_shape
 from cvmc.ops import lookup
+from cvmc.ops.infer import infer_precision
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
-from cvmc.passes.precision import infer_precision
 from cvmc.reference import reference_run
 from tests.oputil import rand_in_precision
 

@@ -428,7 +428,7 @@ def test_reflect_within_one_reflection_is_accepted():
 
 
 def test_argmax_pool_window_bound():
-    from cvmc.passes.precision import infer_precision
+    from cvmc.ops.infer import infer_precision
 
     text = """version 1.0;
 graph g( x ) -> ( y )

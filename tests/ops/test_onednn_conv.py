@@ -26,9 +26,9 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.conv_nd import conv_nd_reference
+from cvmc.ops.infer import infer_precision
 from cvmc.ops.onednn import NAME, auto_pads
 from cvmc.ops.registry import Attrs
-from cvmc.passes.precision import infer_precision
 from cvmc.reference import reference_run
 from tests.benchdnn_shapes import SHAPES_DIR, ConvShape, read_shapes, scaled
 from tests.oputil import check_op, one_op_graph

@@ -2,8 +2,8 @@
 import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
+from cvmc.ops.infer import infer_precision
 from cvmc.passes.pipeline import run_pipeline
-from cvmc.passes.precision import infer_precision
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
 

@@ -1,8 +1,11 @@
-"""The one place op `lower` rules reach TVM from (imported lazily inside the rules).
+"""The ops' TE vocabulary: the one place `lower` rules reach TVM from (imported lazily
+inside the rules, so checking a graph never loads TVM), and the annotations by which a
+compute tells the schedules what it is.
 
 TVM 0.27 moved things around (`tvm.tirx`, `tvm.s_tir`); keeping op modules on this facade
 means an API move is fixed here once. Integer helpers follow the CVM semantics notes:
 Python `//` and `%` on TIR expressions floor, `truncdiv` truncates, `>>` is arithmetic.
+The lowering layer imports this module (for the annotations); it never imports lowering.
 """
 from __future__ import annotations
 
@@ -11,8 +14,26 @@ from tvm import te, tirx, topi
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as tir_builder
 
-__all__ = ["IRBuilder", "as_int32", "as_int64", "cast", "clamped_index", "const", "convert",
-           "elementwise", "shape_of", "te", "tir_builder", "tirx", "topi", "tvm"]
+# ---- the compute <-> schedule contract: block and function annotations ---------------
+# A stage a lower rule wants the CPU schedule to keep as a buffer rather than inline (conv
+# padding: the conv's inner loop then reads without a test).
+MATERIALIZE = "cvmc.materialize"
+# [axis, start, stop]: the block's value along iterator `axis` is padding outside [start,
+# stop). The schedule's `split_interior` partitions that loop so the interior part runs
+# without the padding test (TVM's simplifier drops it there), and vectorises.
+INTERIOR = "cvmc.interior"
+# On a depthwise conv's reduction block (conv2d's lower rule). The op knows what it
+# computed; the schedule reads that rather than guessing it from the TIR's shapes (an
+# ordinary conv, a grouped one with several channels per group and a depthwise one with a
+# channel multiplier all share the block's form).
+DEPTHWISE = "cvmc.depthwise"
+# On each kernel's PrimFunc: the op of the first node of its fused group, by which the
+# schedule table picks a rule.
+ANCHOR_ATTR = "cvmc.anchor"
+
+__all__ = ["ANCHOR_ATTR", "DEPTHWISE", "INTERIOR", "MATERIALIZE", "IRBuilder", "as_int32",
+           "as_int64", "cast", "clamped_index", "const", "convert", "elementwise", "shape_of",
+           "te", "tir_builder", "tirx", "topi", "tvm"]
 
 
 def const(value: int, dtype: str = "int32") -> tirx.PrimExpr:

@@ -8,11 +8,14 @@ resolution rule maps them back to the same op.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cvmc.ir.graph import Graph, Node, TensorType
+from cvmc.ops import lookup
+from cvmc.ops.registry import Attrs
 
 _ELEM = {"int8": "integer", "int32": "integer", "float32": "scalar", "bool": "logical"}
 
@@ -58,7 +61,6 @@ def _weight(graph: Graph, name: str) -> str:
 
 
 def _node(node: Node, types: dict[str, TensorType]) -> str:
-    from cvmc.ops import lookup
     opdef = lookup(node.op)
     outs = list(node.outputs)
     if opdef is not None and opdef.variadic_outputs:
@@ -77,8 +79,6 @@ def _node(node: Node, types: dict[str, TensorType]) -> str:
 def _generic(node: Node, types: dict[str, TensorType]) -> str:
     """`<T>` where a typed op's result type does not follow from its inputs and attributes
     (cast<integer>): the frontend would otherwise infer another type for the result."""
-    from cvmc.ops import lookup
-    from cvmc.ops.registry import Attrs
     opdef, out = lookup(node.op), _ELEM[types[node.outputs[0]].dtype]
     if opdef is None or opdef.integer_op or opdef.result_kind(
             [_ELEM[types[i].dtype] for i in node.inputs], Attrs(node.attrs)) == out:
@@ -100,3 +100,14 @@ def _value(v: Any, pairs: bool = False) -> str:
         text = repr(float(v))
         return text if any(c in text for c in ".e") else text + ".0"
     return str(int(v))
+
+
+def graph_dumper(folder: str | Path):
+    """`after_pass` for `run_pipeline` that writes the graph after each pass to
+    `folder/NN-<pass>.nnef` (`cvmc compile --dump-ir`)."""
+    out = Path(folder)
+
+    def dump(index: int, name: str, graph: Graph) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{index:02d}-{name}.nnef").write_text(print_graph(graph))
+    return dump

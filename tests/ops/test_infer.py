@@ -5,7 +5,7 @@ import pytest
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops.common import bitlen, data_precision, numprec
-from cvmc.passes.precision import infer_precision
+from cvmc.ops.infer import infer_precision
 
 
 @pytest.mark.parametrize("n, want", [(0, 0), (1, 1), (8, 4), (9, 4), (576, 10), (2**31, 32)])

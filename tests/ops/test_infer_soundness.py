@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
-from cvmc.passes.precision import infer_precision
+from cvmc.ops.infer import infer_precision
 from cvmc.reference import reference_run
 
 SHAPE = (2, 3, 4)

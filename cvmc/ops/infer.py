@@ -1,5 +1,9 @@
 """Type and precision inference: the static proof that int32 arithmetic never overflows.
 
+It applies each op's rules over a whole graph: the pass pipeline's first pass, the check
+every command makes (`check_graph`), and what the reference interpreter relies on (so it
+sits here, below them, with the rules it applies).
+
 Every integer tensor gets a precision in 1..32 from its op's rule
 (cvm-semantics.md); a result outside that range rejects the graph with the chain of ops
 that grew it. Storage dtypes follow from precisions (int8 for <= 8 bits). Typed (NNEF)

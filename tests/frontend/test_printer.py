@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from cvmc.errors import CvmcError
 from cvmc.frontend.nnef import parse_nnef
+from cvmc.frontend.printer import print_graph
 from cvmc.frontend.tensorfile import write_tensor
-from cvmc.ir.printer import print_graph
 from cvmc.ops import all_ops
 from cvmc.ops.registry import REQUIRED
 
