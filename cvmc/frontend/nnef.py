@@ -78,7 +78,7 @@ class _Document:
     def read_fragments(self, trees: list[lark.Tree]) -> dict[str, Fragment]:
         """User fragment definitions, checked statically."""
         for inv in _in_order(self.tree.find_data("invocation")):
-            if str(inv.children[0]) == "shape_of":
+            if _op_name(inv) == "shape_of":
                 raise self.err("'shape_of' is deprecated since NNEF 1.0.1 and not supported; "
                                "write the shape explicitly", inv.meta)
         if trees and FRAGMENTS_EXT not in self.extensions:
@@ -92,8 +92,8 @@ class _Document:
                 raise self.err(f"fragment '{frag.name}' is already defined {where}",
                                t.children[0])
             for inv in _in_order(t.find_data("invocation") if frag.body else ()):
-                if str(inv.children[0]) in ("variable", "external"):
-                    raise self.err(f"operation '{inv.children[0]}' is not allowed inside "
+                if _op_name(inv) in ("variable", "external"):  # spec 3.3.2
+                    raise self.err(f"operation '{_op_name(inv)}' is not allowed inside "
                                    f"fragments", inv.meta)
             if frag.body is not None:
                 self.check_flat(frag.body)
@@ -167,8 +167,7 @@ class _Document:
     def check_external(self, stmt: lark.Tree, inputs: list[str]) -> None:
         """Graph inputs are exactly the tensors `external` declares."""
         lvalue, rhs = stmt.children
-        is_external = rhs.data == "invocation" and str(rhs.children[0]).split("<")[0] \
-            .strip() == "external"
+        is_external = rhs.data == "invocation" and _op_name(rhs) == "external"
         if is_external:
             if lvalue.data != "lv_ident" or str(lvalue.children[0]) not in inputs:
                 raise self.err("tensors declared by 'external' must be graph inputs (listed "
@@ -178,6 +177,11 @@ class _Document:
             if lv.data == "lv_ident" and str(lv.children[0]) in inputs:
                 raise self.err(f"graph input '{lv.children[0]}' can only be assigned by "
                                f"'external'", lv.children[0])
+
+
+def _op_name(invocation: lark.Tree) -> str:
+    """The operation an invocation calls, without its generic argument ('cast<integer>')."""
+    return str(invocation.children[0]).split("<")[0].strip()
 
 
 def _in_order(trees: Any) -> list[lark.Tree]:
