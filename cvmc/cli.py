@@ -31,14 +31,25 @@ def _fmt_shape(shape) -> str:
 
 # ---- check ----------------------------------------------------------------------------
 def _checked_graph(model, quant=None, params=None):
-    """Load and check a model; graphs of compiled ops get their precisions inferred too."""
+    """Load and check a model; graphs of compiled ops get their precisions inferred too.
+    NNEF makes weight data optional (spec 5.1): absent .dat files are one warning here,
+    an error where the values are needed (compile, run)."""
     from cvmc.frontend import load_graph
     from cvmc.ops import lookup
-    from cvmc.passes.precision import infer_precision
+    from cvmc.passes.precision import infer_precision, missing_data
 
     graph = load_graph(model, quant=quant, params=params)
-    if all(lookup(n.op).compute for n in graph.nodes):
-        graph = infer_precision(graph)
+    missing, inferable = missing_data(graph)
+    if missing:
+        files = ", ".join(f"'{graph.labels[w]}.dat'" for w in missing[:4])
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        unknown = "" if inferable else "; integer weights without a declared precision " \
+                                       "leave precisions uninferred"
+        warnings.warn(f"{len(missing)} weight data file(s) not found beside the graph "
+                      f"({files}{more}): checked structure, shapes and types only{unknown}; "
+                      f"compile and run need the values", stacklevel=2)
+    if inferable and all(lookup(n.op).compute for n in graph.nodes):
+        graph = infer_precision(graph, need_data=False)
     return graph
 
 

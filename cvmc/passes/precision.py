@@ -30,9 +30,10 @@ def check_weight_data(name: str, data, precision: int | None) -> None:
         raise CvmcError(f"weight '{name}': {problem}")
 
 
-def infer_precision(graph: Graph) -> Graph:
+def infer_precision(graph: Graph, need_data: bool = True) -> Graph:
     """Return the graph with every tensor's precision (and storage dtype) inferred:
-    integer tensors get a precision, scalar (float32) and logical (bool) tensors none."""
+    integer tensors get a precision, scalar (float32) and logical (bool) tensors none.
+    Without `need_data`, a weight without data keeps its declared type (see `missing_data`)."""
     types = dict(graph.types)
     for name in graph.inputs:
         t = types[name]
@@ -41,6 +42,8 @@ def infer_precision(graph: Graph) -> Graph:
         types[name] = t.with_precision(t.precision or 32) if t.is_integer else t
     for name in graph.weights():
         if name not in graph.constants:
+            if not need_data:
+                continue
             raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "
                             f"not found beside the graph; compiling needs the values",
                             graph.spans.get(name))
@@ -54,6 +57,14 @@ def infer_precision(graph: Graph) -> Graph:
     for node in graph.nodes:
         infer_node(node, types, producers)
     return graph.replace(types=types)
+
+
+def missing_data(graph: Graph) -> tuple[list[str], bool]:
+    """The weights whose data the model lacks, and whether precisions can be inferred
+    without it (every integer one among them declares its precision)."""
+    missing = [w for w in graph.weights() if w not in graph.constants]
+    return missing, all(not graph.types[w].is_integer or graph.types[w].precision is not None
+                        for w in missing)
 
 
 def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
