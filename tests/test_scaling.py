@@ -70,3 +70,17 @@ def test_reference_bound_counts_a_conv_by_channels_and_taps():
                                         "1207959552, more than"):
         reference_run(conv(128), {"x": np.zeros((1, 128, 128, 128), np.float32)})
     assert 1048576 * 64 * 9 <= MAX_WORK  # the C = 64 conv is within the bound
+
+
+def test_fusion_splits_a_long_elementwise_chain():
+    """An element-wise chain fuses into kernels of at most MAX_GROUP_NODES nodes, in order:
+    TVM's build time grows exponentially with the depth of one inlined chain (20 relus:
+    minutes)."""
+    from cvmc.passes.fusion import MAX_GROUP_NODES, fuse_groups
+    from cvmc.passes.precision import infer_precision
+
+    g = infer_precision(parse_nnef(chain(40), "chain.nnef"))
+    groups = fuse_groups(g)
+    assert [len(gr.nodes) for gr in groups] == [8, 8, 8, 8, 8, 1] and MAX_GROUP_NODES == 8
+    assert [n.name for gr in groups for n in gr.nodes] == [n.name for n in g.nodes]
+    assert all(gr.inputs == [groups[k - 1].outputs[-1]] for k, gr in enumerate(groups) if k)
