@@ -6,6 +6,9 @@ mistake is a `CvmcError` located at its line and column.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +38,26 @@ def parse_nnef(text: str, filename: str = "<string>", weights: ModelSource | Non
                quant_text: str | None = None, quant_name: str | None = None) -> Graph:
     """Parse and check an NNEF document; `weights` supplies variable data (none: no data)."""
     source = Source(text, filename)
-    tree = parse_text(source)
-    graph = _Document(source, tree).build(weights)
+    with _collector_paused():
+        tree = parse_text(source)
+        graph = _Document(source, tree).build(weights)
     if quant_text is not None:
         _apply_quant(graph, quant_text, quant_name or "graph.quant")
     return graph
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: parsing allocates objects that all stay
+    alive (the tree, the graph), and each full collection walks every one of them again
+    (a quarter of `check`'s time at 16,000 nodes); nothing is left to collect meanwhile."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Document:
