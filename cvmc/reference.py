@@ -20,6 +20,10 @@ from cvmc.ops.common import convert_np, prec_max
 from cvmc.ops.infer import infer_precision
 from cvmc.ops.registry import Attrs
 
+# The most element operations one node may cost the interpreter (NumPy materialises
+# windows: 2^30 int64 is 8 GiB). ResNet-50's largest conv needs 1.2e8.
+MAX_WORK = 1 << 30
+
 
 def input_specs(graph: Graph) -> list[TensorSpec]:
     """The graph's input signature."""
@@ -56,6 +60,7 @@ def evaluate(node, values: list[np.ndarray], types) -> list[np.ndarray]:
     if not opdef.compute:
         raise CvmcError(f"{node.op} '{node.name}': NNEF standard op that cvmc can check "
                         f"but not yet compile or run", node.span)
+    _check_work(node, opdef, types)
     # IEEE results (inf, NaN) are the semantics; widening a signalling NaN quiets it.
     with np.errstate(all="ignore"):
         # Typed ops see float32 as float64: their rules compute the spec formula in float64
@@ -72,6 +77,19 @@ def evaluate(node, values: list[np.ndarray], types) -> list[np.ndarray]:
             f"{node.op} '{node.name}': value outside inferred precision {t.precision}"
         result.append(value)
     return result
+
+
+def _check_work(node, opdef, types) -> None:
+    """Refuse a node whose reference rule would compute (or materialise) more than
+    MAX_WORK element operations: its output elements times its op's operations per
+    element (`cost`: a window's taps, a conv's C/G x taps), before anything is computed."""
+    ins, outs = [types[i] for i in node.inputs], [types[o] for o in node.outputs]
+    elements = sum(t.size for t in outs)
+    work = elements * opdef.cost_of(ins, outs, Attrs(node.attrs))
+    if work > MAX_WORK:
+        raise CvmcError(f"{node.op} '{node.name}': {elements} output elements x "
+                        f"{work // elements} operations each is {work}, more than the "
+                        f"reference interpreter's bound {MAX_WORK}", node.span)
 
 
 def stored(value, t) -> np.ndarray:

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from cvmc.errors import CvmcError
@@ -40,8 +41,20 @@ def load_graph(path: str | Path, quant: str | Path | None = None,
 
 
 def load_checked(path: str | Path, quant: str | Path | None = None,
-                 params: str | Path | None = None) -> Graph:
+                 params: str | Path | None = None, need_data: bool = True) -> Graph:
     """Read a model and check it (`check_graph`): every command's one way in, so that none
-    accepts a model another refuses."""
-    from cvmc.ops.infer import check_graph
-    return check_graph(load_graph(path, quant=quant, params=params))
+    accepts a model another refuses. `need_data=False` (`cvmc check`): absent weight data
+    is one warning, and what can be checked without it is."""
+    from cvmc.ops.infer import check_graph, missing_data
+
+    graph = load_graph(path, quant=quant, params=params)
+    missing, inferable = missing_data(graph)
+    if missing and not need_data:
+        files = ", ".join(f"'{graph.labels[w]}.dat'" for w in missing[:4])
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        unknown = "" if inferable else "; integer weights without a declared precision " \
+                                       "leave precisions uninferred"
+        warnings.warn(f"{len(missing)} weight data file(s) not found beside the graph "
+                      f"({files}{more}): checked structure, shapes and types only{unknown}; "
+                      f"compile and run need the values", stacklevel=2)
+    return check_graph(graph, need_data)

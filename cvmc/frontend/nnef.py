@@ -6,6 +6,9 @@ mistake is a `CvmcError` located at its line and column.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +37,26 @@ def parse_nnef(text: str, filename: str = "<string>", weights: ModelSource | Non
                quant_text: str | None = None, quant_name: str | None = None) -> Graph:
     """Parse and check an NNEF document; `weights` supplies variable data (none: no data)."""
     source = Source(text, filename)
-    tree = parse_text(source)
-    graph = _Document(source, tree).build(weights)
+    with _collector_paused():
+        tree = parse_text(source)
+        graph = _Document(source, tree).build(weights)
     if quant_text is not None:
         _apply_quant(graph, quant_text, quant_name or "graph.quant")
     return graph
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector: parsing allocates objects that all stay
+    alive (the tree, the graph), and each full collection walks every one of them again
+    (a quarter of `check`'s time at 16,000 nodes); nothing is left to collect meanwhile."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _Document:
@@ -77,7 +95,7 @@ class _Document:
     def read_fragments(self, trees: list[lark.Tree]) -> dict[str, Fragment]:
         """User fragment definitions, checked statically."""
         for inv in _in_order(self.tree.find_data("invocation")):
-            if str(inv.children[0]) == "shape_of":
+            if _op_name(inv) == "shape_of":
                 raise self.err("'shape_of' is deprecated since NNEF 1.0.1 and not supported; "
                                "write the shape explicitly", inv.meta)
         if trees and FRAGMENTS_EXT not in self.extensions:
@@ -91,8 +109,8 @@ class _Document:
                 raise self.err(f"fragment '{frag.name}' is already defined {where}",
                                t.children[0])
             for inv in _in_order(t.find_data("invocation") if frag.body else ()):
-                if str(inv.children[0]) in ("variable", "external"):
-                    raise self.err(f"operation '{inv.children[0]}' is not allowed inside "
+                if _op_name(inv) in ("variable", "external"):  # spec 3.3.2
+                    raise self.err(f"operation '{_op_name(inv)}' is not allowed inside "
                                    f"fragments", inv.meta)
             if frag.body is not None:
                 self.check_flat(frag.body)
@@ -166,8 +184,7 @@ class _Document:
     def check_external(self, stmt: lark.Tree, inputs: list[str]) -> None:
         """Graph inputs are exactly the tensors `external` declares."""
         lvalue, rhs = stmt.children
-        is_external = rhs.data == "invocation" and str(rhs.children[0]).split("<")[0] \
-            .strip() == "external"
+        is_external = rhs.data == "invocation" and _op_name(rhs) == "external"
         if is_external:
             if lvalue.data != "lv_ident" or str(lvalue.children[0]) not in inputs:
                 raise self.err("tensors declared by 'external' must be graph inputs (listed "
@@ -177,6 +194,11 @@ class _Document:
             if lv.data == "lv_ident" and str(lv.children[0]) in inputs:
                 raise self.err(f"graph input '{lv.children[0]}' can only be assigned by "
                                f"'external'", lv.children[0])
+
+
+def _op_name(invocation: lark.Tree) -> str:
+    """The operation an invocation calls, without its generic argument ('cast<integer>')."""
+    return str(invocation.children[0]).split("<")[0].strip()
 
 
 def _in_order(trees: Any) -> list[lark.Tree]:

@@ -98,3 +98,47 @@ def convert_np(value, dtype: str):
         return np.nan_to_num(np.trunc(np.clip(x, -INT32_SAT, INT32_SAT)), nan=0.0) \
             .astype(np.int64)
     return x.astype(np.int64)
+
+
+# Every conv-like op (convolutions, pools, NNEF's sliding-window ops) reads input position
+# i * s + j * d - p for output i and tap j. Bounding stride, dilation, the dilated window
+# and the padding (given or automatic) by 2^24 keeps those positions inside int32 in the
+# kernels (the shape relations keep i * s and j * d below p + X + q <= 3 * 2^24).
+MAX_WINDOW = 2**24
+
+
+def check_window(op_name: str, axis: str, extent: int, k: int, stride: int, dilation: int,
+                 pad_begin: int, pad_end: int) -> None:
+    """Check one window dimension of a conv-like op: input `extent` (up-scaled), filter
+    size `k`, stride, dilation and the padding before / after (given or automatic)."""
+    for name, value in (("stride", stride), ("dilation", dilation)):
+        require(1 <= value <= MAX_WINDOW, f"{op_name}: {name} {value} along {axis} is "
+                                          f"outside 1..{MAX_WINDOW}")
+    span = 1 + (k - 1) * dilation
+    require(span <= MAX_WINDOW, f"{op_name}: dilated kernel extent {span} (K={k}, dilation="
+                                f"{dilation}) along {axis} is more than {MAX_WINDOW}")
+    for side, pad in (("before", pad_begin), ("after", pad_end)):
+        require(abs(pad) <= MAX_WINDOW, f"{op_name}: padding {pad} {side} {axis} is "
+                                        f"outside -{MAX_WINDOW}..{MAX_WINDOW}")
+        # A window that reaches past the input further than both the filter size and the
+        # input's own extent reads border alone at most of its taps (a dilation 10^6 over
+        # a 4-wide input): degenerate geometry, refused. NNEF (4.3, "Argument Validity")
+        # recommends support for padding below the filter size; cvmc also takes padding
+        # up to the input extent (a 3x3 'same' conv on a 1x1 input, a dilated conv whose
+        # padding is its dilation).
+        require(pad < k or pad <= extent,
+                f"{op_name}: padding {pad} {side} {axis} (K={k}, dilation={dilation}) is "
+                f"at least the filter size {k} and more than the input extent {extent}; "
+                f"the padding on each side must be less than the filter size or at most "
+                f"the input extent")
+    check_window_fits(op_name, axis, extent, k, dilation, pad_begin, pad_end)
+
+
+def check_window_fits(op_name: str, axis: str, extent: int, k: int, dilation: int,
+                      pad_begin: int, pad_end: int) -> None:
+    """The dilated kernel must fit in the padded input (every output reads a whole window)."""
+    span = 1 + (k - 1) * dilation
+    padded = extent + pad_begin + pad_end
+    require(span <= padded, f"{op_name}: dilated kernel extent {span} (K={k}, dilation="
+                            f"{dilation}) exceeds the padded input {padded} ({extent} + "
+                            f"{pad_begin} + {pad_end}) along {axis}")

@@ -25,20 +25,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cvmc.ops.common import require
+from cvmc.ops.common import check_window
 from cvmc.ops.nn import _exact_matmul
 
 
 def out_size(op_name: str, axis: int, size: int, k: int, stride: int, dilation: int,
              pad_begin: int, pad_end: int) -> int:
-    """O = floor((X + PB + PE - DK) / S) + 1, DK = 1 + (K - 1) * D; the dilated kernel must
-    fit in the padded input."""
-    span = 1 + (k - 1) * dilation
-    padded = size + pad_begin + pad_end
-    require(span <= padded, f"{op_name}: dilated kernel extent {span} (K={k}, dilation="
-                            f"{dilation}) exceeds the padded input {padded} ({size} + "
-                            f"{pad_begin} + {pad_end}) along spatial axis {axis}")
-    return (padded - span) // stride + 1
+    """O = floor((X + PB + PE - DK) / S) + 1, DK = 1 + (K - 1) * D, after `check_window`
+    (the dilated kernel fits in the padded input, and the geometry is not degenerate)."""
+    check_window(op_name, f"spatial axis {axis}", size, k, stride, dilation, pad_begin,
+                 pad_end)
+    return (size + pad_begin + pad_end - 1 - (k - 1) * dilation) // stride + 1
 
 
 def out_sizes(op_name: str, x_shape: Sequence[int], w_shape: Sequence[int],

@@ -34,9 +34,10 @@ def check_weight_data(name: str, data, precision: int | None) -> None:
         raise CvmcError(f"weight '{name}': {problem}")
 
 
-def infer_precision(graph: Graph) -> Graph:
+def infer_precision(graph: Graph, need_data: bool = True) -> Graph:
     """Return the graph with every tensor's precision (and storage dtype) inferred:
-    integer tensors get a precision, scalar (float32) and logical (bool) tensors none."""
+    integer tensors get a precision, scalar (float32) and logical (bool) tensors none.
+    Without `need_data`, a weight without data keeps its declared type (see `missing_data`)."""
     types = dict(graph.types)
     for name in graph.inputs:
         t = types[name]
@@ -45,6 +46,8 @@ def infer_precision(graph: Graph) -> Graph:
         types[name] = t.with_precision(t.precision or 32) if t.is_integer else t
     for name in graph.weights():
         if name not in graph.constants:
+            if not need_data:
+                continue
             raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "
                             f"not found beside the graph; compiling needs the values",
                             graph.spans.get(name))
@@ -60,12 +63,26 @@ def infer_precision(graph: Graph) -> Graph:
     return graph.replace(types=types)
 
 
-def check_graph(graph: Graph) -> Graph:
+def check_graph(graph: Graph, need_data: bool = True) -> Graph:
     """The graph as every command and the interpreter accept it: precisions inferred, which
     checks every op's element kinds and int32 bounds. A graph with an NNEF op that cvmc
-    checks only is returned as the frontend typed it (it cannot be compiled or run)."""
-    return infer_precision(graph) if all(lookup(n.op).compute for n in graph.nodes) \
-        else graph
+    checks only is returned as the frontend typed it (it cannot be compiled or run).
+    Without `need_data` (`cvmc check`: NNEF makes weight data optional, spec 5.1) weights
+    whose data is absent keep their declared types; precisions are left uninferred where
+    an integer one among them declares none (`missing_data`)."""
+    if not all(lookup(n.op).compute for n in graph.nodes):
+        return graph
+    if need_data:
+        return infer_precision(graph)
+    return infer_precision(graph, need_data=False) if missing_data(graph)[1] else graph
+
+
+def missing_data(graph: Graph) -> tuple[list[str], bool]:
+    """The weights whose data the model lacks, and whether precisions can be inferred
+    without it (every integer one among them declares its precision)."""
+    missing = [w for w in graph.weights() if w not in graph.constants]
+    return missing, all(not graph.types[w].is_integer or graph.types[w].precision is not None
+                        for w in missing)
 
 
 def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:

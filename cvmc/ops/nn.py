@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from cvmc.ops.common import INT32_MIN, bitlen, require
+from cvmc.ops.common import INT32_MIN, bitlen, check_window_fits, require
 from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, op
 
 _HI = MAX_ATTR - 1
@@ -157,12 +157,11 @@ def _check_conv_channels(ins, a) -> None:
 
 
 def _conv_out_size(axis: str, size: int, pad: int, k: int, dil: int, stride: int) -> int:
-    """Spec: floor((size + 2*pad - dil*(k-1) - 1) / stride) + 1, with the kernel inside."""
-    span = dil * (k - 1) + 1
-    require(span <= size + 2 * pad,
-            f"conv2d: dilated kernel {axis} {span} (K={k}, dilation={dil}) exceeds the padded "
-            f"input {axis} {size + 2 * pad} ({size} + 2*{pad})")
-    return (size + 2 * pad - span) // stride + 1
+    """Spec: floor((size + 2*pad - dil*(k-1) - 1) / stride) + 1, with the kernel inside.
+    The spec bounds padding, stride and dilation by max_attr (4096) and defines every
+    geometry inside those bounds, degenerate ones included: only the fit is checked."""
+    check_window_fits("conv2d", axis, size, k, dil, pad, pad)
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
 def _conv_out_hw(x_shape, w_shape, a) -> tuple[int, int]:

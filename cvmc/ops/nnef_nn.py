@@ -776,7 +776,11 @@ def _index_precision(ins, a) -> int:
     return (volume - 1).bit_length() + 1
 
 
+# Operations per output element: the reference interpreter bounds a node's work by them.
+for _name in ("box", "debox", "argmax_pool", "sample", "desample"):
+    lookup(_name).cost(lambda ins, outs, a: math.prod(a.size))  # window taps
 for _reverse, _name in ((False, "conv"), (True, "deconv")):
+    lookup(_name).cost(lambda ins, outs, a: math.prod(ins[1].shape[1:]))  # C/G x taps
     lookup(_name).reference(_conv_reference(_name, _reverse))
     lookup(_name).lower(_conv_lower(_name, _reverse))
 for _reverse, _name in ((False, "box"), (True, "debox")):

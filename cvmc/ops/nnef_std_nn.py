@@ -10,14 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cvmc.ops.common import require
+from cvmc.ops.common import MAX_WINDOW, check_window, require
 from cvmc.ops.nnef_std import BORDERS, Shape, check_positive, declare, fmt
 from cvmc.ops.registry import Attr, Attrs
 
 CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
-# Padding is bounded so that every window position (i * s + j * d - p) fits int32 in the
-# kernels: the shape relations then keep i * s and j * d below p + X + q <= 3 * 2^24.
-MAX_PADDING = 2**24
 
 
 def _down(op_name: str, extent: int, f: int, pad: tuple[int, int] | None, s: int,
@@ -45,8 +42,8 @@ def _per_dim(op_name: str, a: Attrs, n: int, what: str) -> list[tuple]:
         value = a[name]
         require(len(value) in (0, n), f"{op_name}: expected '{name}' of length {n} (one per "
                                       f"{what} dimension) or 0, found {len(value)}")
-    require(all(abs(e) <= MAX_PADDING for pair in a.padding for e in pair),
-            f"{op_name}: 'padding' items must be in [-{MAX_PADDING}, {MAX_PADDING}], found "
+    require(all(abs(e) <= MAX_WINDOW for pair in a.padding for e in pair),
+            f"{op_name}: 'padding' items must be in [-{MAX_WINDOW}, {MAX_WINDOW}], found "
             f"{list(a.padding)}")
     pads = a.padding or (None,) * n
     return list(zip(pads, a.stride or (1,) * n, a.dilation or (1,) * n))
@@ -58,8 +55,15 @@ def window(op_name: str, x: Sequence[int], size: Sequence[int], a: Attrs, what: 
     X for reverse ops (transposed), where any given `output_shape` already fixed X."""
     dims = _per_dim(op_name, a, len(x), what)
     if transposed:
-        return tuple(_up(e, f, *pd) for e, f, pd in zip(x, size, dims))
-    return tuple(_down(op_name, e, f, *pd) for e, f, pd in zip(x, size, dims))
+        out = tuple(_up(e, f, *pd) for e, f, pd in zip(x, size, dims))
+    else:
+        out = tuple(_down(op_name, e, f, *pd) for e, f, pd in zip(x, size, dims))
+    if min(out, default=1) >= 1:  # else check_positive names the empty extent
+        up, down = (out, x) if transposed else (x, out)
+        for k, dim in enumerate(window_dims(a, up, down, size)):
+            check_window(op_name, f"{what} axis {k}", dim.X, dim.f, dim.s, dim.d, dim.p,
+                         dim.q)
+    return out
 
 
 def reverse_window(op_name: str, x: Shape, size: Sequence[int], a: Attrs, what: str,

@@ -177,3 +177,54 @@ def test_printed_corpus_document_parses_back_equal(path, shuffle_op):
     g = load_nnef(path, None)
     again = parse_nnef(print_graph(g), "printed.nnef")
     assert again == g and again.labels == g.labels
+
+
+# Valid corpus documents published without their .dat files: NNEF makes the data optional
+# (spec 5.1), so `check` validates them with a warning (issue 22, item 10).
+WITHOUT_DATA = {
+    "khr_example_alexnet.nnef", "khr_example_googlenet.nnef", "khr_example_resnet.nnef",
+    "khr_op_batch_norm.nnef", "khr_op_conv1d.nnef", "khr_op_conv2d_nobias.nnef",
+    "khr_op_conv2d_padded.nnef", "khr_op_conv2d_strided.nnef", "khr_op_deconv2d.nnef",
+    "khr_op_linear.nnef", "khr_op_prelu.nnef", "khr_op_separable_conv2d.nnef",
+    "khr_parser_variable_update.nnef", "khr_sample_ext_custom_shuffle.nnef",
+}
+
+
+@requires_shared
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.name)
+def test_cli_check_accepts_every_valid_document(path, shuffle_op, capsys):
+    from cvmc.cli import main
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert ("weight data file" in err and "not found" in err) == (path.name in WITHOUT_DATA)
+    assert len(err.splitlines()) == (path.name in WITHOUT_DATA)  # one warning line
+
+
+_INT_WEIGHT = ("version 1.0;\ngraph G(x) -> (y) {\n"
+               "  x = external<integer>(shape = [2], precision = 8);\n"
+               "  w = variable<integer>(shape = [2], label = 'w');\n"
+               "  y = elemwise_add(x, w);\n}\n")
+
+
+@pytest.mark.parametrize("declared", ["", ", precision = 4"])
+def test_missing_data_is_a_warning_in_check_and_a_located_error_to_run(tmp_path, capsys,
+                                                                       declared):
+    from cvmc.cli import main
+    doc = tmp_path / "g.nnef"
+    doc.write_text(_INT_WEIGHT.replace("label = 'w'", f"label = 'w'{declared}"))
+    assert main(["check", str(doc)]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("warning: ") and "'w.dat'" in err and len(err.splitlines()) == 1
+    np.save(tmp_path / "x.npy", np.array([1, 2], np.int32))
+    assert main(["run", "--reference", str(doc), "--input", f"x={tmp_path / 'x.npy'}"]) == 1
+    err = capsys.readouterr().err
+    assert f"{doc}:4:7: error: weight 'w': its data file 'w.dat' was not found" in err
+
+
+def test_corrupt_data_stays_an_error_in_check(tmp_path, capsys):
+    from cvmc.cli import main
+    (tmp_path / "graph.nnef").write_text(_INT_WEIGHT)
+    (tmp_path / "w.dat").write_bytes(b"\x4e\xef" + bytes(20))  # a truncated header
+    assert main(["check", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert ":4:7: error:" in err and "w.dat" in err and len(err.splitlines()) <= 3

@@ -109,6 +109,20 @@ CASES = {
                                      "    x = external<integer>(shape = [2]);\n"
                                      "# expected-error: f: attribute 'gain' given as a "
                                      "positional argument\n    y = f(x, 2);\n}\n",
+    # Spec 3.3.2: no 'external' (nor 'variable') in a fragment, invoked or not, generic
+    # invocation ('external<scalar>') included (issue 22, item 11).
+    "external_in_fragment": "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
+                            "fragment f(a: tensor<scalar>) -> (b: tensor<scalar>)\n{\n"
+                            "    t = relu(a);\n"
+                            "# expected-error: operation 'external' is not allowed inside "
+                            "fragments\n    b = external<scalar>(shape = [2]);\n}\n"
+                            "graph G(x) -> (x) { x = external(shape = [2]); }\n",
+    "variable_in_fragment": "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
+                            "fragment f(a: tensor<integer>) -> (b: tensor<integer>)\n{\n"
+                            "# expected-error: operation 'variable' is not allowed inside "
+                            "fragments\n"
+                            "    b = variable < integer > (shape = [2], label = 'w');\n}\n"
+                            "graph G(x) -> (x) { x = external(shape = [2]); }\n",
     "no_outputs": "version 1.0;\n# expected-error: unexpected ')'; expected an identifier\n"
                   "graph G(x) -> ()\n{\n    x = external<integer>(shape = [2]);\n}\n",
 }

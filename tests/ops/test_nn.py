@@ -139,7 +139,7 @@ CONV_ERRORS = [
     ((1, 4, 5, 5), (2, 4, 3, 3), {"kernel_size": [3, 1]}, None,
      r"'kernel_size' is \[3, 1\] but weight kernel is \[3, 3\]"),
     ((1, 4, 5, 5), (2, 4, 3, 3), {"dilation": [3, 1]}, None,
-     r"dilated kernel height 7 \(K=3, dilation=3\) exceeds the padded input height 5"),
+     r"dilated kernel extent 7 \(K=3, dilation=3\) exceeds the padded input 5 \(5 \+ 0"),
     ((1, 4, 5, 5), (2, 4, 3, 3), {"layout": "NHWC"}, None, "'layout' must be 'NCHW'"),
     ((1, 4, 5, 5), (2, 4, 3, 3), {"stride": [0, 1]}, None,
      r"'stride' must be in \[1, 4095\], got 0"),

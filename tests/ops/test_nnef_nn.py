@@ -407,8 +407,8 @@ def _check(body: str, inputs: str = "x = external<scalar>(shape = [1, 1, 4]);"):
     ("y = box(x, size = [1, 1, 3], border = 'reflect', padding = [(0, 0), (0, 0), (4, 0)]);",
      ("border 'reflect' is defined for one reflection, but dimension 2 \\(extent 4\\) is read "
      "at indices -4..3, beyond the -3..6 that one reflection reaches")),
-    (("y = box(x, size = [1, 1, 3], border = 'reflect-even', "
-     "padding = [(0, 0), (0, 0), (0, 6)]);"), "read at indices 0..9, beyond the -4..7"),
+    (("y = box(x, size = [1, 1, 6], border = 'reflect-even', "
+     "padding = [(0, 0), (0, 0), (0, 5)]);"), "read at indices 0..8, beyond the -4..7"),
     ("y = multilinear_upsample(x, factor = [2], border = 'reflect');",
      "border 'reflect' needs spatial extents of at least 2"),
     ("y = box(x, size = [1, 1, 3], padding = [(0, 0), (0, 0), (16777217, 0)]);",
