@@ -84,3 +84,38 @@ def test_fusion_splits_a_long_elementwise_chain():
     assert [len(gr.nodes) for gr in groups] == [8, 8, 8, 8, 8, 1] and MAX_GROUP_NODES == 8
     assert [n.name for gr in groups for n in gr.nodes] == [n.name for n in g.nodes]
     assert all(gr.inputs == [groups[k - 1].outputs[-1]] for k, gr in enumerate(groups) if k)
+
+
+def test_identical_kernels_are_built_once(tmp_path):
+    """A chain cut into equal groups calls one function for all of them (each call with its
+    own buffers), and still computes what the reference does."""
+    import cvmc_runtime
+
+    from cvmc.codegen import compile_model
+    from cvmc.lowering.lower import lower_graph
+    from cvmc.ops.infer import infer_precision
+
+    g = infer_precision(parse_nnef(chain(40), "chain.nnef"))
+    mod, groups, plan = lower_graph(g)
+    symbols = [k["symbol"] for k in plan["kernels"]]
+    assert len(groups) == 6 and len(mod.functions) == 2
+    assert symbols[:5] == [symbols[0]] * 5 and symbols[5] != symbols[0]
+    assert len({tuple(k["args"]) for k in plan["kernels"]}) == 6
+    x = np.arange(-8, 8, dtype=np.int8).reshape(4, 4)
+    compile_model(g, tmp_path / "chain.cvmx")
+    got = cvmc_runtime.load(tmp_path / "chain.cvmx").run({"x": x})
+    assert np.array_equal(got["y"], reference_run(g, {"x": x})["y"])
+    assert np.array_equal(got["y"], np.maximum(x, 0))
+
+
+def _compile_seconds(tmp_path, n: int) -> float:
+    doc = tmp_path / f"chain{n}.nnef"
+    doc.write_text(chain(n))
+    start = time.perf_counter()
+    assert main(["compile", str(doc), "-o", str(tmp_path / f"chain{n}.cvmx")]) == 0
+    return time.perf_counter() - start
+
+
+@pytest.mark.slow
+def test_compile_of_a_20000_node_chain(tmp_path):
+    assert _compile_seconds(tmp_path, 20_000) < 120

@@ -61,7 +61,7 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
         graph = run_pipeline(graph, target=target)
     with progress.stage("lower", len(graph.nodes)):
         mod, groups, plan = lower_graph(graph, target)
-    with progress.stage(f"schedule + build ({target})", len(groups)) as stage:
+    with progress.stage(f"schedule + build ({target})", len(mod.functions)) as stage:
         built = build_llvm(mod, mcpu, stage.advance, plan) if target == "llvm" \
             else build_cuda(mod, arch, stage.advance, plan)
     plan.update(target=built.target, device="cpu" if target == "llvm" else "cuda")

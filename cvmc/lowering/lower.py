@@ -132,7 +132,8 @@ def nbytes(t: TensorType) -> int:
 def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
     """(IRModule of one PrimFunc per fused group, groups, execution plan dict).
 
-    Kernel symbols are `<prefix><index>_<ops>`.
+    Kernel symbols are `<prefix><index>_<ops>`; a kernel that computes what an earlier one
+    does, on buffers of the same shapes, calls that one's function (`share_identical`).
     For cuda, non-inlinable intermediate stages become scratch buffers the runtime allocates.
     """
     import tvm
@@ -157,7 +158,32 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
         kernel["args"] += [s["name"] for s in scratch[kernel["symbol"]]]
         plan["buffers"] += scratch[kernel["symbol"]]
     plan["arena"] = plan_arena(plan)
-    return tvm.IRModule(funcs), groups, plan
+    return tvm.IRModule(share_identical(funcs, plan)), groups, plan
+
+
+def share_identical(funcs: dict, plan: dict) -> dict:
+    """The functions to build: one for each set of structurally equal kernels (names aside),
+    whose calls in `plan` all take the first one's symbol, each with its own arguments. A
+    model of repeated blocks, or a long element-wise chain cut into equal groups, builds
+    each distinct kernel once."""
+    import tvm_ffi
+
+    kept: dict[str, object] = {}
+    by_hash: dict[int, list[str]] = {}
+    shared: dict[str, str] = {}
+    for symbol, func in funcs.items():
+        body = func.without_attr("global_symbol")
+        candidates = by_hash.setdefault(tvm_ffi.structural_hash(body), [])
+        same = next((s for s in candidates if tvm_ffi.structural_equal(
+            body, kept[s].without_attr("global_symbol"))), None)
+        if same is None:
+            kept[symbol] = func
+            candidates.append(symbol)
+        else:
+            shared[symbol] = same
+    for kernel in plan["kernels"]:
+        kernel["symbol"] = shared.get(kernel["symbol"], kernel["symbol"])
+    return kept
 
 
 def plan_arena(plan: dict) -> dict:

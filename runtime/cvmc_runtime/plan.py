@@ -93,7 +93,7 @@ def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
     if not isinstance(kernels, list):
         raise _fail("'kernels' must be a list")
     readonly = {s["name"] for key in ("inputs", "weights") for s in plan[key]}
-    written, called = set(readonly), set()
+    written = set(readonly)
     for k, kernel in enumerate(kernels):
         if not isinstance(kernel, Mapping) or not isinstance(kernel.get("symbol"), str) or \
                 not isinstance(kernel.get("args"), list):
@@ -106,10 +106,10 @@ def _check_kernels(plan: Mapping, tensors: Mapping) -> None:
         if type(count) is not int or not 0 <= count <= len(args):
             raise _fail(f"kernel '{symbol}': num_inputs must be an integer in "
                         f"0..{len(args)}, got {count!r:.20}")
-        if len(set(args)) < len(args) or symbol in called:
-            # A kernel reading and writing one tensor would alias its own buffers.
-            raise _fail(f"kernel '{symbol}' is called twice or names one tensor twice")
-        called.add(symbol)
+        if len(set(args)) < len(args):
+            # A kernel reading and writing one tensor would alias its own buffers. (A
+            # symbol may be called more than once: identical kernels share one function.)
+            raise _fail(f"kernel '{symbol}' names one tensor twice")
         _check_kernel_extras(symbol, kernel)
         unwritten = [a for a in args[:count] if a not in written]
         if unwritten:
