@@ -60,7 +60,7 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
     with progress.stage("passes"):
         graph = run_pipeline(graph, target=target)
     with progress.stage("lower", len(graph.nodes)):
-        mod, groups, plan = lower_graph(graph, target)
+        mod, _, plan = lower_graph(graph, target)
     with progress.stage(f"schedule + build ({target})", len(mod.functions)) as stage:
         built = build_llvm(mod, mcpu, stage.advance, plan) if target == "llvm" \
             else build_cuda(mod, arch, stage.advance, plan)
