@@ -1,13 +1,10 @@
 """Codegen: a checked graph -> fused kernels -> one compiled library -> a .cvmx artifact."""
 from __future__ import annotations
 
-import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
@@ -26,7 +23,7 @@ class CompileResult:
     seconds: float
 
 
-class _Quiet:
+class Quiet:
     """The progress interface compile_model reports to; this one prints nothing."""
 
     @contextmanager
@@ -55,7 +52,7 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
         from cvmc.codegen.build import check_cuda_arch
         check_cuda_arch(arch)
     writable_file(output, "artifact")  # before the work, not after it
-    progress = progress or _Quiet()
+    progress = progress or Quiet()
     start = time.perf_counter()
     with progress.stage("passes"):
         graph = run_pipeline(graph, target=target)
@@ -86,65 +83,3 @@ def writable_file(path: str | Path, what: str) -> Path:
     return path
 
 
-def _emit_paths(output: Path, kinds: list[str], target: str) -> dict[str, Path]:
-    """Where each `--emit` kind goes, beside the artifact; none may overwrite another."""
-    suffixes = {"tir": ".tir", "plan": ".plan.json", "source": ".ll" if target == "llvm"
-                else ".cu"}
-    paths = {kind: writable_file(output.with_suffix(suffixes[kind]), f"--emit {kind}")
-             for kind in dict.fromkeys(kinds)}
-    taken = {output.resolve(): "the artifact"}
-    for kind, path in paths.items():
-        if path.resolve() in taken:
-            raise CvmcError(f"--emit {kind} would write {path}, which is also "
-                            f"{taken[path.resolve()]}; choose an -o path with another suffix")
-        taken[path.resolve()] = f"--emit {kind}"
-    return paths
-
-
-def compile_cli(args, console) -> int:
-    """`cvmc compile`: load, run the passes, compile, write extras, print a summary."""
-    from cvmc_runtime import atomic_write_bytes
-
-    from cvmc.codegen.progress import RichProgress
-    from cvmc.frontend import load_checked
-    from cvmc.frontend.printer import graph_dumper
-    from cvmc.passes.pipeline import run_pipeline
-
-    output = writable_file(args.output, "-o")
-    emits = _emit_paths(output, args.emit, args.target)
-    if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
-        raise CvmcError(f"--dump-ir {args.dump_ir}: exists and is not a folder")
-    progress = RichProgress(console) if console.is_terminal else _Quiet()
-    with progress.stage("load"):
-        graph = load_checked(args.model, quant=args.quant, params=args.params)
-    if args.stop_after or args.dump_ir:
-        with progress.stage("passes"):
-            dump = graph_dumper(args.dump_ir) if args.dump_ir else None
-            graph = run_pipeline(graph, stop_after=args.stop_after, after_pass=dump,
-                                 target=args.target)
-    if args.stop_after:
-        console.print(f"stopped after pass '{args.stop_after}'")
-        return 0
-    result = compile_model(graph, output, args.target, args.mcpu, args.arch, progress)
-    extras = {"tir": result.tir, "plan": json.dumps(result.plan, indent=1),
-              "source": result.source}
-    for kind, path in emits.items():
-        atomic_write_bytes(path, extras[kind].encode())
-        console.print(f"wrote {path}")
-    _print_summary(console, output, result)
-    return 0
-
-
-def _print_summary(console, output: Path, result: CompileResult) -> None:
-    plan = result.plan
-    target = ", ".join(f"{k}={v}" for k, v in plan["target"].items() if k != "features")
-    console.print(f"compiled {output} ({target})")
-    ops = sum(len(k["ops"]) for k in plan["kernels"])
-    console.print(f"  kernels: {len(plan['kernels'])} for {ops} ops")
-    console.print(f"  weights: {plan['weight_bytes']} bytes in {len(plan['weights'])} tensors")
-    console.print(f"  peak activation memory: {plan['peak_activation_bytes']} bytes")
-    total = sum(int(np.prod(b["shape"])) * np.dtype(b["dtype"]).itemsize
-                for b in plan["buffers"])
-    console.print(f"  arena: {plan['arena']['bytes']} bytes for {total} bytes of "
-                  f"intermediate tensors ({len(plan['buffers'])}, reused by liveness)")
-    console.print(f"  compile time: {result.seconds:.2f} s")

@@ -1,0 +1,152 @@
+"""The `cvmc` command line. Argument parsing only: the work happens in the library.
+
+Every user mistake surfaces as a CvmcError (or the runtime's ModelError) and is printed
+as one clear message with exit code 1, never as a traceback.
+
+One module per command (`check`, `ops`, `run`, `bench`, `convert`, `compile`, `export`);
+`common` holds what they share.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import warnings
+
+from cvmc_runtime import ModelError
+
+from cvmc.cli.bench import cmd_bench
+from cvmc.cli.check import cmd_check
+from cvmc.cli.common import cuda_arch, positive, shape_arg
+from cvmc.cli.compile import cmd_compile
+from cvmc.cli.convert import cmd_convert
+from cvmc.cli.export import cmd_export
+from cvmc.cli.ops import cmd_ops
+from cvmc.cli.run import cmd_run
+from cvmc.errors import CvmcError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    p = argparse.ArgumentParser(prog="cvmc", description="Compiler for integer (CVM) "
+                                "neural networks. See README.md.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def model_args(sp, what="model: NNEF file, folder or tar(.gz), or CVM-Runtime JSON"):
+        sp.add_argument("model", help=what)
+        sp.add_argument("--quant", help="graph.quant file (default: the one beside the graph)")
+        sp.add_argument("--params", help="params file of a CVM-Runtime JSON model")
+
+    sp = sub.add_parser("check", help="parse and check a model; print every tensor's type")
+    model_args(sp)
+    sp.set_defaults(fn=cmd_check)
+
+    sp = sub.add_parser("ops", help="print the operator table")
+    sp.add_argument("--all", action="store_true",
+                    help="include NNEF standard ops that cvmc only shape-checks")
+    sp.set_defaults(fn=cmd_ops)
+
+    sp = sub.add_parser("run", help="run a .cvmx artifact, or a model with --reference")
+    model_args(sp, "a .cvmx artifact, or a model with --reference")
+    sp.add_argument("--reference", action="store_true",
+                    help="run the model on the NumPy reference interpreter")
+    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy")
+    sp.add_argument("--output-dir", help="write each output to DIR/<name>.npy")
+    sp.add_argument("--saturate", action="store_true",
+                    help="clip inputs into their declared precision instead of rejecting them")
+    sp.add_argument("--threads", type=positive, help="CPU threads (default: all cores)")
+    sp.set_defaults(fn=cmd_run)
+
+    sp = sub.add_parser("bench", help="time a .cvmx artifact, kernel by kernel and whole")
+    sp.add_argument("model", metavar="ARTIFACT", help="a .cvmx artifact")
+    sp.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                    help="input data (default: random values inside each input's precision)")
+    sp.add_argument("--threads", type=positive, help="CPU threads (default: all cores)")
+    sp.add_argument("--repeat", type=positive, default=50, help="timed rounds (default 50)")
+    sp.add_argument("--warmup", type=positive, default=5, help="untimed runs first (default 5)")
+    sp.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
+    sp.set_defaults(fn=cmd_bench)
+
+    input_shape = {"action": "append", "default": [], "type": shape_arg,
+                   "metavar": "NAME=D1,D2,...",
+                   "help": "static shape of an ONNX input with symbolic dimensions"}
+    sp = sub.add_parser("convert", help="convert an ONNX model to NNEF (Khronos NNEF-Tools), "
+                        "then check it")
+    sp.add_argument("model", metavar="MODEL.onnx", help="an ONNX model")
+    sp.add_argument("-o", "--output", required=True, metavar="DIR",
+                    help="the NNEF folder to write (graph.nnef + .dat files); must not exist "
+                         "or be empty")
+    sp.add_argument("--force", action="store_true",
+                    help="replace DIR if it holds a previous model (a graph.nnef)")
+    sp.add_argument("--input-shape", **input_shape)
+    sp.set_defaults(fn=cmd_convert)
+
+    sp = sub.add_parser("compile", help="compile a model to a .cvmx artifact (a MODEL.onnx "
+                        "is converted to NNEF first, as by `cvmc convert`)")
+    model_args(sp, "model: NNEF file, folder or tar(.gz), CVM-Runtime JSON, or MODEL.onnx")
+    sp.add_argument("--input-shape", **input_shape)
+    sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
+    sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
+    sp.add_argument("--arch", default="sm_80", type=cuda_arch,
+                    help="CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default sm_80)")
+    sp.add_argument("-o", "--output", required=True, help="artifact path (.cvmx)")
+    sp.add_argument("--emit", action="append", default=[], choices=["tir", "source", "plan"],
+                    help="also write OUTPUT.<kind> for inspection (repeatable)")
+    sp.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass to DIR")
+    sp.add_argument("--stop-after", metavar="PASS", help="stop the pass pipeline after PASS")
+    sp.set_defaults(fn=cmd_compile)
+
+    sp = sub.add_parser("export", help="export a model for CVM-Runtime")
+    model_args(sp)
+    sp.add_argument("--format", choices=["cvm"], default="cvm")
+    sp.add_argument("-o", "--output", required=True, help="output folder")
+    sp.set_defaults(fn=cmd_export)
+    return p
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings from the library (e.g. a CVM JSON without params): one line on stderr."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _terminate(signum, frame) -> None:
+    """SIGTERM: unwind like Ctrl-C, so temporary files are removed."""
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `cvmc` console script. Exit codes: 0 success, 1 error (one
+    message, never a traceback), 2 usage (argparse), 130 interrupted (SIGINT / SIGTERM)."""
+    args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return args.fn(args)
+    except CvmcError as e:
+        print(e.render(), file=sys.stderr)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("cvmc: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # a path the user named: missing folder, a folder for a file, ...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+    except UnicodeError as e:
+        print(f"error: cannot decode text ({e})", file=sys.stderr)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 1
+
+
+def entry() -> None:
+    """The `cvmc` command: exit with main's code. An interrupt exits with 130 at once (its
+    temporary files are already removed): at interpreter shutdown TVM's FFI may re-raise
+    the interrupt as SIGINT, which turned 130 into death by signal (-2)."""
+    code = main()
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)

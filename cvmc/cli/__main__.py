@@ -1,0 +1,4 @@
+"""`python -m cvmc.cli`: the `cvmc` command."""
+from cvmc.cli import entry
+
+entry()

@@ -1,0 +1,108 @@
+"""`cvmc compile`: a model (an ONNX one converted first) to a .cvmx artifact."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+from cvmc.cli.common import (
+    console,
+    input_shapes,
+    is_onnx,
+)
+from cvmc.codegen import CompileResult, Quiet, compile_model, writable_file
+from cvmc.errors import CvmcError
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compile a model (an ONNX one converted into a temporary NNEF folder first)."""
+    output = Path(args.output)
+    if output.exists() and Path(args.model).exists() and output.samefile(args.model):
+        raise CvmcError(f"-o {args.output}: is the model {args.model}, which the artifact "
+                        f"would replace; write it elsewhere")
+    if not is_onnx(args.model):
+        if args.input_shape:
+            raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")
+        return compile_checked_model(args)
+    if args.quant or args.params:
+        raise CvmcError("--quant/--params do not apply to ONNX models")
+    import tempfile
+
+    from cvmc.frontend.onnx_convert import convert_onnx
+    onnx_model = args.model
+    with tempfile.TemporaryDirectory(prefix="cvmc-onnx-") as tmp:
+        args.model = str(convert_onnx(onnx_model, Path(tmp) / "nnef",
+                                      input_shapes=input_shapes(args)))
+        try:
+            return compile_checked_model(args)
+        except CvmcError as e:
+            if e.span is not None and Path(e.span.file).is_relative_to(tmp):
+                e.message += (f" (in the NNEF that NNEF-Tools made of {onnx_model}; "
+                              f"`cvmc convert {onnx_model} -o DIR` keeps it)")
+            raise
+
+
+def compile_checked_model(args) -> int:
+    """`cvmc compile`: load, run the passes, compile, write extras, print a summary."""
+    from cvmc_runtime import atomic_write_bytes
+
+    from cvmc.codegen.progress import RichProgress
+    from cvmc.frontend import load_checked
+    from cvmc.frontend.printer import graph_dumper
+    from cvmc.passes.pipeline import run_pipeline
+
+    output = writable_file(args.output, "-o")
+    emits = _emit_paths(output, args.emit, args.target)
+    if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
+        raise CvmcError(f"--dump-ir {args.dump_ir}: exists and is not a folder")
+    progress = RichProgress(console) if console.is_terminal else Quiet()
+    with progress.stage("load"):
+        graph = load_checked(args.model, quant=args.quant, params=args.params)
+    if args.stop_after or args.dump_ir:
+        with progress.stage("passes"):
+            dump = graph_dumper(args.dump_ir) if args.dump_ir else None
+            graph = run_pipeline(graph, stop_after=args.stop_after, after_pass=dump,
+                                 target=args.target)
+    if args.stop_after:
+        console.print(f"stopped after pass '{args.stop_after}'")
+        return 0
+    result = compile_model(graph, output, args.target, args.mcpu, args.arch, progress)
+    extras = {"tir": result.tir, "plan": json.dumps(result.plan, indent=1),
+              "source": result.source}
+    for kind, path in emits.items():
+        atomic_write_bytes(path, extras[kind].encode())
+        console.print(f"wrote {path}")
+    _print_summary(output, result)
+    return 0
+
+
+def _emit_paths(output: Path, kinds: list[str], target: str) -> dict[str, Path]:
+    """Where each `--emit` kind goes, beside the artifact; none may overwrite another."""
+    suffixes = {"tir": ".tir", "plan": ".plan.json", "source": ".ll" if target == "llvm"
+                else ".cu"}
+    paths = {kind: writable_file(output.with_suffix(suffixes[kind]), f"--emit {kind}")
+             for kind in dict.fromkeys(kinds)}
+    taken = {output.resolve(): "the artifact"}
+    for kind, path in paths.items():
+        if path.resolve() in taken:
+            raise CvmcError(f"--emit {kind} would write {path}, which is also "
+                            f"{taken[path.resolve()]}; choose an -o path with another suffix")
+        taken[path.resolve()] = f"--emit {kind}"
+    return paths
+
+
+def _print_summary(output: Path, result: CompileResult) -> None:
+    plan = result.plan
+    target = ", ".join(f"{k}={v}" for k, v in plan["target"].items() if k != "features")
+    console.print(f"compiled {output} ({target})")
+    ops = sum(len(k["ops"]) for k in plan["kernels"])
+    console.print(f"  kernels: {len(plan['kernels'])} for {ops} ops")
+    console.print(f"  weights: {plan['weight_bytes']} bytes in {len(plan['weights'])} tensors")
+    console.print(f"  peak activation memory: {plan['peak_activation_bytes']} bytes")
+    total = sum(int(np.prod(b["shape"])) * np.dtype(b["dtype"]).itemsize
+                for b in plan["buffers"])
+    console.print(f"  arena: {plan['arena']['bytes']} bytes for {total} bytes of "
+                  f"intermediate tensors ({len(plan['buffers'])}, reused by liveness)")
+    console.print(f"  compile time: {result.seconds:.2f} s")

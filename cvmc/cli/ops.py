@@ -1,0 +1,29 @@
+"""`cvmc ops`: the operator table."""
+from __future__ import annotations
+
+import argparse
+
+from cvmc.cli.common import (
+    console,
+)
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    """Print the operator table: one block per op (readable at any terminal width)."""
+    from cvmc.ops import all_ops
+
+    for d in all_ops():
+        if not (d.compute or args.all):
+            continue
+        aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
+        console.print(f"[bold]{d.name}[/bold]{aliases}  op set {', '.join(d.seeds)}, "
+                      f"family {d.family}, fusion {d.fusion.value}")
+        console.print(f"    inputs:     {', '.join(d.inputs)}")
+        if d.attrs:
+            console.print(f"    attributes: {'; '.join(a.describe() for a in d.attrs)}")
+        if not d.integer_op:
+            console.print(f"    types:      {d.types}"
+                          f"{'' if d.compute else '  (check only: cannot compile yet)'}")
+        if d.precision_rule:  # CVM ops, and typed ops with integer results
+            console.print(f"    precision:  {d.precision_rule}")
+    return 0
