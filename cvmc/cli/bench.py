@@ -15,6 +15,7 @@ from cvmc.cli.common import (
     load_artifact,
     read_inputs,
 )
+from cvmc.ops.common import prec_max
 
 
 def _random_inputs(model) -> dict[str, np.ndarray]:
@@ -27,7 +28,7 @@ def _random_inputs(model) -> dict[str, np.ndarray]:
             return rng.standard_normal(s.shape).astype(np.float32)
         if s.dtype == "bool":
             return rng.integers(0, 2, s.shape).astype(bool)
-        bound = (1 << (s.precision - 1)) - 1
+        bound = prec_max(s.precision)
         return rng.integers(-bound, bound + 1, s.shape).astype(s.dtype)
 
     return {s.name: draw(s) for s in model.inputs}

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cvmc_runtime.signature import ModelError
+from cvmc_runtime.signature import ModelError, precision_bound
 
 INT_DTYPES = ("int8", "int32")  # CVM integers, with a precision
 DTYPES = (*INT_DTYPES, "float32", "bool")  # NNEF scalar and logical tensors: no precision
@@ -246,7 +246,7 @@ def check_weights(plan: Mapping, weights: Mapping[str, np.ndarray]) -> None:
             continue
         # The compiler proved int32 never overflows from the declared precisions: a weight
         # outside its precision would void that proof.
-        bound = (1 << (spec["precision"] - 1)) - 1
+        bound = precision_bound(spec["precision"])
         outside = np.flatnonzero((value > bound) | (value < -bound))
         if outside.size:
             index = [int(i) for i in np.unravel_index(outside[0], value.shape)]

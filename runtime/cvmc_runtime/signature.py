@@ -42,6 +42,12 @@ class TensorSpec:
                           None if p is None else int(p))
 
 
+def precision_bound(precision: int) -> int:
+    """Largest magnitude a tensor of `precision` bits holds: 2^(p-1) - 1 (the runtime's one
+    copy of the rule; cvmc's is `cvmc.ops.common.prec_max`)."""
+    return (1 << (precision - 1)) - 1
+
+
 def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.ndarray:
     """Validate one input array and return it converted to the spec's storage dtype."""
     try:
@@ -61,7 +67,7 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
         # gives them, on the runtime's path and the interpreter's alike, so no warning.
         with np.errstate(over="ignore"):
             return arr.astype(spec.dtype, copy=False)  # the runtime copies it into its buffer
-    bound = (1 << (spec.precision - 1)) - 1
+    bound = precision_bound(spec.precision)
     # Two reductions find whether anything is out of range (no temporary arrays: this runs
     # on every call); only then is the first offender located. The extremes are compared
     # as Python ints, and below in the input's own dtype (NumPy compares with Python ints
