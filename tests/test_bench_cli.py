@@ -45,3 +45,26 @@ def test_threads_option(artifact, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench", str(artifact), "--threads", "0"])
     assert e.value.code == 2
+
+
+def test_gops_counts_float_conv_and_matmul_multiply_adds():
+    """`arith_ops` (GOPS in bench) counts 2 per multiply-add for float convs and matmuls,
+    as for integer ones: conv 4 x 6 x 6 outputs of 3 x 3 x 3 taps; matmul 2 x 3 outputs of
+    K = 5 (A transposed)."""
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.lowering.lower import lower_graph
+    from cvmc.ops.infer import infer_precision
+
+    text = """version 1.0;
+graph G(x, f, a, b) -> (y, z) {
+  x = external<scalar>(shape = [1, 3, 8, 8]);
+  f = external<scalar>(shape = [4, 3, 3, 3]);
+  a = external<scalar>(shape = [5, 2]);
+  b = external<scalar>(shape = [5, 3]);
+  y = conv(x, f, padding = [(0, 0), (0, 0)]);
+  z = matmul(a, b, transposeA = true);
+}
+"""
+    _, _, plan = lower_graph(infer_precision(parse_nnef(text, "g.nnef")))
+    assert {k["ops"][0]: k["arith_ops"] for k in plan["kernels"]} == \
+        {"conv": 2 * 27 * 4 * 6 * 6, "matmul": 2 * 5 * 2 * 3}

@@ -212,18 +212,9 @@ def _spec(graph: Graph, name: str) -> dict:
 
 
 def arith_ops(node: Node, types: Mapping[str, TensorType]) -> int:
-    """Arithmetic operations of a node, for GOPS in `cvmc bench`: 2 per multiply-add of a
-    conv or dense (the convention of every GOPS figure), else 1 per output element."""
-    out = types[node.outputs[0]]
-    weight = types[node.inputs[1]].shape if len(node.inputs) > 1 else ()
-    if node.op in ("conv2d", "conv2d_packed"):
-        taps = weight[2] * weight[3]
-        data = types[node.inputs[0]].shape  # NCHW, or NCHW16c (conv2d_packed's data_layout)
-        channels = data[1] * (data[4] if len(data) == 5 else 1)
-        return 2 * out.size * channels // node.attrs.get("groups", 1) * taps
-    if node.op == "dense":
-        return 2 * out.size * weight[1]
-    return sum(types[o].size for o in node.outputs)
+    """Arithmetic operations of a node, for GOPS in `cvmc bench` (its op's `arith` rule)."""
+    return lookup(node.op).arith_ops([types[i] for i in node.inputs],
+                                     [types[o] for o in node.outputs], Attrs(node.attrs))
 
 
 def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dict:

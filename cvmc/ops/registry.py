@@ -27,7 +27,11 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
 - lower(xs, a) -> te.Tensor(s): TE compute over int32 inputs; the lowering casts the
   result to the storage dtype. Import TVM inside the rule (`cvmc.ops.te`),
   never at module level, so checking a graph never loads TVM.
-- cost(ins, outs, a) -> int: base operations per output element (default 1).
+- cost(ins, outs, a) -> int: base operations per output element (default 1), as
+  CVM-Runtime's gas counts them.
+- arith(ins, outs, a) -> int: arithmetic operations per element of the first output, for
+  GOPS (`cvmc bench`): 2 per multiply-add, the convention of every GOPS figure (default:
+  1 per output element).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
@@ -203,7 +207,7 @@ class Attrs(dict):
             raise AttributeError(name) from None
 
 
-_RULES = ("shape", "precision", "reference", "lower", "cost", "kind")
+_RULES = ("shape", "precision", "reference", "lower", "cost", "arith", "kind")
 
 
 class OpDef:
@@ -249,6 +253,7 @@ class OpDef:
     reference = _rule("reference")
     lower = _rule("lower")
     cost = _rule("cost")
+    arith = _rule("arith")
     kind = _rule("kind")
     del _rule
 
@@ -373,6 +378,14 @@ class OpDef:
         """Base operations per output element (CVM-Runtime's gas model)."""
         rule = self.rules.get("cost")
         return int(rule(list(ins), list(outs), a)) if rule else 1
+
+    def arith_ops(self, ins: Sequence[TensorType], outs: Sequence[TensorType],
+                  a: Attrs) -> int:
+        """Arithmetic operations of one node (see the `arith` rule)."""
+        rule = self.rules.get("arith")
+        if rule is None:
+            return sum(o.size for o in outs)
+        return int(rule(list(ins), list(outs), a)) * outs[0].size
 
     def missing_rules(self) -> list[str]:
         """Rules this entry still lacks."""
