@@ -168,22 +168,21 @@ def share_identical(funcs: dict, plan: dict) -> dict:
     each distinct kernel once."""
     import tvm_ffi
 
-    kept: dict[str, object] = {}
+    bodies: dict[str, object] = {}  # each kept function without its name
     by_hash: dict[int, list[str]] = {}
     shared: dict[str, str] = {}
     for symbol, func in funcs.items():
         body = func.without_attr("global_symbol")
         candidates = by_hash.setdefault(tvm_ffi.structural_hash(body), [])
-        same = next((s for s in candidates if tvm_ffi.structural_equal(
-            body, kept[s].without_attr("global_symbol"))), None)
+        same = next((s for s in candidates if tvm_ffi.structural_equal(body, bodies[s])), None)
         if same is None:
-            kept[symbol] = func
+            bodies[symbol] = body
             candidates.append(symbol)
         else:
             shared[symbol] = same
     for kernel in plan["kernels"]:
         kernel["symbol"] = shared.get(kernel["symbol"], kernel["symbol"])
-    return kept
+    return {symbol: funcs[symbol] for symbol in bodies}
 
 
 def plan_arena(plan: dict) -> dict:
