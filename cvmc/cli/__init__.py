@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output-dir", help="write each output to DIR/<name>.npy")
     sp.add_argument("--saturate", action="store_true",
                     help="clip inputs into their declared precision instead of rejecting them")
+    sp.add_argument("--dequantize", action="store_true",
+                    help="return the outputs of a quantized artifact as float32 reals "
+                         "(integer / scale)")
     sp.add_argument("--threads", type=positive, help="CPU threads (default: all cores)")
     sp.set_defaults(fn=cmd_run)
 
