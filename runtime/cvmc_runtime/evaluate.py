@@ -132,6 +132,8 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
     if workers is not None and (type(workers) is not int or workers < 1):
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     size = batch_size(load(path), data.shape)
+    if not len(data):
+        return np.zeros(0, np.int64)
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False, include_dashboard=False,
                  logging_level=logging.ERROR)
@@ -139,13 +141,14 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         logging.getLogger(logger).setLevel(logging.ERROR)
     if workers is None:
         workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    workers = min(workers, -(-len(data) // size))  # an actor without a batch only costs
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # predictions in the data's order
     context.enable_progress_bars = False
     # One block per piece (whole batches, a few per actor, so that every actor gets work).
     dataset = ray.data.from_numpy(_pieces(data, size, workers)).map_batches(
         RayPredictor, fn_constructor_kwargs={"artifact": Path(path).read_bytes()},
-        batch_size=size, batch_format="numpy", num_cpus=1, max_restarts=0,
+        batch_size=size, batch_format="numpy", num_cpus=1,
         compute=ray.data.ActorPoolStrategy(size=workers))
     parts = [b["prediction"] for b in dataset.iter_batches(batch_size=None,
                                                              batch_format="numpy")]
