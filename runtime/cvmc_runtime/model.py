@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cvmc_runtime import quant
 from cvmc_runtime.artifact import LIBRARY, read_artifact
 from cvmc_runtime.cpu import check_host_cpu
 from cvmc_runtime.library import check_library
 from cvmc_runtime.plan import tensor_bytes
+from cvmc_runtime.quant import dequantize as reals_of
+from cvmc_runtime.quant import quantize
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
 ALIGNMENT = 64  # AVX-512 kernels assume 64-byte aligned buffers and nothing checks it
@@ -114,7 +115,7 @@ class Model:
             self._call(index)
         outputs = {s.name: self._buf.download(s.name) for s in self.outputs}
         for spec in scaled if dequantize else ():
-            outputs[spec.name] = quant.dequantize(outputs[spec.name], spec.scale)
+            outputs[spec.name] = reals_of(outputs[spec.name], spec.scale)
         return outputs
 
     def _call(self, index: int) -> None:
@@ -171,7 +172,7 @@ def _quantize_feeds(specs: list[TensorSpec], feeds: object) -> object:
         except (ValueError, TypeError):  # ragged lists: check_inputs names it
             continue
         if value.dtype.kind == "f":
-            out[name] = quant.quantize(f"input '{name}'", value, spec.scale, spec.precision)
+            out[name] = quantize(f"input '{name}'", value, spec.scale, spec.precision)
     return out
 
 
