@@ -35,7 +35,7 @@ def batch_size(model: Model, samples: tuple[int, ...] | None = None) -> int:
         raise ModelError(f"evaluation needs the first output's first dimension to be the "
                          f"batch size: input '{spec.name}' is {list(spec.shape)}, output "
                          f"'{first.name}' is {list(first.shape)}")
-    if samples is not None and tuple(samples[1:]) != spec.shape[1:]:
+    if samples is not None and (not samples or tuple(samples[1:]) != spec.shape[1:]):
         raise ModelError(f"data of shape {list(samples)} does not hold samples of input "
                          f"'{spec.name}' {list(spec.shape)}: expected [N, "
                          f"{', '.join(str(d) for d in spec.shape[1:])}] (N samples, without "
@@ -86,12 +86,18 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
         return predict_batches(model, data)
     del model
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
     from multiprocessing import get_context
 
     # Spawn, not fork: a forked child of a process running OpenMP kernels may deadlock.
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
-                             initializer=_start_worker, initargs=(os.fspath(path),)) as pool:
-        return np.concatenate(list(pool.map(_worker_predict, _pieces(data, size, workers))))
+    try:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
+                                 initializer=_start_worker,
+                                 initargs=(os.fspath(path),)) as pool:
+            return np.concatenate(list(pool.map(_worker_predict,
+                                                _pieces(data, size, workers))))
+    except BrokenProcessPool as e:  # a worker killed (out of memory) or failing to start
+        raise ModelError(f"{path}: a worker process died ({e})") from None
 
 
 def _pieces(data: np.ndarray, size: int, workers: int) -> list[np.ndarray]:

@@ -72,11 +72,13 @@ def test_cli_top1_and_agreement(case, capsys):
     (["--data", "missing.npy", "--compare", "q.cvmx"], "--data: cannot read"),
     (["--data", "wide.npy", "--compare", "q.cvmx"],
      "data of shape [7, 5] does not hold samples of input 'x' [2, 4]: expected [N, 4]"),
+    (["--data", "scalar.npy", "--compare", "q.cvmx"], "data of shape [] does not hold"),
 ])
 def test_cli_errors(case, capsys, argv, message):
     d = case[0]
     np.save(d / "short.npy", np.zeros(3, np.int64))
     np.save(d / "wide.npy", np.zeros((N, 5), np.float32))
+    np.save(d / "scalar.npy", np.float32(1))
     data = [] if "--data" in argv else ["--data", str(d / "x.npy")]
     argv = [str(d / a) if a.endswith((".npy", ".cvmx")) else a for a in argv]
     capsys.readouterr()
