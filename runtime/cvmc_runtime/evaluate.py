@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -90,14 +93,32 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
     from multiprocessing import get_context
 
     # Spawn, not fork: a forked child of a process running OpenMP kernels may deadlock.
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
+                               initializer=_start_worker, initargs=(os.fspath(path),))
     try:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
-                                 initializer=_start_worker,
-                                 initargs=(os.fspath(path),)) as pool:
-            return np.concatenate(list(pool.map(_worker_predict,
-                                                _pieces(data, size, workers))))
+        with _workers_ignore_interrupts():
+            results = pool.map(_worker_predict, _pieces(data, size, workers))  # spawns them
+        return np.concatenate(list(results))
     except BrokenProcessPool as e:  # a worker killed (out of memory) or failing to start
         raise ModelError(f"{path}: a worker process died ({e})") from None
+    finally:
+        # On an error or an interrupt, pieces not yet started are dropped, not computed.
+        pool.shutdown(cancel_futures=True)
+
+
+@contextmanager
+def _workers_ignore_interrupts():
+    """SIGINT ignored while worker processes start, which inherit that through exec:
+    Ctrl-C reaches the whole process group, and the parent alone must handle it (stop the
+    pool, exit 130), not every worker with a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers, and only it gets SIGINT
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _pieces(data: np.ndarray, size: int, workers: int) -> list[np.ndarray]:
