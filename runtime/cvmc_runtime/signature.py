@@ -62,7 +62,8 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
     if arr.dtype.kind not in kinds:
         # Only an input with a recorded scale (a quantized artifact) takes reals; Model.run
         # quantizes them before they get here.
-        why = " (it has no scale to quantize reals with)" if arr.dtype.kind == "f" else ""
+        why = " (it has no scale to quantize reals with)" \
+            if arr.dtype.kind == "f" and spec.precision is not None else ""
         raise ModelError(f"input '{spec.name}': expected {what} array, got dtype "
                          f"{arr.dtype}{why}")
     if tuple(arr.shape) != spec.shape:
