@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--labels", metavar="Y.npy", help="N integer class indices")
     sp.add_argument("--compare", metavar="OTHER.cvmx",
                     help="a second artifact: the share of samples with the same top-1")
-    sp.add_argument("--workers", type=positive,
+    sp.add_argument("--workers", type=positive, metavar="N",
                     help="processes (with --ray: actors), one model and one thread each "
                          "(default: one per CPU)")
     sp.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
