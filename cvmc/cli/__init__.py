@@ -3,8 +3,8 @@
 Every user mistake surfaces as a CvmcError (or the runtime's ModelError) and is printed
 as one clear message with exit code 1, never as a traceback.
 
-One module per command (`check`, `ops`, `run`, `bench`, `convert`, `compile`, `export`);
-`common` holds what they share.
+One module per command (`check`, `ops`, `run`, `bench`, `eval`, `convert`, `compile`,
+`export`); `common` holds what they share.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from cvmc.cli.check import cmd_check
 from cvmc.cli.common import cuda_arch, positive, shape_arg
 from cvmc.cli.compile import cmd_compile
 from cvmc.cli.convert import cmd_convert
+from cvmc.cli.eval import cmd_eval
 from cvmc.cli.export import cmd_export
 from cvmc.cli.ops import cmd_ops
 from cvmc.cli.run import cmd_run
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output-dir", help="write each output to DIR/<name>.npy")
     sp.add_argument("--saturate", action="store_true",
                     help="clip inputs into their declared precision instead of rejecting them")
+    sp.add_argument("--dequantize", action="store_true",
+                    help="return the outputs of a quantized artifact as float32 reals "
+                         "(integer / scale)")
     sp.add_argument("--threads", type=positive, help="CPU threads (default: all cores)")
     sp.set_defaults(fn=cmd_run)
 
@@ -67,6 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--warmup", type=positive, default=5, help="untimed runs first (default 5)")
     sp.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     sp.set_defaults(fn=cmd_bench)
+
+    sp = sub.add_parser("eval", help="top-1 accuracy of a .cvmx artifact over a dataset, and "
+                        "agreement with another artifact")
+    sp.add_argument("model", metavar="ARTIFACT", help="a .cvmx artifact with one input")
+    sp.add_argument("--data", required=True, metavar="X.npy",
+                    help="N samples of the input without the batch dimension: [N, ...]; "
+                         "floats for a quantized artifact are quantized by its scale")
+    sp.add_argument("--labels", metavar="Y.npy", help="N integer class indices")
+    sp.add_argument("--compare", metavar="OTHER.cvmx",
+                    help="a second artifact: the share of samples with the same top-1")
+    sp.add_argument("--workers", type=positive, metavar="N",
+                    help="processes (with --ray: actors), one model and one thread each "
+                         "(default: one per CPU)")
+    sp.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                    help="run on Ray Data (the cluster at ADDRESS, else a local one); "
+                         "needs the extra cvmc[ray]")
+    sp.set_defaults(fn=cmd_eval)
 
     input_shape = {"action": "append", "default": [], "type": shape_arg,
                    "metavar": "NAME=D1,D2,...",
