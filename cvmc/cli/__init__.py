@@ -3,7 +3,8 @@
 Every user mistake surfaces as a CvmcError (or the runtime's ModelError) and is printed
 as one clear message with exit code 1, never as a traceback.
 
-One module per command (`check`, `ops`, `run`, `bench`, `convert`, `compile`, `export`);
+One module per command (`check`, `ops`, `run`, `bench`, `convert`, `compile`, `export`,
+`quantize`);
 `common` holds what they share.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from cvmc.cli.compile import cmd_compile
 from cvmc.cli.convert import cmd_convert
 from cvmc.cli.export import cmd_export
 from cvmc.cli.ops import cmd_ops
+from cvmc.cli.quantize import add_parser as add_quantize_parser
 from cvmc.cli.run import cmd_run
 from cvmc.errors import CvmcError
 
@@ -102,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["cvm"], default="cvm")
     sp.add_argument("-o", "--output", required=True, help="output folder")
     sp.set_defaults(fn=cmd_export)
+
+    add_quantize_parser(sub, input_shape)
     return p
 
 
