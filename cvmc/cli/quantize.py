@@ -10,7 +10,7 @@ from pathlib import Path
 from cvmc_runtime import atomic_write_bytes
 from rich.table import Table
 
-from cvmc.cli.common import console, input_shapes, is_onnx, load_npy
+from cvmc.cli.common import console, input_shapes, is_onnx, load_npy, positive
 from cvmc.errors import CvmcError
 
 
@@ -110,7 +110,7 @@ def add_parser(sub, input_shape: dict) -> None:
     sp.add_argument("--bits", type=int, default=8, help="activation bits, 2..8 (default 8)")
     sp.add_argument("--output-bits", type=int, default=8,
                     help="bits of the model's outputs, 2..16 (default 8)")
-    sp.add_argument("--samples", type=int, metavar="N",
+    sp.add_argument("--samples", type=positive, metavar="N",
                     help="use at most the first N calibration samples (default: all)")
     sp.add_argument("--report", action="store_true",
                     help="print each layer's SQNR and max error against the float model")

@@ -131,8 +131,8 @@ def apply_elementwise(layers: Layers, node: Node, x: np.ndarray) -> np.ndarray:
 
 def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
     """(a, b) per channel (axis 1) when the layer computes a * x + b of its one activation
-    x, with every other input a weight; else None. Found by evaluating the layer at 0, 1
-    and 2 (two points fix an affine map, the third checks it is one)."""
+    x, with every other input a weight; else None. Found by evaluating the layer at 0 and 1
+    (two points fix an affine map) and checked at -3.5 and 2 (relu is not affine)."""
     g = layers.graph
     acts = layers.activations_of(node)
     if len(acts) != 1 or g.types[acts[0]].shape != g.types[node.name].shape \
@@ -145,9 +145,9 @@ def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
         env[acts[0]] = np.full(shape, v, np.float32)
         run_layer(layers, node, env)
         return env[node.name].astype(np.float64)
-    f0, f1, f2 = at(0.0), at(1.0), at(2.0)
+    f0, f1 = at(0.0), at(1.0)
     a, b = f1 - f0, f0
-    if not np.allclose(f2, 2 * a + b, rtol=1e-4, atol=1e-6):
+    if not all(np.allclose(at(v), v * a + b, rtol=1e-4, atol=1e-6) for v in (-3.5, 2.0)):
         return None
     per_channel = [np.moveaxis(v, 1, 0).reshape(shape[1], -1) for v in (a, b)]
     if not all(np.allclose(v, v[:, :1], rtol=1e-6, atol=1e-7) for v in per_channel):

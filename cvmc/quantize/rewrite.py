@@ -129,21 +129,33 @@ class Rewriter:
         self.finish(node, QTensor(y, acc_scale.reshape(shape) if ws.size > 1
                                   else float(acc_scale[0])))
 
+    def padding(self, node: Node, pads, window, strides, dilation) -> list[int]:
+        """Symmetric per-side padding of the spatial axes (NNEF's [] is automatic: the
+        output shape's total, the smaller half first), or the unsupported error."""
+        ins = self.g.types[node.inputs[0]].shape[-len(window):]
+        outs = self.g.types[node.name].shape[-len(window):]
+        if not pads:
+            total = [max(0, (o - 1) * s + (k - 1) * d + 1 - i)
+                     for i, o, k, s, d in zip(ins, outs, window, strides, dilation)]
+            pads = [(t // 2, t - t // 2) for t in total]
+        pads = list(pads)[-len(window):]
+        if any(p != q for p, q in pads):
+            raise unsupported(node, f"padding {pads}: CVM pads both sides of an axis alike")
+        return [p for p, _ in pads]
+
     def conv(self, node: Node) -> None:
-        """NNEF conv -> conv2d (symmetric explicit padding)."""
+        """NNEF conv -> conv2d (zero padding, the same on both sides)."""
         a = node.attrs
-        pads = a["padding"]
         if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
             raise unsupported(node, "the filter must be a weight")
-        if not pads or any(p != q for p, q in pads) or a.get("border") not in (
-                "constant", None) and any(p for p, _ in pads):
-            raise unsupported(node, f"padding {pads} with border {a.get('border')!r}: "
-                                    f"only symmetric explicit zero padding maps to conv2d")
         w = self.g.constants[node.inputs[1]]
+        stride, dilation = list(a["stride"]) or [1, 1], list(a["dilation"]) or [1, 1]
+        padding = self.padding(node, a["padding"], w.shape[2:], stride, dilation)
+        if any(padding) and a.get("border") not in ("constant", None):
+            raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
         bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
         groups = a.get("groups", 1) or self.g.types[node.inputs[0]].shape[1]
-        attrs = {"padding": [p for p, _ in pads], "stride": list(a["stride"]) or [1, 1],
-                     "dilation": list(a["dilation"]) or [1, 1], "groups": groups}
+        attrs = {"padding": padding, "stride": stride, "dilation": dilation, "groups": groups}
         self.linear_layer(node, node.inputs[0], w, bias,
                           lambda *args: self.b.conv2d(*args, **attrs))
 
@@ -206,17 +218,21 @@ class Rewriter:
     def pool_geometry(self, node: Node, attrs) -> tuple[list[int], list[int], list[int]]:
         """(window, strides, padding) of a 2-D NCHW pool, or the unsupported error."""
         size, stride = list(attrs["size"]), list(attrs["stride"]) or [1] * 4
-        pads, dil = list(attrs["padding"]) or [(0, 0)] * 4, list(attrs["dilation"]) or [1] * 4
+        dil = list(attrs["dilation"]) or [1] * 4
         if len(size) != 4 or size[:2] != [1, 1] or stride[:2] != [1, 1] or set(dil) != {1} \
-                or pads[:2] != [(0, 0), (0, 0)] or any(p != q for p, q in pads[2:]):
-            raise unsupported(node, "only 2-D NCHW windows with symmetric padding map to CVM")
-        return size[2:], stride[2:], [p for p, _ in pads[2:]]
+                or any(p for pair in list(attrs["padding"])[:2] for p in pair):
+            raise unsupported(node, "only 2-D NCHW windows map to CVM pools")
+        return size[2:], stride[2:], self.padding(node, attrs["padding"], size[2:],
+                                                  stride[2:], dil[2:])
 
     def avg_pool(self, node: Node) -> None:
         """box (normalized: average pool) -> depthwise conv2d with unit weights, divided
         in the requantization by each position's tap count."""
         x = node.inputs[0]
         window, strides, padding = self.pool_geometry(node, node.attrs)
+        if any(padding) and node.attrs.get("border") not in ("ignore", "constant"):
+            raise unsupported(node, f"border {node.attrs.get('border')!r}: only 'constant' "
+                                    f"(zeros) and 'ignore' average pools map to CVM")
         xq = self.at_bits(x, 8)
         channels = self.g.types[x].shape[1]
         ones = self.b.constant(np.ones((channels, 1, *window), np.int32))
@@ -245,6 +261,9 @@ class Rewriter:
         """max_pool (argmax_pool + sample) -> max_pool2d."""
         pool = next(n for n in self.layers.bodies[node.name] if n.op == "argmax_pool")
         window, strides, padding = self.pool_geometry(node, pool.attrs)
+        if any(padding) and pool.attrs.get("border") not in ("ignore", "-infinity"):
+            raise unsupported(node, f"border {pool.attrs.get('border')!r}: max_pool2d's "
+                                    f"padding takes no part ('ignore')")
         t = self.values[node.inputs[0]]
         y = self.b.max_pool2d(t.var, pool_size=window, strides=strides, padding=padding)
         self.values[node.name] = QTensor(y, t.scale)
@@ -258,7 +277,7 @@ class Rewriter:
             y = self.b.nnef_transpose(t.var, axes=axes + list(range(len(axes), rank)))
         elif node.op == "debox":
             factor = set(node.attrs["size"][2:]) | set(node.attrs["stride"][2:])
-            if len(factor) != 1 or node.attrs["size"][:2] != [1, 1] or any(
+            if len(factor) != 1 or list(node.attrs["size"])[:2] != [1, 1] or any(
                     p for pair in node.attrs["padding"] for p in pair):
                 raise unsupported(node, "only equal nearest-neighbour factors map to "
                                         "upsampling")
