@@ -20,6 +20,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs, Fusion
+from cvmc.passes.simplify import fold_constants
 from cvmc.reference import evaluate, stored
 
 _CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
@@ -59,7 +60,9 @@ def _call_name(node: Node, lines: dict[str, list[str]]) -> str | None:
 
 
 def group_layers(graph: Graph) -> Layers:
-    """Fold each run of primitives expanded from one fragment call into a layer node."""
+    """Fold each run of primitives expanded from one fragment call into a layer node (after
+    evaluating what depends on weights only: a reshaped weight, BatchNorm's sqrt(var + eps))."""
+    graph = fold_constants(graph)
     runs: list[list[Node]] = []
     for node in graph.nodes:
         if runs and node.span is not None and runs[-1][-1].span == node.span:
