@@ -158,39 +158,71 @@ def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
     return per_channel[0][:, 0], per_channel[1][:, 0]
 
 
+def _linear_parts(layers: Layers, node: Node):
+    """(x, weight with output channels first, bias per channel) of a conv, of a matmul by
+    a weight, or of a linear layer (matmul then add of a weight); else None."""
+    g = layers.graph
+    body = layers.bodies.get(node.name, [node])
+    ops = [n.op for n in body]
+    if ops == ["conv"] and all(i in g.constants for i in node.inputs[1:]):
+        w = g.constants[node.inputs[1]].astype(np.float64)
+        bias = g.constants[node.inputs[2]] if len(node.inputs) > 2 else np.zeros(w.shape[0])
+    elif ops in (["matmul"], ["matmul", "add"]) and body[0].inputs[1] in g.constants \
+            and not body[0].attrs.get("transposeA"):
+        w = g.constants[body[0].inputs[1]].astype(np.float64)
+        w = w if body[0].attrs.get("transposeB") else w.T
+        consts = [i for i in body[-1].inputs if i in g.constants] if len(body) == 2 else []
+        if len(body) == 2 and len(consts) != 1:
+            return None
+        bias = g.constants[consts[0]] if consts else np.zeros(w.shape[0])
+    else:
+        return None
+    bias = np.broadcast_to(np.asarray(bias, np.float64).reshape(-1), (w.shape[0],))
+    return body[0].inputs[0], w, bias
+
+
 def fold_batch_norm(layers: Layers) -> Layers:
     """A per-channel affine layer (BatchNorm, or mul / add by per-channel weights) right
-    after a conv that nothing else reads is folded into the conv's weights and bias."""
+    after a conv, matmul or linear layer that nothing else reads is folded into its
+    weights and bias (repeatedly: conv, BatchNorm, mul, add become one conv)."""
     g = layers.graph
-    producers, consumers = g.producers(), g.consumers()
+    consumers = g.consumers()
     graph, bodies = g.replace(), dict(layers.bodies)
-    nodes, dropped = list(g.nodes), []
+    producers: dict[str, Node] = {}
+    nodes: list[Node] = []
     for node in g.nodes:
         acts = layers.activations_of(node)
-        conv = producers.get(acts[0]) if len(acts) == 1 else None
-        if conv is None or conv.op != "conv" or len(consumers[conv.name]) != 1 \
-                or conv.name in g.outputs or any(i not in g.constants for i in conv.inputs[1:]):
-            continue
-        affine = _affine(layers, node)
+        prev = producers.get(acts[0]) if len(acts) == 1 else None
+        parts = _linear_parts(Layers(graph, bodies), prev) if prev is not None else None
+        affine = None
+        if parts is not None and len(consumers[prev.name]) == 1 and prev.name not in g.outputs:
+            affine = _affine(layers, node)
         if affine is None:
+            nodes.append(node)
+            producers.update((o, node) for o in node.outputs)
             continue
-        a, b = affine
-        w = g.constants[conv.inputs[1]].astype(np.float64)
-        bias = (g.constants[conv.inputs[2]].astype(np.float64).reshape(-1)
-                if len(conv.inputs) > 2 else np.zeros(w.shape[0]))
-        bias = np.broadcast_to(bias, (w.shape[0],))
-        w_name, b_name = f"{node.name}_folded_filter", f"{node.name}_folded_bias"
+        (a, b), (x, w, bias) = affine, parts
+        w_name, b_name = f"{node.name}_folded_weight", f"{node.name}_folded_bias"
         graph.constants[w_name] = (w * a.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
         graph.constants[b_name] = (bias * a + b).astype(np.float32).reshape(1, -1)
         graph.types[w_name] = TensorType(w.shape, "float32")
         graph.types[b_name] = TensorType((1, w.shape[0]), "float32")
-        folded = Node("conv", (conv.inputs[0], w_name, b_name), node.outputs, conv.attrs,
-                      conv.span)
-        nodes[nodes.index(conv)] = folded
-        dropped.append(node)
-        bodies.pop(node.name, None)
-    graph.nodes = [n for n in nodes if not any(n is d for d in dropped)]
-    graph.kernels = []
+        if prev.op == "conv":
+            folded = Node("conv", (x, w_name, b_name), node.outputs, prev.attrs, prev.span)
+        else:  # a linear layer: matmul by the (output, input) weight, then the bias
+            product = f"{node.name}__product"
+            graph.types[product] = graph.types[node.name]
+            folded = Node("linear", (x, w_name, b_name), node.outputs, {}, prev.span)
+            bodies[node.name] = [
+                Node("matmul", (x, w_name), (product,), {"transposeA": False,
+                                                         "transposeB": True}, prev.span),
+                Node("add", (product, b_name), node.outputs, {}, prev.span)]
+        nodes[nodes.index(prev)] = folded
+        bodies.pop(prev.name, None)
+        if folded.op == "conv":
+            bodies.pop(node.name, None)
+        producers.update((o, folded) for o in node.outputs)
+    graph.nodes, graph.kernels = nodes, []
     used = {i for n in graph.nodes for i in n.inputs}
     for w in list(graph.constants):
         if w not in used:

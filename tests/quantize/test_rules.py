@@ -101,6 +101,19 @@ def test_linear(tmp_path):
     assert np.abs(got - want).max() <= bound
 
 
+def test_matmul_then_bias_add_becomes_one_dense(tmp_path):
+    w, b = RNG.standard_normal((12, 5)) * 0.3, RNG.standard_normal((1, 5))
+    g = _model(tmp_path, "    m = matmul(x, w);\n    y = add(m, b);", {"x": (2, 12)},
+               {"w": w, "b": b})
+    xs = RNG.standard_normal((8, 2, 12)).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    assert next(n.op for n in q.graph.nodes) == "dense" and "m" not in q.graph.types
+    sx, sy, sw = _sx(q), _sy(q), 127 / np.abs(w).max()
+    bound = (0.5 / sx * np.abs(w).sum(0).max() + 0.5 / sw * 12 * np.abs(xs).max()
+             + 12 * 0.25 / (sx * sw) + 0.5 / (sx * sw) + 1 / sy)
+    assert np.abs(got - want).max() <= bound
+
+
 def test_residual_add_of_differently_scaled_inputs(tmp_path):
     g = _model(tmp_path, "    y = add(x, z);", {"x": (1, 3, 4, 4), "z": (1, 3, 4, 4)}, {})
     xs = RNG.standard_normal((8, 1, 3, 4, 4)).astype(np.float32)
@@ -172,13 +185,15 @@ def test_softmax(tmp_path):
 def test_batch_norm_is_folded_into_the_conv(tmp_path):
     w = RNG.standard_normal((3, 2, 3, 3))
     stats = {n: RNG.random((1, 3)) + 0.5 for n in ("mean", "var", "off", "scl")}
+    s, o = RNG.random((1, 3, 1, 1)) + 0.5, RNG.standard_normal((1, 3, 1, 1))
     g = _model(tmp_path, "    c = conv(x, w);\n"
-               "    y = batch_normalization(c, mean, var, off, scl, epsilon = 0.001);",
-               {"x": (1, 2, 5, 5)}, {"w": w, **stats})
+               "    n = batch_normalization(c, mean, var, off, scl, epsilon = 0.001);\n"
+               "    m = mul(n, s);\n    y = add(m, o);",
+               {"x": (1, 2, 5, 5)}, {"w": w, "s": s, "o": o, **stats})
     xs = RNG.standard_normal((4, 1, 2, 5, 5)).astype(np.float32)
     want, got, q = _compare(g, {"x": xs})
-    assert next(n.op for n in q.graph.nodes) == "conv2d"
-    assert "c" not in q.graph.types  # no tensor of the unfolded conv is left
+    assert [n.op for n in q.graph.nodes][:2] == ["conv2d", "cvm_clip"]
+    assert not {"c", "n", "m"} & set(q.graph.types)  # one conv, then its requantization
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
 
 
