@@ -1,8 +1,8 @@
 """`cvmc quantize`: a float model to a deterministic CVM integer model (docs/quantize.md).
 
 The passes, in order (each one's graph is what `--dump-ir` writes):
-group-layers (compound fragments back to layers), fold-batch-norm, then calibration on the
-float layers, then quantize (integer CVM ops, `rewrite.py`), then infer-precision (the
+group-layers (compound fragments back to layers), fold-batch-norm, fuse-elementwise, then
+calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`), then infer-precision (the
 proof that int32 never overflows).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 from cvmc.ir import Graph
 from cvmc.ops.infer import check_graph
 from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
-from cvmc.quantize.layers import Layers, fold_batch_norm, group_layers
+from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
 from cvmc.quantize.rewrite import Options, Rewriter
 
 __all__ = ["METHODS", "Options", "Quantized", "quantize_graph"]
@@ -26,7 +26,8 @@ class Quantized:
     """The integer graph, the float layers it came from, and the scales that join them."""
 
     graph: Graph
-    layers: Layers
+    source: Layers  # the float model's layers as written (the report compares with them)
+    layers: Layers  # after the float rewrites: what was calibrated and quantized
     scales: dict[str, float]  # float value name -> scale of the integer value of that name
     inputs: dict[str, tuple[float, int]]  # input -> (scale, precision)
 
@@ -44,16 +45,18 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray], options: Option
     def dump(index: int, name: str, g: Graph) -> None:
         if after_pass is not None:
             after_pass(index, name, g)
-    layers = group_layers(graph)
-    dump(0, "group-layers", layers.graph)
-    check_samples(layers, samples)
-    layers = fold_batch_norm(layers)
+    source = group_layers(graph)
+    dump(0, "group-layers", source.graph)
+    check_samples(source, samples)
+    layers = fold_batch_norm(source)
     dump(1, "fold-batch-norm", layers.graph)
+    layers = fuse_elementwise(layers)
+    dump(2, "fuse-elementwise", layers.graph)
     count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
     stats = calibrate(layers, samples, count)
     thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
     int_graph, scales, inputs = Rewriter(layers, thresholds, options).run()
-    dump(2, "quantize", int_graph)
+    dump(3, "quantize", int_graph)
     int_graph = check_graph(int_graph, True)
-    dump(3, "infer-precision", int_graph)
-    return Quantized(int_graph, layers, scales, inputs)
+    dump(4, "infer-precision", int_graph)
+    return Quantized(int_graph, source, layers, scales, inputs)

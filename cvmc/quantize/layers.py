@@ -6,7 +6,8 @@ the call's source position. `group_layers` folds each such run back into one *la
 node named after the fragment (read at that position), keeping its primitives as the
 layer's body, so that the quantizer's rules see `sigmoid` rather than neg/exp/add/div.
 `fold_batch_norm` then folds a per-channel affine layer (BatchNorm) into the conv before
-it. Both are Graph -> Graph passes; `--dump-ir` prints the graphs between them.
+it, and `fuse_elementwise` makes one layer of element-wise layers that compute from one
+tensor. Each is a Graph -> Graph pass; `--dump-ir` prints the graphs between them.
 """
 from __future__ import annotations
 
@@ -135,7 +136,8 @@ def apply_elementwise(layers: Layers, node: Node, x: np.ndarray) -> np.ndarray:
 def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
     """(a, b) per channel (axis 1) when the layer computes a * x + b of its one activation
     x, with every other input a weight; else None. Found by evaluating the layer at 0 and 1
-    (two points fix an affine map) and checked at -3.5 and 2 (relu is not affine)."""
+    (two points fix an affine map) and checked at -3.5 and 2 (relu is not affine) and at
+    random values."""
     g = layers.graph
     acts = layers.activations_of(node)
     if len(acts) != 1 or g.types[acts[0]].shape != g.types[node.name].shape \
@@ -154,6 +156,12 @@ def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     per_channel = [np.moveaxis(v, 1, 0).reshape(shape[1], -1) for v in (a, b)]
     if not all(np.allclose(v, v[:, :1], rtol=1e-6, atol=1e-7) for v in per_channel):
+        return None
+    # and at a tensor of differing values (softmax maps every constant tensor to one value)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    env[acts[0]] = x
+    run_layer(layers, node, env)
+    if not np.allclose(env[node.name], x * a + b, rtol=1e-4, atol=1e-5):
         return None
     return per_channel[0][:, 0], per_channel[1][:, 0]
 
@@ -229,6 +237,55 @@ def fold_batch_norm(layers: Layers) -> Layers:
             del graph.constants[w]
             graph.labels.pop(w, None)
     return Layers(graph, bodies)
+
+
+def _pointwise(layers: Layers, node: Node) -> bool:
+    """Element-wise primitives only, weights that are scalars, activations of the output's
+    shape: each output element is a function of the same elements of the activations."""
+    g = layers.graph
+    acts = layers.activations_of(node)
+    if not acts or any(g.types[a].shape != g.types[node.name].shape for a in acts):
+        return False
+    for n in layers.bodies.get(node.name, [node]):
+        opdef = lookup(n.op)
+        if opdef is None or opdef.fusion not in (Fusion.ELEMWISE, Fusion.BROADCAST) or any(
+                i in g.constants and g.constants[i].size != 1 for i in n.inputs):
+            return False
+    return True
+
+
+def fuse_elementwise(layers: Layers) -> Layers:
+    """Element-wise layers that all compute from one activation x (hardswish's
+    x * clamp(x + 3, 0, 6) / 6, swish's x * sigmoid(x)), and whose intermediate values
+    nothing else reads, become one layer: one real function of x, one lookup table."""
+    g = layers.graph
+    consumers = g.consumers()
+    root: dict[str, str] = {}
+    for node in g.nodes:
+        if _pointwise(layers, node):
+            roots = {root.get(a, a) for a in layers.activations_of(node)}
+            if len(roots) == 1:
+                root[node.name] = roots.pop()
+    regions: dict[str, list[Node]] = {}
+    for node in g.nodes:
+        if node.name in root:
+            regions.setdefault(root[node.name], []).append(node)
+    bodies, merged = dict(layers.bodies), {}
+    for x, members in regions.items():
+        names = {m.name for m in members}
+        exits = [m for m in members if m.name in g.outputs
+                 or any(c.name not in names for c in consumers.get(m.name, []))]
+        if len(members) < 2 or exits != [members[-1]]:
+            continue
+        last = members[-1]
+        merged.update((m.name, None) for m in members[:-1])
+        merged[last.name] = Node("+".join(m.op for m in members), (x,), last.outputs, {},
+                                 last.span)
+        bodies[last.name] = [n for m in members for n in bodies.pop(m.name, [m])]
+    if not merged:
+        return layers
+    nodes = [merged.get(n.name, n) for n in g.nodes]
+    return Layers(g.replace(nodes=[n for n in nodes if n is not None]), bodies)
 
 
 def unsupported(node: Node, why: str) -> CvmcError:

@@ -29,7 +29,7 @@ def run_integer(q: Quantized, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 def layer_report(q: Quantized, samples: dict[str, np.ndarray], count: int) -> list[dict]:
     """One row per compared layer, in graph order: name, op, sqnr_db, max_abs_error."""
-    layers = q.layers
+    layers = q.source
     names = [(n.name, n.op) for n in layers.graph.nodes if n.name in q.scales
              and n.name in q.graph.types]
     signal = dict.fromkeys((n for n, _ in names), 0.0)

@@ -53,8 +53,8 @@ def test_integer_model_agrees_with_float(quantized):
     report = json.loads((tmp / "report.json").read_text())
     assert report["samples"] == 24 and report["layers"][-1]["layer"] == out
     assert sorted(p.name for p in (tmp / "dump").iterdir()) == [
-        "00-group-layers.nnef", "01-fold-batch-norm.nnef", "02-quantize.nnef",
-        "03-infer-precision.nnef"]
+        "00-group-layers.nnef", "01-fold-batch-norm.nnef", "02-fuse-elementwise.nnef",
+        "03-quantize.nnef", "04-infer-precision.nnef"]
 
 
 def test_check_and_export_accept_it(quantized, capsys):

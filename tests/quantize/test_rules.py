@@ -202,3 +202,25 @@ def test_unsupported_op_names_the_layer(tmp_path):
     with pytest.raises(CvmcError, match=r"layer 'y' \(matmul\)"):
         quantize_graph(g, {"x": np.ones((2, 2, 4), np.float32),
                            "z": np.ones((2, 4, 6), np.float32)}, Options())
+
+
+def test_softmax_after_conv_is_not_folded_as_affine(tmp_path):
+    # softmax maps every constant tensor to one value: an affine test at constants alone
+    # would fold it into the conv
+    w = RNG.standard_normal((4, 2, 1, 1))
+    g = _model(tmp_path, "    c = conv(x, w);\n    y = softmax(c, axes = [1]);",
+               {"x": (1, 2, 3, 3)}, {"w": w})
+    xs = RNG.standard_normal((4, 1, 2, 3, 3)).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    assert "cvm_lut" in [n.op for n in q.graph.nodes]
+    assert np.abs(got - want).max() <= 0.05
+
+
+def test_hardswish_is_one_lookup_table(tmp_path):
+    g = _model(tmp_path, "    a = add(x, 3.0);\n    c = clamp(a, 0.0, 6.0);\n"
+               "    m = mul(x, c);\n    y = div(m, 6.0);", {"x": (1, 2, 4, 4)}, {})
+    xs = (RNG.standard_normal((8, 1, 2, 4, 4)) * 3).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    assert [n.op for n in q.graph.nodes] == ["broadcast_add", "cvm_lut"]
+    # hardswish is 1.5-Lipschitz; the table rounds once, to half a unit of s_y
+    assert np.abs(got - want).max() <= 1.5 * 0.5 / _sx(q) + 0.5 / _sy(q) + 1e-6
