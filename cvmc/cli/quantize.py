@@ -30,6 +30,7 @@ def _calib(pairs: list[str]) -> dict:
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantize a float model: calibrate, rewrite, write DIR and quantization.json."""
     from cvmc.frontend import load_checked
+    from cvmc.frontend.onnx_convert import check_destination, convert_onnx
     from cvmc.frontend.printer import graph_dumper
     from cvmc.quantize import Options, quantize_graph
 
@@ -40,12 +41,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CvmcError(f"--percentile must be in (0, 100], got {args.percentile}")
     if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
         raise CvmcError(f"--dump-ir {args.dump_ir}: exists and is not a folder")
+    check_destination(Path(args.output), args.force, Path(args.model))  # before the work
+    if args.report_json and not Path(args.report_json).absolute().parent.is_dir():
+        raise CvmcError(f"--report-json {args.report_json}: no such folder")
     samples = _calib(args.calib)
     options = Options(args.bits, args.output_bits, args.per_channel)
     with tempfile.TemporaryDirectory(prefix="cvmc-quantize-") as tmp:
         model = args.model
         if is_onnx(model):
-            from cvmc.frontend.onnx_convert import convert_onnx
             model = convert_onnx(model, Path(tmp) / "nnef", input_shapes=input_shapes(args))
         elif args.input_shape:
             raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")

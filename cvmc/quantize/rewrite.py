@@ -25,6 +25,7 @@ import numpy as np
 from cvmc_runtime import quantize
 
 from cvmc.builder import GraphBuilder, Var
+from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.common import bitlen, prec_max
@@ -367,9 +368,8 @@ class Rewriter:
         inputs = {}
         for name in g.inputs:
             if g.types[name].dtype != "float32":
-                raise unsupported(Node("external", (), (name,)),
-                                  "cvmc quantize takes float models; this input is "
-                                  f"{g.types[name].dtype}")
+                raise CvmcError(f"input '{name}' is {g.types[name].dtype}: cvmc quantize "
+                                f"takes float models")
             var = self.b.input(name, g.types[name].shape, "int8", precision=bits)
             self.values[name] = QTensor(var, self.scale(name, bits))
             inputs[name] = (self.values[name].scale, bits)
