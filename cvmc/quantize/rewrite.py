@@ -4,8 +4,9 @@ Every integer tensor t stands for the real t / scale (symmetric, per tensor); a 
 result is requantized to its calibrated scale at the activation bits. The rules:
 - conv -> conv2d, matmul / linear -> dense (weights 8 bits, per tensor or per output
   channel; bias at s_x * s_w clipped to the accumulator's precision), then requantize;
-- add / sub / mul of two tensors (residuals): both operands requantized to a common scale
-  at 16 bits (add, sub) or taken as they are (mul), then the op and a requantization;
+- add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
+  common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
+  and a requantization;
 - concat: each input requantized to the output's scale;
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
@@ -185,6 +186,14 @@ class Rewriter:
                                    .astype(np.int32))
         return self.requant(self.values[name], scale, bits).var
 
+    def factor(self, name: str) -> QTensor:
+        """A mul operand: a tensor at the activation bits, or a weight at 8 bits."""
+        if name not in self.g.constants:
+            return self.at_bits(name, self.opt.bits)
+        scale = prec_max(8) / self.threshold_of(name)
+        w = quantize(name, self.g.constants[name], scale, 8).astype(np.int32)
+        return QTensor(self.b.constant(w), scale)
+
     def threshold_of(self, name: str) -> float:
         """A tensor's threshold, or a weight's absmax."""
         if name in self.g.constants:
@@ -196,11 +205,7 @@ class Rewriter:
         a, b = node.inputs
         same = self.g.types[a].shape == self.g.types[b].shape
         if node.op == "mul":
-            qa, qb = (self.values.get(n) for n in (a, b))
-            if qa is None or qb is None:
-                raise unsupported(node, "a product with a weight that is not one real "
-                                        "number per element cannot be requantized here")
-            qa, qb = self.at_bits(a, self.opt.bits), self.at_bits(b, self.opt.bits)
+            qa, qb = self.factor(a), self.factor(b)
             y = self.b.broadcast_mul(qa.var, qb.var)
             return self.finish(node, QTensor(y, qa.scale * qb.scale))
         scale = prec_max(WIDE) / max(self.threshold_of(a), self.threshold_of(b))

@@ -224,3 +224,15 @@ def test_hardswish_is_one_lookup_table(tmp_path):
     assert [n.op for n in q.graph.nodes] == ["broadcast_add", "cvm_lut"]
     # hardswish is 1.5-Lipschitz; the table rounds once, to half a unit of s_y
     assert np.abs(got - want).max() <= 1.5 * 0.5 / _sx(q) + 0.5 / _sy(q) + 1e-6
+
+
+def test_mul_by_per_channel_weight(tmp_path):
+    c = RNG.standard_normal((1, 3, 1, 1))
+    g = _model(tmp_path, "    y = mul(x, c);", {"x": (1, 3, 4, 4)}, {"c": c})
+    xs = RNG.standard_normal((8, 1, 3, 4, 4)).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    sc = 127 / np.abs(c).max()
+    # |x c - xq cq| <= dx |c| + |x| 0.5 / s_c + dx 0.5 / s_c, then the output's rounding
+    bound = (0.5 / _sx(q) * np.abs(c).max() + np.abs(xs).max() * 0.5 / sc
+             + 0.25 / (_sx(q) * sc) + 1 / _sy(q))
+    assert np.abs(got - want).max() <= bound
