@@ -1,7 +1,7 @@
 """`cvmc quantize`: a float model to a deterministic CVM integer model (docs/quantize.md).
 
 The passes, in order (each one's graph is what `--dump-ir` writes):
-group-layers (compound fragments back to layers), fold-batch-norm, fuse-elementwise, then
+group-layers (compound fragments back to layers, those no rule covers split again), fold-batch-norm, fuse-elementwise, then
 calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`), then infer-precision (the
 proof that int32 never overflows).
 """
@@ -16,7 +16,7 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import check_graph
 from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
 from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
-from cvmc.quantize.rewrite import Options, Rewriter
+from cvmc.quantize.rewrite import Options, Rewriter, split_unruled
 
 __all__ = ["METHODS", "Options", "Quantized", "quantize_graph"]
 
@@ -45,7 +45,7 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray], options: Option
     def dump(index: int, name: str, g: Graph) -> None:
         if after_pass is not None:
             after_pass(index, name, g)
-    source = group_layers(graph)
+    source = split_unruled(group_layers(graph))
     dump(0, "group-layers", source.graph)
     check_samples(source, samples)
     layers = fold_batch_norm(source)

@@ -161,6 +161,10 @@ class Rewriter:
         self.linear_layer(node, node.inputs[0], w, bias,
                           lambda *args: self.b.conv2d(*args, **attrs))
 
+    def matmul(self, node: Node) -> None:
+        """matmul by a weight -> dense without bias."""
+        self.dense(node, node, None)
+
     def dense(self, node: Node, matmul: Node, bias: np.ndarray | None) -> None:
         """matmul by a weight (+ a weight bias) -> dense."""
         x, w = matmul.inputs
@@ -335,37 +339,13 @@ class Rewriter:
         self.values[node.name] = QTensor(self.b.cvm_lut(idx, self.b.constant(table)), scale)
 
     def layer(self, node: Node) -> None:
-        """Dispatch one layer to its rule."""
-        body = [n.op for n in self.layers.bodies.get(node.name, [node])]
-        g = self.g
-        if body == ["conv"]:
-            self.conv(node)
-        elif body == ["matmul"]:
-            self.dense(node, node, None)
-        elif body == ["matmul", "add"]:
-            self.linear(node)
-        elif body in (["add"], ["sub"], ["mul"]) and len(self.layers.activations_of(node)) \
-                and not is_elementwise(self.layers, node):
-            self.binary(node)
-        elif body == ["concat"]:
-            self.concat(node)
-        elif body == ["box"]:
-            self.avg_pool(node)
-        elif body == ["sum_reduce"]:
-            self.sum_reduce(node)
-        elif body == ["argmax_pool", "sample"]:
-            self.max_pool(node)
-        elif body in (["nnef.reshape"], ["nnef.squeeze"], ["unsqueeze"], ["nnef.transpose"],
-                      ["debox"]):
-            self.movement(node)
-        elif body == ["max_reduce", "sub", "exp", "sum_reduce", "div"]:
-            self.softmax(node)
-        elif is_elementwise(self.layers, node):
-            self.elementwise(node)
-        else:
+        """Quantize one layer by its rule (`rule_of`)."""
+        rule = rule_of(self.layers, node)
+        if rule is None:
+            body = [n.op for n in self.layers.bodies.get(node.name, [node])]
             raise unsupported(node, f"no quantization rule for it (its primitives: "
                                     f"{', '.join(body)}); see docs/quantize.md")
-        assert node.name in self.values or node.name in g.constants
+        getattr(self, rule)(node)
 
     def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]]]:
         """The integer graph, each float value's scale, and the inputs' (scale, precision)."""
@@ -411,3 +391,38 @@ def rename(graph: Graph, names: dict[str, str]) -> Graph:
     return graph.replace(inputs=[m(i) for i in graph.inputs],
                          outputs=[m(o) for o in graph.outputs], nodes=nodes,
                          types={m(k): v for k, v in graph.types.items()})
+
+
+_RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
+          ("concat",): "concat", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
+          ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
+          ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
+          ("nnef.transpose",): "movement", ("debox",): "movement",
+          ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
+
+
+def rule_of(layers: Layers, node: Node) -> str | None:
+    """The Rewriter method that quantizes a layer, by the primitives it is made of."""
+    body = tuple(n.op for n in layers.bodies.get(node.name, [node]))
+    if body in _RULES:
+        return _RULES[body]
+    if is_elementwise(layers, node):
+        return "elementwise"
+    if body in (("add",), ("sub",), ("mul",)) and layers.activations_of(node):
+        return "binary"
+    return None
+
+
+def split_unruled(layers: Layers) -> Layers:
+    """A compound layer that no rule covers (a user's own fragment: conv then relu) goes
+    back to its primitives, each then a layer of its own."""
+    nodes, bodies = [], dict(layers.bodies)
+    for node in layers.graph.nodes:
+        if node.name in bodies and rule_of(layers, node) is None:
+            nodes.extend(bodies.pop(node.name))
+        else:
+            nodes.append(node)
+    if len(nodes) == len(layers.graph.nodes):
+        return layers
+    return Layers(layers.graph.replace(nodes=nodes), bodies)
+

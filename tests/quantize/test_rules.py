@@ -236,3 +236,21 @@ def test_mul_by_per_channel_weight(tmp_path):
     bound = (0.5 / _sx(q) * np.abs(c).max() + np.abs(xs).max() * 0.5 / sc
              + 0.25 / (_sx(q) * sc) + 1 / _sy(q))
     assert np.abs(got - want).max() <= bound
+
+
+def test_a_user_fragment_without_a_rule_is_split_into_its_primitives(tmp_path):
+    w = RNG.standard_normal((3, 2, 3, 3))
+    write_tensor(tmp_path / "w.dat", w.astype(np.float32))
+    (tmp_path / "graph.nnef").write_text(
+        "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
+        "fragment block( input: tensor<scalar>, filter: tensor<scalar> )"
+        " -> ( output: tensor<scalar> )\n{\n    c = conv(input, filter);\n"
+        "    output = relu(c);\n}\n"
+        "graph g( x ) -> ( y )\n{\n    x = external<scalar>(shape = [1, 2, 5, 5]);\n"
+        "    w = variable<scalar>(shape = [3, 2, 3, 3], label = 'w');\n"
+        "    y = block(x, w);\n}\n")
+    g = load_checked(tmp_path)
+    xs = RNG.standard_normal((4, 1, 2, 5, 5)).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    assert next(n.op for n in q.graph.nodes) == "conv2d" and q.graph.nodes[-1].op == "relu"
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
