@@ -101,17 +101,17 @@ def add_parser(sub, input_shape: dict) -> None:
     sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda"),
                     default="absmax", help="threshold of each tensor: its largest |value| "
                     "(default), a percentile of |value|, or MRT's |mean| + lambda * std")
-    sp.add_argument("--percentile", type=float, default=99.99,
+    sp.add_argument("--percentile", type=float, default=99.99, metavar="P",
                     help="percentile of --calib-method percentile (default 99.99)")
-    sp.add_argument("--lambda", dest="lam", type=float, default=10.0,
+    sp.add_argument("--lambda", dest="lam", type=float, default=10.0, metavar="L",
                     help="lambda of --calib-method lambda (default 10, MRT's)")
     chan = sp.add_mutually_exclusive_group()
     chan.add_argument("--per-channel", dest="per_channel", action="store_true",
                       help="one weight scale per output channel of conv and dense")
     chan.add_argument("--per-tensor", dest="per_channel", action="store_false",
                       help="one weight scale per weight tensor (default)")
-    sp.add_argument("--bits", type=int, default=8, help="activation bits, 2..8 (default 8)")
-    sp.add_argument("--output-bits", type=int, default=8,
+    sp.add_argument("--bits", type=int, default=8, metavar="B", help="activation bits, 2..8 (default 8)")
+    sp.add_argument("--output-bits", type=int, default=8, metavar="B",
                     help="bits of the model's outputs, 2..16 (default 8)")
     sp.add_argument("--samples", type=positive, metavar="N",
                     help="use at most the first N calibration samples (default: all)")
