@@ -4,7 +4,7 @@ Every user mistake surfaces as a CvmcError (or the runtime's ModelError) and is 
 as one clear message with exit code 1, never as a traceback.
 
 One module per command (`check`, `ops`, `run`, `bench`, `eval`, `convert`, `compile`,
-`export`); `common` holds what they share.
+`export`, `quantize`); `common` holds what they share.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from cvmc.cli.convert import cmd_convert
 from cvmc.cli.eval import cmd_eval
 from cvmc.cli.export import cmd_export
 from cvmc.cli.ops import cmd_ops
+from cvmc.cli.quantize import cmd_quantize
 from cvmc.cli.run import cmd_run
 from cvmc.errors import CvmcError
 
@@ -123,6 +124,44 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["cvm"], default="cvm")
     sp.add_argument("-o", "--output", required=True, help="output folder")
     sp.set_defaults(fn=cmd_export)
+
+
+    sp = sub.add_parser("quantize", help="quantize a float model (ONNX or NNEF) to a CVM "
+                        "integer NNEF folder, calibrated on sample inputs")
+    sp.add_argument("model", help="a float model: MODEL.onnx, or an NNEF file, folder or tar")
+    sp.add_argument("-o", "--output", required=True, metavar="DIR",
+                    help="the NNEF folder to write (graph.nnef, .dat files, quantization.json);"
+                         " must not exist or be empty")
+    sp.add_argument("--calib", action="append", default=[], required=True,
+                    metavar="NAME=FILE.npy",
+                    help="calibration samples of input NAME, shape [N, *input shape] "
+                         "(repeat per input)")
+    sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda"),
+                    default="absmax", help="threshold of each tensor: its largest |value| "
+                    "(default), a percentile of |value|, or MRT's |mean| + lambda * std")
+    sp.add_argument("--percentile", type=float, default=99.99, metavar="P",
+                    help="percentile of --calib-method percentile (default 99.99)")
+    sp.add_argument("--lambda", dest="lam", type=float, default=10.0, metavar="L",
+                    help="lambda of --calib-method lambda (default 10, MRT's)")
+    chan = sp.add_mutually_exclusive_group()
+    chan.add_argument("--per-channel", dest="per_channel", action="store_true",
+                      help="one weight scale per output channel of conv and dense")
+    chan.add_argument("--per-tensor", dest="per_channel", action="store_false",
+                      help="one weight scale per weight tensor (default)")
+    sp.add_argument("--bits", type=int, default=8, metavar="B", help="activation bits, 2..8 (default 8)")
+    sp.add_argument("--output-bits", type=int, default=8, metavar="B",
+                    help="bits of the model's outputs, 2..16 (default 8)")
+    sp.add_argument("--samples", type=positive, metavar="N",
+                    help="use at most the first N calibration samples (default: all)")
+    sp.add_argument("--report", action="store_true",
+                    help="print each layer's SQNR and max error against the float model")
+    sp.add_argument("--report-json", metavar="FILE", help="write that report as JSON too")
+    sp.add_argument("--dump-ir", metavar="DIR",
+                    help="write the graph after every quantizer pass to DIR")
+    sp.add_argument("--force", action="store_true",
+                    help="replace DIR if it holds a previous model (a graph.nnef)")
+    sp.add_argument("--input-shape", **input_shape)
+    sp.set_defaults(fn=cmd_quantize)
     return p
 
 
