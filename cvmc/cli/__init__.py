@@ -128,14 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("quantize", help="quantize a float model (ONNX or NNEF) to a CVM "
                         "integer NNEF folder, calibrated on sample inputs")
-    sp.add_argument("model", help="a float model: MODEL.onnx, or an NNEF file, folder or tar")
+    sp.add_argument("model", help="a float model: MODEL.onnx, or an NNEF file, folder or "
+                    "tar; or an ONNX model already quantized (QDQ, QLinearConv)")
     sp.add_argument("-o", "--output", required=True, metavar="DIR",
                     help="the NNEF folder to write (graph.nnef, .dat files, quantization.json);"
                          " must not exist or be empty")
-    sp.add_argument("--calib", action="append", default=[], required=True,
+    sp.add_argument("--calib", action="append", default=[],
                     metavar="NAME=FILE.npy",
                     help="calibration samples of input NAME, shape [N, *input shape] "
-                         "(repeat per input)")
+                         "(repeat per input; not for a QDQ / QLinear ONNX model, which "
+                         "brings its own scales)")
     sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda"),
                     default="absmax", help="threshold of each tensor: its largest |value| "
                     "(default), a percentile of |value|, or MRT's |mean| + lambda * std")

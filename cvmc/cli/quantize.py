@@ -33,6 +33,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from cvmc.frontend.onnx_convert import check_destination, convert_onnx
     from cvmc.frontend.printer import graph_dumper
     from cvmc.quantize import Options, quantize_graph
+    from cvmc.quantize.qdq import QdqRewriter, load_qdq
+    from cvmc.quantize.rewrite import Rewriter
 
     if not 2 <= args.bits <= 8 or not 2 <= args.output_bits <= 16:
         raise CvmcError(f"--bits must be in 2..8 (conv2d and dense take at most 8-bit data) "
@@ -48,15 +50,29 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     options = Options(args.bits, args.output_bits, args.per_channel)
     with tempfile.TemporaryDirectory(prefix="cvmc-quantize-") as tmp:
         model = args.model
-        if is_onnx(model):
-            model = convert_onnx(model, Path(tmp) / "nnef", input_shapes=input_shapes(args))
+        qdq = load_qdq(Path(model), Path(tmp), input_shapes(args)) if is_onnx(model) else None
+        if qdq is not None:
+            if samples or args.report or args.report_json:
+                raise CvmcError(f"{model} is already quantized (QDQ / QLinear ops): its own "
+                                f"scales are used, so --calib and --report do not apply")
+            graph, samples = qdq[0], None
+        elif is_onnx(model):
+            graph = load_checked(convert_onnx(model, Path(tmp) / "nnef",
+                                              input_shapes=input_shapes(args)))
         elif args.input_shape:
             raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")
-        graph = load_checked(model)
+        else:
+            graph = load_checked(model)
+        made = []  # the rewriter, for the fixed-point error it records
+
+        def build(layers, thresholds, opts):
+            made.append(QdqRewriter(layers, qdq[1], qdq[2], opts) if qdq
+                        else Rewriter(layers, thresholds, opts))
+            return made[-1]
         # Layers are read back from the source text, so quantize while the folder exists.
         q = quantize_graph(graph, samples, options, args.calib_method, args.percentile,
                            args.lam, args.samples,
-                           graph_dumper(args.dump_ir) if args.dump_ir else None)
+                           graph_dumper(args.dump_ir) if args.dump_ir else None, build)
     from cvmc.quantize.writer import write_model
     out = write_model(q, args.output, args.model, args.force)
     ops = len(q.graph.nodes)
@@ -64,6 +80,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                   + ", ".join(f"{n} (scale {s:.6g}, {p} bits)" for n, (s, p) in q.inputs.items())
                   + "; outputs " + ", ".join(f"{n} (scale {q.scales[n]:.6g})"
                                              for n in q.graph.outputs))
+    if qdq is not None:
+        rw = made[0]
+        console.print(f"ONNX scales kept; fixed point: every multiplier within "
+                      f"{rw.worst_relative:.2g} of its scale ratio (relative), at most "
+                      f"{rw.worst_units:.3g} output units; CVM's shifts round halves up where "
+                      f"ONNX rounds them to even (1 unit on exact ties)")
     if args.report or args.report_json:
         _report(q, samples, args)
     return 0

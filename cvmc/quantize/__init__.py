@@ -37,25 +37,31 @@ class Quantized:
                 "outputs": {n: {"scale": float(self.scales[n])} for n in self.graph.outputs}}
 
 
-def quantize_graph(graph: Graph, samples: dict[str, np.ndarray], options: Options,
+def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options: Options,
                    method: str = "absmax", percentile: float = 99.99, lam: float = 10.0,
                    max_samples: int | None = None,
-                   after_pass: Callable[[int, str, Graph], None] | None = None) -> Quantized:
-    """Quantize a checked float graph, calibrated on `samples` ({input: [N, *shape]})."""
+                   after_pass: Callable[[int, str, Graph], None] | None = None,
+                   rewriter: Callable[[Layers, dict, Options], Rewriter] = Rewriter
+                   ) -> Quantized:
+    """Quantize a checked float graph, calibrated on `samples` ({input: [N, *shape]}), or
+    with no samples by a `rewriter` that knows the scales (a QDQ model, qdq.py)."""
     def dump(index: int, name: str, g: Graph) -> None:
         if after_pass is not None:
             after_pass(index, name, g)
     source = split_unruled(group_layers(graph))
     dump(0, "group-layers", source.graph)
-    check_samples(source, samples)
+    if samples is not None:
+        check_samples(source, samples)
     layers = fold_batch_norm(source)
     dump(1, "fold-batch-norm", layers.graph)
     layers = fuse_elementwise(layers)
     dump(2, "fuse-elementwise", layers.graph)
-    count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
-    stats = calibrate(layers, samples, count)
-    thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
-    int_graph, scales, inputs = Rewriter(layers, thresholds, options).run()
+    thresholds = {}
+    if samples is not None:
+        count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
+        stats = calibrate(layers, samples, count)
+        thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
+    int_graph, scales, inputs = rewriter(layers, thresholds, options).run()
     dump(3, "quantize", int_graph)
     int_graph = check_graph(int_graph, True)
     dump(4, "infer-precision", int_graph)

@@ -1,0 +1,205 @@
+"""`cvmc quantize` of ONNX models already quantized (docs/quantize.md, "Models already
+quantized"): a float net quantized by ONNX Runtime's own `quantize_static` (QDQ; s8
+weights per tensor and per channel; s8 and u8 activations) and a QLinearConv model written
+with onnx.helper; the integer model is checked against ORT's own int8 run of the same
+model, against float, and llvm against the reference bit for bit."""
+import json
+
+import numpy as np
+import pytest
+from cvmc_runtime import dequantize, quantize
+
+from cvmc import load_graph, reference_run
+from cvmc.cli import main
+
+pytest.importorskip("nnef_tools", reason="needs the convert extra: pip install 'cvmc[convert]'")
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+from onnx import TensorProto, helper, numpy_helper
+
+SHAPE = (1, 2, 8, 8)
+
+
+def _model(nodes, inits, out_shape, out="y"):
+    graph = helper.make_graph(
+        nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)],
+        [numpy_helper.from_array(np.asarray(a), n) for n, a in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def float_net():
+    """conv / relu, maxpool, conv, a residual add, relu, flatten, gemm."""
+    r = np.random.default_rng(5)
+    f32 = np.float32
+    inits = {"w1": (r.standard_normal((4, 2, 3, 3)) * 0.4).astype(f32),
+             "b1": (r.standard_normal(4) * 0.1).astype(f32),
+             "w2": (r.standard_normal((4, 4, 3, 3)) * 0.3).astype(f32),
+             "b2": (r.standard_normal(4) * 0.1).astype(f32),
+             "wf": (r.standard_normal((5, 64)) * 0.3).astype(f32),
+             "bf": (r.standard_normal(5) * 0.1).astype(f32)}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "p1"], ["s"]),
+             helper.make_node("Relu", ["s"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    return _model(nodes, inits, [1, 5])
+
+
+def samples(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, *SHAPE)).astype(np.float32)
+
+
+CASES = {"u8-per-tensor": ("QUInt8", False), "u8-per-channel": ("QUInt8", True),
+         "s8-per-tensor": ("QInt8", False), "s8-per-channel": ("QInt8", True)}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def qdq(request, tmp_path_factory):
+    """The folder of one ORT quantize_static setting: float.onnx, qdq.onnx, q (cvmc's).
+    7-bit weights (reduce_range) keep ORT's own int8 kernels exact on AVX2 machines."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    act, per_channel = CASES[request.param]
+    tmp = tmp_path_factory.mktemp(request.param)
+    onnx.save(float_net(), tmp / "float.onnx")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter({"x": x} for x in samples(32, 1))
+
+        def get_next(self):
+            return next(self.it, None)
+    quantize_static(str(tmp / "float.onnx"), str(tmp / "qdq.onnx"), Reader(),
+                    quant_format=QuantFormat.QDQ, activation_type=getattr(QuantType, act),
+                    weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=True)
+    assert main(["quantize", str(tmp / "qdq.onnx"), "-o", str(tmp / "q")]) == 0
+    return tmp
+
+
+def _runs(folder, onnx_path, xs):
+    """(cvmc's dequantized outputs, ORT's outputs of `onnx_path`, the output scale)."""
+    manifest = json.loads((folder / "quantization.json").read_text())
+    (name, out), = manifest["outputs"].items()
+    inp = manifest["inputs"]["x"]
+    graph = load_graph(folder)
+    got = np.array([dequantize(reference_run(graph, {"x": quantize(
+        "x", x, inp["scale"], inp["precision"]).astype(np.int8)})[name], out["scale"])
+        for x in xs])
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    want = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
+    return got, want, out["scale"]
+
+
+def _onnx_grid(path, tensor):
+    """(scale, largest |q - zero point|) of the QuantizeLinear of `tensor`."""
+    model = onnx.load(path)
+    node = next(n for n in model.graph.node if n.op_type == "QuantizeLinear"
+                and n.input[0] == tensor)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    zero = inits[node.input[2]]
+    info = np.iinfo(zero.dtype)
+    return float(inits[node.input[1]]), max(int(zero) - info.min, info.max - int(zero))
+
+
+def test_agrees_with_ort_int8_and_with_float(qdq):
+    xs = samples(24, 7)
+    got, want, scale = _runs(qdq / "q", qdq / "qdq.onnx", xs)
+    # The output grid is kept (scale 1 / s) where |q - z| <= 128, else its larger end maps
+    # to 127 (docs/quantize.md).
+    step, span = _onnx_grid(qdq / "qdq.onnx", "y_QuantizeLinear_Input")
+    assert scale == pytest.approx(1 / step if span <= 128 else 127 / (span * step), rel=1e-12)
+    # Each requantized value differs from ORT's by at most one unit of its CVM grid (ties
+    # rounded up, not to even; the fixed point's < 0.01 unit) plus ORT's half unit; the
+    # gemm's sum |w| over its input's difference and the output's own rounding give at
+    # most 4 output units here (2.2 measured).
+    assert np.abs(got - want).max() <= 4 / scale
+    session = ort.InferenceSession(str(qdq / "float.onnx"), providers=["CPUExecutionProvider"])
+    real = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
+    # against float: within ORT's own quantization error plus the bound above
+    assert np.abs(got - real).max() <= np.abs(want - real).max() + 6 / scale
+
+
+def test_llvm_is_bit_exact_with_the_reference(qdq):
+    import cvmc_runtime
+
+    import cvmc
+    graph = load_graph(qdq / "q")
+    cvmc.compile(graph, str(qdq / "q.cvmx"), target="llvm")
+    model = cvmc_runtime.load(str(qdq / "q.cvmx"))
+    scale = json.loads((qdq / "q" / "quantization.json").read_text())["inputs"]["x"]["scale"]
+    for x in samples(4, 9):
+        xi = quantize("x", x, scale, 8).astype(np.int8)
+        assert np.array_equal(model.run({"x": xi})["y"], reference_run(graph, {"x": xi})["y"])
+    assert main(["check", str(qdq / "q")]) == 0
+
+
+def qlinear_conv_net():
+    """QuantizeLinear (u8), QLinearConv (s8 weights per channel, int32 bias, u8 output with
+    zero point 0: a relu), DequantizeLinear, written with onnx.helper."""
+    r = np.random.default_rng(11)
+    w = r.integers(-40, 41, (3, 2, 3, 3)).astype(np.int8)
+    # ORT's symmetric weights reach +-127 in each channel; the others stay within +-40 (and
+    # the inputs within about 3 sigma) because ORT's u8 x s8 kernels on AVX2 without VNNI
+    # saturate int16 pair sums (the reason for its reduce_range option)
+    w[:, 0, 0, 0] = 127
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(128, np.uint8),
+             "w": w, "ws": np.array([0.004, 0.002, 0.003], np.float32),
+             "wz": np.zeros(3, np.int8), "ys": np.array(0.05, np.float32),
+             "yz": np.array(0, np.uint8), "b": r.integers(-3000, 3000, 3).astype(np.int32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz",
+                                              "b"], ["yq"], pads=[1, 1, 1, 1]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    return _model(nodes, inits, [1, 3, 8, 8])
+
+
+def test_qlinear_conv(tmp_path, capsys):
+    onnx.save(qlinear_conv_net(), tmp_path / "ql.onnx")
+    assert main(["quantize", str(tmp_path / "ql.onnx"), "-o", str(tmp_path / "q")]) == 0
+    assert "ONNX scales kept" in capsys.readouterr().out
+    xs = samples(8, 3) * 0.5
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "ql.onnx", xs)
+    assert scale == pytest.approx(1 / 0.05 * 127 / 255)  # u8 [0, 255]: the grid halved
+    # the input's u8 grid (zero point 128, 128 steps below) is 0.02 * 128 / 127 wide in
+    # CVM: at most 0.5 * 0.02 / 127 more per input, over sum |w| of each channel; then one
+    # CVM unit of the halved output grid plus ORT's own half unit
+    w = np.array([0.004, 0.002, 0.003])[:, None] * numpy_helper.to_array(
+        onnx.load(tmp_path / "ql.onnx").graph.initializer[2]).reshape(3, -1)
+    bound = 0.5 * 0.02 / 127 * np.abs(w).sum(1).max() + 1 / scale + 0.025
+    assert np.all(got >= 0)
+    assert np.abs(got - want).max() <= bound
+
+
+def _one_error(capsys, argv, match):
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and match in err, err
+
+
+def test_errors(tmp_path, capsys):
+    onnx.save(qlinear_conv_net(), tmp_path / "ql.onnx")
+    np.save(tmp_path / "x.npy", samples(2, 0))
+    _one_error(capsys, ["quantize", str(tmp_path / "ql.onnx"), "-o", str(tmp_path / "a"),
+                        "--calib", f"x={tmp_path / 'x.npy'}"], "already quantized")
+    model = qlinear_conv_net()
+    model.graph.node.insert(2, helper.make_node(
+        "QLinearSigmoid", ["yq", "ys", "yz", "ys", "yz"], ["yq2"], domain="com.microsoft",
+        name="sig"))
+    model.graph.node[3].input[0] = "yq2"
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    onnx.save(model, tmp_path / "bad.onnx")
+    _one_error(capsys, ["quantize", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "b")],
+               "node 'sig' (QLinearSigmoid)")
+    onnx.save(float_net(), tmp_path / "float.onnx")
+    _one_error(capsys, ["quantize", str(tmp_path / "float.onnx"), "-o", str(tmp_path / "c")],
+               "--calib: no samples for input 'x'")
