@@ -143,9 +143,10 @@ def test_llvm_is_bit_exact_with_the_reference(qdq):
     assert main(["check", str(qdq / "q")]) == 0
 
 
-def qlinear_conv_net():
+def qlinear_conv_net(matmul: bool = False):
     """QuantizeLinear (u8), QLinearConv (s8 weights per channel, int32 bias, u8 output with
-    zero point 0: a relu), DequantizeLinear, written with onnx.helper."""
+    zero point 0: a relu), [Flatten of the u8 tensor, QLinearMatMul (s8 weight, u8 output
+    with a zero point)], DequantizeLinear, written with onnx.helper."""
     r = np.random.default_rng(11)
     w = r.integers(-40, 41, (3, 2, 3, 3)).astype(np.int8)
     # ORT's symmetric weights reach +-127 in each channel; the others stay within +-40 (and
@@ -160,7 +161,17 @@ def qlinear_conv_net():
              helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz",
                                               "b"], ["yq"], pads=[1, 1, 1, 1]),
              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
-    return _model(nodes, inits, [1, 3, 8, 8])
+    if not matmul:
+        return _model(nodes, inits, [1, 3, 8, 8])
+    m = r.integers(-30, 31, (192, 4)).astype(np.int8)
+    m[0] = 127
+    inits.update({"m": m, "ms": np.array(0.001, np.float32), "mz": np.array(0, np.int8),
+                  "zs": np.array(0.01, np.float32), "zz": np.array(20, np.uint8)})
+    nodes[-1:] = [helper.make_node("Flatten", ["yq"], ["fq"]),
+                  helper.make_node("QLinearMatMul", ["fq", "ys", "yz", "m", "ms", "mz", "zs",
+                                                     "zz"], ["zq"]),
+                  helper.make_node("DequantizeLinear", ["zq", "zs", "zz"], ["y"])]
+    return _model(nodes, inits, [1, 4])
 
 
 def test_qlinear_conv(tmp_path, capsys):
@@ -178,6 +189,20 @@ def test_qlinear_conv(tmp_path, capsys):
     bound = 0.5 * 0.02 / 127 * np.abs(w).sum(1).max() + 1 / scale + 0.025
     assert np.all(got >= 0)
     assert np.abs(got - want).max() <= bound
+
+
+def test_qlinear_matmul_after_flatten_of_integers(tmp_path):
+    onnx.save(qlinear_conv_net(matmul=True), tmp_path / "qm.onnx")
+    assert main(["quantize", str(tmp_path / "qm.onnx"), "-o", str(tmp_path / "q")]) == 0
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "qm.onnx", samples(8, 4) * 0.5)
+    assert scale == pytest.approx(127 / (235 * 0.01))  # u8, zero point 20: 235 steps up
+    # the conv's u8 output (halved grid, unit 0.05 * 255 / 127) differs from ORT's by at
+    # most one unit plus ORT's half step 0.025 per element, times sum |w| of a column;
+    # then one output unit plus ORT's half step 0.005
+    m = numpy_helper.to_array(onnx.load(tmp_path / "qm.onnx").graph.initializer[-5])
+    bound = 0.001 * np.abs(m.astype(float)).sum(0).max() * (0.05 * 255 / 127 + 0.025) \
+        + 1 / scale + 0.005
+    assert np.abs(got - want).max() <= bound, (np.abs(got - want).max(), bound)
 
 
 def _one_error(capsys, argv, match):
