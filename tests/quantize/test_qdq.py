@@ -59,23 +59,23 @@ CASES = {"u8-per-tensor": ("QUInt8", False), "u8-per-channel": ("QUInt8", True),
          "s8-per-tensor": ("QInt8", False), "s8-per-channel": ("QInt8", True)}
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def qdq(request, tmp_path_factory):
-    """The folder of one ORT quantize_static setting: float.onnx, qdq.onnx, q (cvmc's).
-    7-bit weights (reduce_range) keep ORT's own int8 kernels exact on AVX2 machines."""
+def ort_qdq(model, tmp, act: str, per_channel: bool, shape=SHAPE):
+    """`model` as float.onnx, ORT's QDQ quantization of it (32 random calibration samples)
+    as qdq.onnx, and cvmc's quantization of that as q, in `tmp`. 7-bit weights
+    (reduce_range) keep ORT's own int8 kernels exact on AVX2 machines."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
         QuantType,
         quantize_static,
     )
-    act, per_channel = CASES[request.param]
-    tmp = tmp_path_factory.mktemp(request.param)
-    onnx.save(float_net(), tmp / "float.onnx")
+    onnx.save(model, tmp / "float.onnx")
+    rng = np.random.default_rng(1)
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter({"x": x} for x in samples(32, 1))
+            self.it = iter({"x": rng.standard_normal(shape).astype(np.float32)}
+                           for _ in range(32))
 
         def get_next(self):
             return next(self.it, None)
@@ -84,6 +84,12 @@ def qdq(request, tmp_path_factory):
                     weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=True)
     assert main(["quantize", str(tmp / "qdq.onnx"), "-o", str(tmp / "q")]) == 0
     return tmp
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def qdq(request, tmp_path_factory):
+    """The folder of one ORT quantize_static setting of float_net (ort_qdq)."""
+    return ort_qdq(float_net(), tmp_path_factory.mktemp(request.param), *CASES[request.param])
 
 
 def _runs(folder, onnx_path, xs):
@@ -141,6 +147,26 @@ def test_llvm_is_bit_exact_with_the_reference(qdq):
         xi = quantize("x", x, scale, 8).astype(np.int8)
         assert np.array_equal(model.run({"x": xi})["y"], reference_run(graph, {"x": xi})["y"])
     assert main(["check", str(qdq / "q")]) == 0
+    assert main(["export", str(qdq / "q"), "--format", "cvm", "-o", str(qdq / "cvm")]) == 0
+
+
+def test_branchy_net_whose_relus_and_clip_ort_dropped(tmp_path):
+    """Residual add, concat, sigmoid, padded and global average pools, clip, tanh, gemm,
+    softmax (tests/quantize/onnx_nets.py); ORT drops the Relus and the Clip into u8 ranges."""
+    from tests.quantize.onnx_nets import branchy_net
+    ort_qdq(branchy_net(), tmp_path, "QUInt8", True, (1, 2, 8, 8))
+    ops = {n.op_type for n in onnx.load(tmp_path / "qdq.onnx").graph.node}
+    assert "Relu" not in ops and "Clip" not in ops
+    xs = np.random.default_rng(50).standard_normal((10, 1, 2, 8, 8)).astype(np.float32)
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "qdq.onnx", xs)
+    assert scale == 127  # softmax's own output scale (the rule's integer divide)
+    # softmax: ORT's half step 1 / 510 plus one unit 1 / 127 and the rule's own error
+    # (docs/quantize.md: (n + 1) / 2^15 plus half a unit) over inputs that differ a little
+    assert np.abs(got - want).max() <= 2 / scale
+    session = ort.InferenceSession(str(tmp_path / "float.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    real = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
+    assert np.abs(got - real).max() <= np.abs(want - real).max() + 2 / scale
 
 
 def qlinear_conv_net(matmul: bool = False):
