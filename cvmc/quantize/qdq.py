@@ -64,7 +64,18 @@ def is_quantized(model) -> bool:
 
 
 def _where(node) -> str:
+    """How errors name a node."""
     return f"node '{node.name or node.output[0]}' ({node.op_type})"
+
+
+def _attrs(node) -> dict:
+    """A node's attributes; blocked quantization (opset 21's block_size) is refused."""
+    from onnx import helper
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if attrs.get("block_size"):
+        raise CvmcError(f"{_where(node)}: blocked quantization (block_size); CVM scales are "
+                        f"per tensor or per output channel")
+    return attrs
 
 
 class _Stripper:
@@ -82,11 +93,13 @@ class _Stripper:
         self.count = 0
 
     def name(self, n: str) -> str:
+        """The float tensor that `n` stands for."""
         while n in self.alias:
             n = self.alias[n]
         return n
 
     def const(self, node, i: int, default=None) -> np.ndarray:
+        """Input i of `node`, an initializer (or `default` where it is left out)."""
         if i >= len(node.input) or not node.input[i]:
             if default is None:
                 raise CvmcError(f"{_where(node)}: input {i} is missing")
@@ -96,8 +109,13 @@ class _Stripper:
         return self.inits[node.input[i]]
 
     def grid(self, node, s: int, z: int) -> Grid:
+        """The per-tensor grid of scale input s and zero point input z."""
+        from onnx import helper
+        attrs = _attrs(node)
+        kind = helper.tensor_dtype_to_np_dtype(attrs["output_dtype"]) \
+            if attrs.get("output_dtype") else np.uint8
         scale = self.const(node, s)
-        zero = self.const(node, z, np.zeros((), np.uint8))
+        zero = self.const(node, z, np.zeros((), kind))
         if scale.size != 1 or zero.size != 1:
             raise CvmcError(f"{_where(node)}: per-axis scales of an activation; CVM scales "
                             f"activations per tensor")
@@ -108,6 +126,7 @@ class _Stripper:
 
     def dequantized(self, node, q: np.ndarray, s: int, z: int, axis: int) -> np.ndarray:
         """An integer initializer as reals, per axis where its scale is a vector."""
+        _attrs(node)
         scale = self.const(node, s).astype(np.float64)
         zero = self.const(node, z, np.zeros((), np.int64)).astype(np.float64)
         if scale.ndim == 1 and scale.size > 1:
@@ -122,6 +141,7 @@ class _Stripper:
         return ((q.astype(np.float64) - zero) * scale).astype(np.float32)
 
     def add_init(self, name: str, value: np.ndarray) -> str:
+        """A new initializer of the float model."""
         self.inits[name] = value
         return name
 
@@ -153,6 +173,7 @@ class _Stripper:
         return self.name(n)
 
     def node(self, node) -> None:
+        """One ONNX node into float nodes, grids and initializers."""
         from onnx import helper
         op = node.op_type
         if op == "QuantizeLinear":
@@ -160,7 +181,9 @@ class _Stripper:
             if node.input[0] in self.inits:  # a float weight quantized in the model
                 w = self.inits[node.input[0]].astype(np.float64)
                 q = np.clip(np.round(w / grid.scale) + grid.zero, grid.qmin, grid.qmax)
-                self.inits[node.output[0]] = q.astype(np.int64 if grid.qmin < 0 else np.uint8)
+                self.inits[node.output[0]] = q.astype(next(
+                    t for t in (np.int8, np.uint8, np.int16, np.uint16, np.int32)
+                    if (np.iinfo(t).min, np.iinfo(t).max) == (grid.qmin, grid.qmax)))
                 return
             self.quantized(node, node.input[0], grid, node.output[0])
         elif op == "DequantizeLinear":
@@ -346,13 +369,14 @@ def load_qdq(path: Path, tmp: Path, input_shapes: dict | None):
     """(the float graph, its grids, weight scales) of a quantized ONNX model, converted in
     `tmp`; None when the model holds no quantization ops."""
     import onnx
+    from google.protobuf.message import DecodeError
 
     from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import convert_onnx
     try:
         model = onnx.load_model(path, load_external_data=False)
-    except Exception:  # noqa: BLE001 - convert_onnx reports what is wrong with the file
-        return None
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return None  # convert_onnx reports what is wrong with the file
     if not is_quantized(model):
         return None
     model = onnx.load_model(path)

@@ -231,6 +231,32 @@ def test_qlinear_matmul_after_flatten_of_integers(tmp_path):
     assert np.abs(got - want).max() <= bound, (np.abs(got - want).max(), bound)
 
 
+def test_weight_quantized_inside_the_model(tmp_path):
+    """A float weight through QuantizeLinear / DequantizeLinear (not stored as int8): its
+    grid is ONNX's rounding of it, kept exactly; the output is s8 with zero point 0."""
+    r = np.random.default_rng(2)
+    w = r.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    ws = np.float32(np.abs(w).max() / 127)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(0, np.int8), "w": w,
+             "ws": np.array(ws), "wz": np.array(0, np.int8),
+             "ys": np.array(0.1, np.float32), "yz": np.array(0, np.int8)}
+    q, dq = "QuantizeLinear", "DequantizeLinear"
+    nodes = [helper.make_node(q, ["x", "xs", "xz"], ["xq"]),
+             helper.make_node(dq, ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node(q, ["w", "ws", "wz"], ["wq"]),
+             helper.make_node(dq, ["wq", "ws", "wz"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(q, ["c", "ys", "yz"], ["cq"]),
+             helper.make_node(dq, ["cq", "ys", "yz"], ["y"])]
+    onnx.save(_model(nodes, inits, [1, 3, 8, 8]), tmp_path / "w.onnx")
+    assert main(["quantize", str(tmp_path / "w.onnx"), "-o", str(tmp_path / "q")]) == 0
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "w.onnx", samples(6, 5) * 0.5)
+    assert scale == pytest.approx(10)  # s8, zero point 0: the grid kept
+    # x and w on ONNX's grids exactly, so the accumulator is ORT's: only the output's
+    # rounding (half up, not to even; the fixed point's < 0.01 unit) differs
+    assert np.abs(got - want).max() <= 1 / scale + 1e-6
+
+
 def _one_error(capsys, argv, match):
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
