@@ -93,19 +93,19 @@ def schedule_and_build(mod, target: Target, build: Callable,
     kernel TVM then fails to lower is rescheduled by dlight without its cross-thread
     reduction rules (`_reschedule_rejected_cuda`)."""
     if target.kind == "cuda":
-        scheduled, rules = schedule_cuda_module(mod, target)
+        scheduled, chosen = schedule_cuda_module(mod, target)
         try:
-            return scheduled, build(scheduled), rules
+            return scheduled, build(scheduled), chosen
         except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
             scheduled, rejected = _reschedule_rejected_cuda(mod, scheduled, target, build)
-            rules.update(dict.fromkeys(rejected, "cuda-dlight-no-reductions"))
-            return scheduled, build(scheduled), rules
+            chosen.update(dict.fromkeys(rejected, "cuda-dlight-no-reductions"))
+            return scheduled, build(scheduled), chosen
     try:
-        scheduled, rules = schedule_llvm(mod, target, False, on_kernel)
-        return scheduled, build(scheduled), rules
+        scheduled, chosen = schedule_llvm(mod, target, False, on_kernel)
+        return scheduled, build(scheduled), chosen
     except Exception:  # noqa: BLE001 (TVM surfaces codegen failures as assorted types)
-        scheduled, rules = schedule_llvm(mod, target, True)
-        return scheduled, build(scheduled), rules
+        scheduled, chosen = schedule_llvm(mod, target, True)
+        return scheduled, build(scheduled), chosen
 
 
 def _reschedule_rejected_cuda(mod, scheduled, target: Target, build: Callable):
