@@ -184,11 +184,12 @@ def test_cuda_arch_this_nvcc_cannot_build_is_one_clear_error(tmp_path, capsys):
 def test_tvm_errors_of_the_cuda_build_are_one_clear_error(monkeypatch):
     from cvmc.codegen import build
     from cvmc.errors import CvmcError
+    from cvmc.passes.target import Target
 
     def fail(*args):
         raise ValueError("The arch is not expected sm_80")
     monkeypatch.setattr(build, "cuda_translation_unit", fail)
     with pytest.raises(CvmcError) as error:
-        build.build_cuda(None, "sm_80")
+        build.build_cuda(None, Target.make("cuda"))
     assert error.value.message == ("--arch sm_80: TVM could not generate CUDA code (The arch "
                                    "is not expected sm_80)")

@@ -94,9 +94,10 @@ def test_identical_kernels_are_built_once(tmp_path):
     from cvmc.codegen import compile_model
     from cvmc.lowering.lower import lower_graph
     from cvmc.ops.infer import infer_precision
+    from cvmc.passes.target import Target
 
     g = infer_precision(parse_nnef(chain(40), "chain.nnef"))
-    mod, groups, plan = lower_graph(g)
+    mod, groups, plan = lower_graph(g, Target.make())
     symbols = [k["symbol"] for k in plan["kernels"]]
     assert len(groups) == 6 and len(mod.functions) == 2
     assert symbols[:5] == [symbols[0]] * 5 and symbols[5] != symbols[0]

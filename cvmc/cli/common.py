@@ -139,7 +139,7 @@ def positive(text: str) -> int:
 
 def cuda_arch(text: str) -> str:
     """An argparse type: a CUDA arch cvmc compiles for (sm_61 or newer)."""
-    from cvmc.codegen.build import cuda_arch_problem
+    from cvmc.passes.target import cuda_arch_problem
     problem = cuda_arch_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)

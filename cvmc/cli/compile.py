@@ -53,6 +53,7 @@ def compile_checked_model(args) -> int:
     from cvmc.frontend import load_checked
     from cvmc.frontend.printer import graph_dumper
     from cvmc.passes.pipeline import run_pipeline
+    from cvmc.passes.target import Target
 
     output = writable_file(args.output, "-o")
     emits = _emit_paths(output, args.emit, args.target)
@@ -61,17 +62,17 @@ def compile_checked_model(args) -> int:
     progress = RichProgress(console) if console.is_terminal else Quiet()
     with progress.stage("load"):
         graph = load_checked(args.model, quant=args.quant, params=args.params)
+    target = Target.make(args.target, args.mcpu, args.arch)  # once, for passes and build
     if args.stop_after or args.dump_ir:
         with progress.stage("passes"):
             dump = graph_dumper(args.dump_ir) if args.dump_ir else None
             graph = run_pipeline(graph, stop_after=args.stop_after, after_pass=dump,
-                                 target=args.target)
+                                 target=target)
     if args.stop_after:
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0
-    quantization = beside_model(args.model)
-    result = compile_model(graph, output, args.target, args.mcpu, args.arch, progress,
-                           quantization)
+    result = compile_model(graph, output, target, progress=progress,
+                           quantization=beside_model(args.model))
     extras = {"tir": result.tir, "plan": json.dumps(result.plan, indent=1),
               "source": result.source}
     for kind, path in emits.items():

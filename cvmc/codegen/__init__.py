@@ -10,8 +10,7 @@ from pathlib import Path
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
-
-TARGETS = ("llvm", "cuda")
+from cvmc.passes.target import Target
 
 
 @dataclass
@@ -37,25 +36,29 @@ class Quiet:
         """One step of the current stage done."""
 
 
-def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
-                  mcpu: str | None = None, arch: str = "sm_80", progress=None,
+def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm",
+                  mcpu: str | None = None, arch: str | None = None, progress=None,
                   quantization: Mapping | str | os.PathLike | None = None) -> CompileResult:
     """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
-    .cvmx file. (The pipeline is idempotent: a graph that has been through it already,
-    as `cvmc compile` does to dump it, is unchanged.) `quantization`: the scales of a
-    quantized model (a quantization.json path or its object), recorded in the plan."""
+    .cvmx file. `target` is a Target, or a kind that `Target.make` builds one of with
+    `mcpu` (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
+    idempotent: a graph that has been through it already, as `cvmc compile` does to dump
+    it, is unchanged.) `quantization`: the scales of a quantized model (a quantization.json
+    path or its object), recorded in the plan."""
     from cvmc_runtime import write_artifact
 
-    from cvmc.codegen.build import build_cuda, build_llvm
+    from cvmc.codegen.build import build_cuda, build_llvm, check_cuda_arch
     from cvmc.codegen.quantization import check_quantization, record_scales
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
 
-    if target not in TARGETS:
-        raise CvmcError(f"unknown target '{target}'; expected one of {', '.join(TARGETS)}")
-    if target == "cuda":
-        from cvmc.codegen.build import check_cuda_arch
-        check_cuda_arch(arch)
+    if isinstance(target, Target):
+        if mcpu is not None or arch is not None:
+            raise CvmcError("compile: give mcpu and arch to Target.make, not beside a Target")
+    else:
+        target = Target.make(target, mcpu, arch)
+    if target.kind == "cuda":
+        check_cuda_arch(target)
     writable_file(output, "artifact")  # before the work, not after it
     progress = progress or Quiet()
     start = time.perf_counter()
@@ -66,10 +69,10 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
         mod, _, plan = lower_graph(graph, target)
     if scales:
         record_scales(plan, scales)
-    with progress.stage(f"schedule + build ({target})", len(mod.functions)) as stage:
-        built = build_llvm(mod, mcpu, stage.advance, plan) if target == "llvm" \
-            else build_cuda(mod, arch, stage.advance, plan)
-    plan.update(target=built.target, device="cpu" if target == "llvm" else "cuda")
+    with progress.stage(f"schedule + build ({target.kind})", len(mod.functions)) as stage:
+        build = build_llvm if target.kind == "llvm" else build_cuda
+        built = build(mod, target, stage.advance, plan)
+    plan.update(target=built.target, device="cpu" if target.kind == "llvm" else "cuda")
     for kernel in plan["kernels"]:
         kernel["schedule"] = built.schedules[kernel["symbol"]]
     with progress.stage("write artifact"):

@@ -20,12 +20,11 @@ from pathlib import Path
 from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
 from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
+from cvmc.lowering.rules import schedule_and_build
 from cvmc.lowering.schedule import cuda_target, reads_own_output
+from cvmc.passes.target import Target, host_cpu
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
-# The oldest CUDA GPUs the kernels run on: compute capability 6.1 brought dp4a, which the
-# conv and dense schedules use.
-MIN_CUDA_ARCH = 61
 
 
 @dataclass
@@ -39,18 +38,6 @@ class Built:
     source: str
     source_suffix: str
     schedules: dict[str, str]
-
-
-@functools.cache
-def host_cpu() -> str:
-    """The host CPU's LLVM name (never LLVM's generic fallback)."""
-    import tvm
-    return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
-
-
-def llvm_target(mcpu: str | None) -> dict:
-    """The llvm target dict for `mcpu` (default: the host CPU)."""
-    return {"kind": "llvm", "mcpu": mcpu or host_cpu()}
 
 
 def _gcc_object(source: str, folder: Path, name: str, what: str) -> Path:
@@ -93,54 +80,19 @@ def kernel_signatures(mod, plan: dict) -> list[dict]:
     return out
 
 
-def schedule_module(mod, target: dict, scalar: bool = False,
-                    on_kernel: Callable[[str], None] | None = None):
-    """(scheduled module, {kernel: schedule rule}) for `target` (llvm: the schedule
-    table, `cvmc.lowering.rules`; cuda: its rows of the table, then dlight)."""
-    import tvm
-
-    from cvmc.lowering.rules import schedule_cuda_module, schedule_llvm
-
-    if target["kind"] == "cuda":
-        return schedule_cuda_module(mod, tvm.target.Target(target))
-    return schedule_llvm(mod, target["mcpu"], scalar, on_kernel)
-
-
-def _check_cpu(mcpu: str) -> None:
-    """Reject a CPU name LLVM does not know (it would silently fall back to generic)."""
-    import tvm
-    from tvm.target import codegen
-
-    triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
-    if not codegen.llvm_is_valid_cpu(mcpu, triple):
-        close = [c for c in codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm"}))
-                 if c[:3] == mcpu[:3]][:8]
-        hint = f"; similar: {', '.join(close)}" if close else ""
-        raise CvmcError(f"--mcpu {mcpu}: not a CPU LLVM knows for {triple}{hint}")
-
-
-def build_llvm(mod, mcpu: str | None = None,
-               on_kernel: Callable[[str], None] | None = None,
+def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = None,
                plan: dict | None = None) -> Built:
-    """Schedule and compile `mod` for the CPU; returns the linked library, holding the
-    signature of `plan`'s kernels when given (a library to load with cvmc_runtime.load
-    needs it)."""
+    """Schedule (the schedule table, `cvmc.lowering.rules`) and compile `mod` for the CPU
+    of `target`; returns the linked library, holding the signature of `plan`'s kernels
+    when given (a library to load with cvmc_runtime.load needs it)."""
     import tvm
     from cvmc_runtime import signature_json
 
-    target = llvm_target(mcpu)
-    _check_cpu(target["mcpu"])
-    features = needed_features(target["mcpu"])
-    warn_if_not_host(target["mcpu"], host_cpu(), features)
-    try:
-        scheduled, rules = schedule_module(mod, target, False, on_kernel)
-        ex = tvm.compile(scheduled, target=target)
-    except Exception:  # noqa: BLE001 (TVM surfaces codegen failures as assorted types)
-        # A kernel the vectoriser rejects still compiles with the scalar inner loop; if
-        # this fails too, its error propagates.
-        scheduled, rules = schedule_module(mod, target, True)
-        ex = tvm.compile(scheduled, target=target)
-    built_for = {**target, "features": features}
+    features = needed_features(target.mcpu)
+    warn_if_not_host(target.mcpu, host_cpu(), features)
+    scheduled, ex, rules = schedule_and_build(
+        mod, target, lambda m: tvm.compile(m, target=target.describe()), on_kernel)
+    built_for = {**target.describe(), "features": features}
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         addons = [_shim_object()]
         if plan is not None:
@@ -163,22 +115,18 @@ def find_nvcc() -> str:
                     "none found at /usr/local/cuda/bin/nvcc or on PATH")
 
 
-def cuda_translation_unit(mod, arch: str, on_kernel: Callable[[str], None] | None = None):
+def cuda_translation_unit(mod, target: Target,
+                          on_kernel: Callable[[str], None] | None = None):
     """(scheduled module, one .cu source with kernels, host wrappers and memory helpers,
-    {kernel: schedule rule})."""
+    {kernel: schedule rule}) for the GPU of `target`."""
     import tvm
     import tvm.backend.cuda
 
     from cvmc.codegen.shim import CUDA_DEVICE_HELPERS_CU, CUDA_HELPERS_CU
 
-    target = tvm.target.Target(cuda_target(arch), host={"kind": "cuda_host"})
-    scheduled, rules = schedule_module(mod, cuda_target(arch))
-    try:
-        ex = tvm.compile(scheduled, target=target)
-    except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
-        scheduled, rejected = _reschedule_rejected_cuda(mod, scheduled, target, arch)
-        rules.update(dict.fromkeys(rejected, "cuda-dlight-no-reductions"))
-        ex = tvm.compile(scheduled, target=target)
+    device = tvm.target.Target(cuda_target(target.arch), host={"kind": "cuda_host"})
+    scheduled, ex, rules = schedule_and_build(mod, target,
+                                              lambda m: tvm.compile(m, target=device))
     # A function left without thread bindings compiles to host-only code: catch it here.
     if len(ex.mod.imports) == 0:
         raise CvmcError("cuda build produced no device code")
@@ -209,27 +157,6 @@ def without_restrict(source: str, symbols: list[str]) -> str:
                    for line in source.splitlines(keepends=True))
 
 
-def _reschedule_rejected_cuda(mod, scheduled, target, arch: str):
-    """(`scheduled` with every kernel that TVM fails to lower rescheduled by dlight without
-    its cross-thread reduction rules, the names of those kernels); each kernel is tried
-    alone to find them."""
-    import tvm
-
-    from cvmc.lowering.schedule import schedule_cuda
-
-    funcs, rejected = {}, []
-    for gv, func in scheduled.functions.items():
-        try:
-            tvm.compile(tvm.IRModule({gv: func}), target=target)
-            funcs[gv] = func
-        except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
-            alone = tvm.IRModule({gv: mod[gv.name_hint]})
-            funcs[gv] = schedule_cuda(alone, tvm.target.Target(cuda_target(arch)),
-                                      reductions=False)[gv.name_hint]
-            rejected.append(gv.name_hint)
-    return tvm.IRModule(funcs), rejected
-
-
 def nvcc_shared(source: str, arch: str, output: Path) -> None:
     """Compile a .cu translation unit ahead of time into a shared library."""
     import tvm_ffi
@@ -249,23 +176,10 @@ def nvcc_shared(source: str, arch: str, output: Path) -> None:
         raise CvmcError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
 
 
-def cuda_arch_problem(arch: str) -> str | None:
-    """Why `arch` names no CUDA GPU cvmc compiles for (None when it does): it must be
-    sm_<major><minor>, compute capability 6.1 or newer."""
-    digits = arch.removeprefix("sm_")
-    if arch.startswith("sm_") and re.fullmatch(r"[1-9][0-9]+", digits) \
-            and int(digits) >= MIN_CUDA_ARCH:
-        return None
-    return (f"expected sm_<major><minor> of compute capability 6.1 or newer (the kernels use "
-            f"dp4a), e.g. sm_80 or sm_90; got '{arch}'")
-
-
-def check_cuda_arch(arch: str) -> None:
-    """Raise a CvmcError unless cvmc and this machine's nvcc can build for `arch` (checked
-    before any work: TVM and nvcc would fail late, TVM with a traceback)."""
-    problem = cuda_arch_problem(arch)
-    if problem:
-        raise CvmcError(f"--arch {arch}: {problem}")
+def check_cuda_arch(target: Target) -> None:
+    """Raise a CvmcError unless this machine's nvcc can build for the arch of `target`
+    (checked before any work: nvcc would fail late)."""
+    arch = target.arch
     nvcc = find_nvcc()
     listed = subprocess.run([nvcc, "--list-gpu-arch"], check=False, capture_output=True,
                             text=True)
@@ -276,17 +190,16 @@ def check_cuda_arch(arch: str) -> None:
         raise CvmcError(f"--arch {arch}: {nvcc} cannot build for it; it builds for {archs}")
 
 
-def build_cuda(mod, arch: str = "sm_80",
-               on_kernel: Callable[[str], None] | None = None,
+def build_cuda(mod, target: Target, on_kernel: Callable[[str], None] | None = None,
                plan: dict | None = None) -> Built:
-    """Schedule, generate and nvcc-compile `mod` for a CUDA GPU of compute capability
-    `arch` (checked by check_cuda_arch first), with the signature of `plan`'s kernels when
-    given (as build_llvm)."""
+    """Schedule, generate and nvcc-compile `mod` for the CUDA GPU of `target` (its arch
+    checked by check_cuda_arch first), with the signature of `plan`'s kernels when given
+    (as build_llvm)."""
     from cvmc_runtime import signature_json
 
-    target = {"kind": "cuda", "arch": arch}
+    arch = target.arch
     try:
-        scheduled, source, rules = cuda_translation_unit(mod, arch, on_kernel)
+        scheduled, source, rules = cuda_translation_unit(mod, target, on_kernel)
     except (CvmcError, KeyboardInterrupt):
         raise
     except Exception as e:  # noqa: BLE001 (TVM raises assorted types; none may escape raw)
@@ -294,8 +207,10 @@ def build_cuda(mod, arch: str = "sm_80",
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({reason})") from None
     if plan is not None:
-        source += signature_source(signature_json(target, kernel_signatures(mod, plan)))
+        source += signature_source(signature_json(target.describe(),
+                                                  kernel_signatures(mod, plan)))
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)
-        return Built(lib.read_bytes(), target, scheduled.script(), source, "cu", rules)
+        return Built(lib.read_bytes(), target.describe(), scheduled.script(), source, "cu",
+                     rules)

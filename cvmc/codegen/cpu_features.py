@@ -19,6 +19,7 @@ import warnings
 from cvmc_runtime import CPUINFO_FLAGS, host_flags
 
 from cvmc.errors import CvmcError
+from cvmc.passes.target import llvm_features
 
 NEVER_EMITTED = frozenset({
     "amx-avx512", "amx-bf16", "amx-complex", "amx-fp16", "amx-fp8", "amx-int8", "amx-movrs",
@@ -49,15 +50,6 @@ def classify(feature: str) -> str:
     if feature in TUNING or feature.startswith(TUNING_PREFIXES):
         return "tuning"
     return "unknown"
-
-
-def llvm_features(mcpu: str) -> frozenset[str]:
-    """The features LLVM enables for `mcpu`."""
-    import tvm
-    from tvm.target import codegen
-
-    return frozenset(str(f) for f in codegen.llvm_get_cpu_features(
-        tvm.target.Target({"kind": "llvm", "mcpu": mcpu})))
 
 
 @functools.cache

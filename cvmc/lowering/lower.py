@@ -17,6 +17,7 @@ from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.fusion import Group, fuse_kernels, kernel_groups
+from cvmc.passes.target import Target
 
 
 def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[str, object]):
@@ -68,20 +69,18 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
     return func, [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in extra]
 
 
-def needs_global_memory(func) -> bool:
-    """True if `func`, scheduled for CUDA (the CUDA rows of the schedule table, then dlight),
-    still allocates a global intermediate buffer, or if one of its reductions reads
-    another's result (argmax: the maximum, then its index): dlight cannot keep that on
-    chip, and TVM's fallback then needs a global workspace, which CUDA kernels built for
-    `cuda_host` cannot allocate."""
+def needs_global_memory(func, target: Target) -> bool:
+    """True if `func`, scheduled for the GPU of `target` (the CUDA rows of the schedule
+    table, then dlight), still allocates a global intermediate buffer, or if one of its
+    reductions reads another's result (argmax: the maximum, then its index): dlight cannot
+    keep that on chip, and TVM's fallback then needs a global workspace, which CUDA kernels
+    built for `cuda_host` cannot allocate."""
     import tvm
     from tvm import s_tir
 
     from cvmc.lowering.rules import schedule_cuda_module
-    from cvmc.lowering.schedule import cuda_target
 
-    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}),
-                                  tvm.target.Target(cuda_target("sm_80")))
+    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}), target)
     allocs = [line for line in mod.script().splitlines() if "alloc_buffer(" in line]
     if any("scope=" not in line or 'scope="global"' in line for line in allocs):
         return True
@@ -129,7 +128,7 @@ def nbytes(t: TensorType) -> int:
     return t.size * np.dtype(t.dtype).itemsize
 
 
-def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
+def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
     """(IRModule of one PrimFunc per fused group, groups, execution plan dict).
 
     Kernel symbols are `<prefix><index>_<ops>`; a kernel that computes what an earlier one
@@ -138,7 +137,7 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
     """
     import tvm
 
-    cuda = target == "cuda"
+    cuda = target.kind == "cuda"
     # A graph straight from a frontend has no partition yet: the fusion pass makes it.
     groups = kernel_groups(graph if graph.kernels else fuse_kernels(graph, target))
     funcs, scratch = {}, {}
@@ -147,7 +146,7 @@ def lower_graph(graph: Graph, target: str = "llvm", prefix: str = "k"):
         symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
         funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
                                             graph.types, symbol)
-        if cuda and needs_global_memory(funcs[symbol]):
+        if cuda and needs_global_memory(funcs[symbol], target):
             funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
                                                 graph.types, symbol, scratch=True)
         scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),

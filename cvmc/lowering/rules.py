@@ -1,4 +1,5 @@
-"""The schedule table: which schedule each CPU kernel gets, by anchor op and CPU features.
+"""The schedule table: which schedule each kernel gets, by anchor op and the Target's CPU
+features, and every fallback when TVM or LLVM rejects one (codegen only builds).
 
 A kernel's anchor is the first op of its fused group (`cvmc.anchor` on its PrimFunc). The
 first rule whose anchor and required CPU features match is tried; if TVM rejects it, the
@@ -13,9 +14,15 @@ from dataclasses import dataclass
 
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise
-from cvmc.lowering.schedule import schedule_cpu, schedule_layout_transform
+from cvmc.lowering.schedule import (
+    cuda_target,
+    schedule_cpu,
+    schedule_cuda,
+    schedule_layout_transform,
+)
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
 from cvmc.ops.te import ANCHOR_ATTR
+from cvmc.passes.target import Target
 
 
 @dataclass(frozen=True)
@@ -47,23 +54,11 @@ SCALAR_RULE = ScheduleRule("cpu-scalar", None, (),
                            functools.partial(schedule_cpu, vectorize=False))
 
 
-@functools.cache
-def cpu_features(mcpu: str) -> frozenset[str]:
-    """The table's features that LLVM's CPU `mcpu` has."""
-    import tvm
-    from tvm.target import codegen
-
-    target = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
-    wanted = {f for rule in SCHEDULE_TABLE for f in rule.features}
-    return frozenset(f for f in wanted if codegen.llvm_cpu_has_features([f], target))
-
-
-def schedule_llvm(mod, mcpu: str, scalar: bool = False,
+def schedule_llvm(mod, target: Target, scalar: bool = False,
                   on_kernel: Callable[[str], None] | None = None):
-    """(scheduled module, {kernel symbol: rule name}) for CPU `mcpu`."""
-    features = cpu_features(mcpu)
+    """(scheduled module, {kernel symbol: rule name}) for the CPU of `target`."""
     return _apply_rows(mod, lambda anchor: [SCALAR_RULE] if scalar else [
-        r for r in SCHEDULE_TABLE if r.anchor in (None, anchor) and set(r.features) <= features
+        r for r in SCHEDULE_TABLE if r.anchor in (None, anchor) and target.has(r.features)
     ], on_kernel)
 
 
@@ -77,16 +72,60 @@ CUDA_TABLE: list[ScheduleRule] = [
 ]
 
 
-def schedule_cuda_module(mod, target):
-    """(scheduled module, {kernel symbol: rule name}) for the CUDA `target`."""
-    from cvmc.lowering.schedule import schedule_cuda
+def schedule_cuda_module(mod, target: Target):
+    """(scheduled module, {kernel symbol: rule name}) for the GPU of `target`."""
+    import tvm
 
     mod, chosen = _apply_rows(mod, lambda anchor: [r for r in CUDA_TABLE if r.anchor == anchor])
     # dlight leaves alone the functions marked scheduled
     mod = type(mod)({gv: f.with_attr("tirx.is_scheduled", True) if gv.name_hint in chosen
                      else f for gv, f in mod.functions.items()})
-    mod = schedule_cuda(mod, target)
+    mod = schedule_cuda(mod, tvm.target.Target(cuda_target(target.arch)))
     return mod, {gv.name_hint: chosen.get(gv.name_hint, "cuda-dlight") for gv in mod.functions}
+
+
+def schedule_and_build(mod, target: Target, build: Callable,
+                       on_kernel: Callable[[str], None] | None = None):
+    """(scheduled module, `build(scheduled module)`, {kernel symbol: rule name}) for
+    `target`, falling back where the build rejects a schedule. llvm: the table's rows;
+    if the build fails (a kernel the vectoriser rejects), the whole module again with the
+    scalar inner loop (its error propagates). cuda: `CUDA_TABLE`'s rows, then dlight; a
+    kernel TVM then fails to lower is rescheduled by dlight without its cross-thread
+    reduction rules (`_reschedule_rejected_cuda`)."""
+    if target.kind == "cuda":
+        scheduled, chosen = schedule_cuda_module(mod, target)
+        try:
+            return scheduled, build(scheduled), chosen
+        except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
+            scheduled, rejected = _reschedule_rejected_cuda(mod, scheduled, target, build)
+            chosen.update(dict.fromkeys(rejected, "cuda-dlight-no-reductions"))
+            return scheduled, build(scheduled), chosen
+    try:
+        scheduled, chosen = schedule_llvm(mod, target, False, on_kernel)
+        return scheduled, build(scheduled), chosen
+    except Exception:  # noqa: BLE001 (TVM surfaces codegen failures as assorted types)
+        scheduled, chosen = schedule_llvm(mod, target, True)
+        return scheduled, build(scheduled), chosen
+
+
+def _reschedule_rejected_cuda(mod, scheduled, target: Target, build: Callable):
+    """(`scheduled` with every kernel that `build` fails to lower rescheduled by dlight
+    without its cross-thread reduction rules, the names of those kernels); each kernel is
+    tried alone to find them. dlight's GeneralReduction rule can emit a schedule that TVM
+    0.27's lowering rejects (small strided or dilated convs)."""
+    import tvm
+
+    funcs, rejected = {}, []
+    for gv, func in scheduled.functions.items():
+        try:
+            build(tvm.IRModule({gv: func}))
+            funcs[gv] = func
+        except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
+            alone = tvm.IRModule({gv: mod[gv.name_hint]})
+            funcs[gv] = schedule_cuda(alone, tvm.target.Target(cuda_target(target.arch)),
+                                      reductions=False)[gv.name_hint]
+            rejected.append(gv.name_hint)
+    return tvm.IRModule(funcs), rejected
 
 
 def _apply_rows(mod, rows_for: Callable[[str | None], list[ScheduleRule]],

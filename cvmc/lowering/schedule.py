@@ -242,7 +242,8 @@ def schedule_cuda(mod, target, reductions: bool = True):
 
     With `reductions=False` the cross-thread reduction rules are left out: dlight's
     GeneralReduction rule can emit a schedule that TVM 0.27's lowering then rejects
-    (small strided/dilated convs); the build retries such kernels without them.
+    (small strided/dilated convs); `rules.schedule_and_build` retries such kernels
+    without them.
     """
     from tvm import s_tir
     from tvm.s_tir import dlight as dl
@@ -252,7 +253,7 @@ def schedule_cuda(mod, target, reductions: bool = True):
         rules += [dl.gpu.Reduction(), dl.gpu.GeneralReduction()]
     rules = [_guarded(rule) for rule in rules]
     # dlight updates the module it is given in place: schedule a copy, so the caller's
-    # unscheduled module stays as it was (the build may reschedule from it).
+    # unscheduled module stays as it was (`rules.schedule_and_build` may reschedule from it).
     mod = type(mod)(dict(mod.functions))
     with target:
         mod = dl.ApplyDefaultSchedule(*rules, dl.gpu.Fallback())(mod)

@@ -10,7 +10,7 @@ when that value has exactly this one consumer, is not a graph output, and that g
 is the most recent one, so every other input is already computed when the group runs.
 conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues (on
 the CPU; on CUDA only the anchors that a CUDA schedule of cvmc's own takes with its
-epilogue, the anchors of `cvmc.lowering.rules.CUDA_TABLE`: dlight schedules the others without one);
+epilogue: `Target.epilogue_anchors`; dlight schedules the others without one);
 reductions and opaque ops stand alone (their consumers start a new group).
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.registry import Fusion
+from cvmc.passes.target import Target
 
 _LIGHT = (Fusion.ELEMWISE, Fusion.BROADCAST)
 # Nodes per group: TVM's simplifier takes time exponential in the depth of an inlined
@@ -53,15 +54,9 @@ class Group:
         return [n.op for n in self.nodes]
 
 
-# The ops whose CUDA kernels take their element-wise epilogue: those a row of the CUDA
-# schedule table (cvmc.lowering.rules.CUDA_TABLE) is anchored on; dlight, which schedules
-# the rest, wants a reduction alone (tests/lowering/test_fusion_and_plan.py checks they agree).
-CUDA_EPILOGUE_ANCHORS = frozenset({"conv2d", "conv2d_packed", "dense"})
-
-
-def fuse_kernels(graph: Graph, target: str | None = None) -> Graph:
+def fuse_kernels(graph: Graph, target: Target) -> Graph:
     """The graph with its kernel partition for `target` recorded in `Graph.kernels`."""
-    groups = fuse_groups(graph, CUDA_EPILOGUE_ANCHORS if target == "cuda" else None)
+    groups = fuse_groups(graph, target.epilogue_anchors)
     return graph.replace(kernels=[[n.name for n in g.nodes] for g in groups])
 
 

@@ -13,7 +13,7 @@ llvm and cuda targets run this pass; the schedule table then picks, per CPU, VNN
 plain vector loop for it, and on CUDA `dp4a` (`cvmc/lowering/rules.py`).
 
 A dense (M, K) x (N, K) becomes that conv on (M, K, 1, 1) data, between two reshapes (on
-the CPU; on CUDA dense stays as it is: `_PACKED_OPS`). A grouped conv is packed where each
+the CPU; on CUDA dense stays as it is: `Target.packs`). A grouped conv is packed where each
 group has whole 16-channel output blocks (its data stays NCHW). Left as they are (their
 kernels keep the default schedule): depthwise convs (their own rule) and other grouped
 ones, a weight that is not a constant, and reductions longer than `MAX_PACKED_REDUCTION`.
@@ -33,16 +33,11 @@ from cvmc.ops import lookup
 from cvmc.ops.infer import infer_precision
 from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIGHT_LAYOUT
 from cvmc.ops.registry import Attrs, Fusion
-
-# Ops whose kernels take the packed form, per target. CUDA keeps dense as it is (its own
-# dp4a rule, a warp per output): as a conv on one pixel it gives too few threads (H200:
-# dense 1024 -> 1000 81 us, under 15 us as dlight's GEMV on int32).
-_PACKED_OPS = {"llvm": ("conv2d", "dense"), "cuda": ("conv2d",)}
+from cvmc.passes.target import Target
 
 
-def _packable(graph: Graph, node: Node, target: str | None) -> bool:
-    if node.op not in _PACKED_OPS.get(target, ("conv2d", "dense")) or \
-            node.inputs[1] not in graph.constants:
+def _packable(graph: Graph, node: Node, target: Target) -> bool:
+    if not target.packs(node.op) or node.inputs[1] not in graph.constants:
         return False
     w = graph.types[node.inputs[1]].shape
     groups = node.attrs.get("groups", 1)
@@ -51,10 +46,10 @@ def _packable(graph: Graph, node: Node, target: str | None) -> bool:
         int(np.prod(w[1:], dtype=np.int64)) <= MAX_PACKED_REDUCTION
 
 
-def pack_conv_weights(graph: Graph, target: str | None = None) -> Graph:
+def pack_conv_weights(graph: Graph, target: Target) -> Graph:
     """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
-    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes (llvm
-    only: `_PACKED_OPS`). The pipeline runs it for llvm and cuda."""
+    (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes (where
+    `target` packs dense: llvm). The pipeline runs it for llvm and cuda."""
     types, nodes = dict(graph.types), []
     taken = set(graph.values())
 
@@ -133,7 +128,7 @@ def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
     return blockable, seeds
 
 
-def block_activations(graph: Graph, target: str | None = None) -> Graph:
+def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     """Keep activations between conv2d_packed kernels in NCHW16c (llvm and cuda): a value
     is blocked when it can be (`_blockable`) and a layout-aware node reads it: a
     conv2d_packed as its data, or an element-wise node computing blocked. Any other

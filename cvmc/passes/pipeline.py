@@ -9,10 +9,11 @@ from cvmc.ops.infer import infer_precision
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
+from cvmc.passes.target import Target
 
-# (name, pass, targets): a pass with targets runs only when compiling for one of them
-# (`cvmc check` and the reference interpreter see the graph as written) and is given
-# the target: `fn(graph, target)`.
+# (name, pass, targets): a pass with targets runs only when compiling for one of their
+# kinds (`cvmc check` and the reference interpreter see the graph as written) and is
+# given the Target: `fn(graph, target)`.
 PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # Shapes are inferred as the frontend builds the graph; precisions need the whole
     # graph (weights' data), and prove int32 never overflows.
@@ -43,15 +44,15 @@ def pass_names() -> list[str]:
 
 def run_pipeline(graph: Graph, stop_after: str | None = None,
                  after_pass: Callable[[int, str, Graph], None] | None = None,
-                 target: str | None = None) -> Graph:
-    """Run the passes in order (those for `target` too), calling `after_pass(index, name,
-    graph)` after each (`--dump-ir`: `cvmc.frontend.printer.graph_dumper`), and stop after
-    `stop_after`. Running it on its own output changes nothing."""
+                 target: Target | None = None) -> Graph:
+    """Run the passes in order (those for `target`'s kind too), calling `after_pass(index,
+    name, graph)` after each (`--dump-ir`: `cvmc.frontend.printer.graph_dumper`), and stop
+    after `stop_after`. Running it on its own output changes nothing."""
     if stop_after is not None and stop_after not in pass_names():
         raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
                         f"passes: {', '.join(pass_names())}")
     for index, (name, fn, targets) in enumerate(PASSES):
-        if targets and target not in targets:
+        if targets and (target is None or target.kind not in targets):
             continue
         graph = fn(graph, target) if targets else fn(graph)
         graph.verify()

@@ -21,6 +21,7 @@ from cvmc_runtime.model import ALIGNMENT
 
 from cvmc.codegen.build import build_llvm
 from cvmc.lowering.lower import lower_graph
+from cvmc.passes.target import Target
 from tests.codegen.op_cases import CASES, case_id
 from tests.guard_pages import PLACEMENTS, GuardWorker, guarded_empty, progress
 from tests.oputil import assert_matches, one_op_graph, run_reference
@@ -83,8 +84,8 @@ def test_kernels_stay_inside_their_buffers(index, tmp_path, worker):
     g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
     xs = [arr for arr, _ in case.inputs]
     want = run_reference(g, xs)
-    mod, _, plan = lower_graph(g, "llvm")
-    (tmp_path / "kernels.so").write_bytes(build_llvm(mod).library)
+    mod, _, plan = lower_graph(g, Target.make())
+    (tmp_path / "kernels.so").write_bytes(build_llvm(mod, Target.make()).library)
     values = {**{n: xs[int(n[1:])] for n in g.inputs}, **g.constants}
     (tmp_path / "job.pkl").write_bytes(pickle.dumps((plan, values, index)))
     worker.call(f"{__name__}:run_guarded", library=str(tmp_path / "kernels.so"),

@@ -10,6 +10,7 @@ import pytest
 
 from cvmc.errors import CvmcError
 from cvmc.ops import all_ops, lookup
+from cvmc.passes.target import Target
 from tests.codegen.op_cases import CASES, case_id
 from tests.oputil import check_op, one_op_graph
 
@@ -34,7 +35,7 @@ def cuda_module_of_cases():
     funcs, plans = {}, {}
     for index, case in enumerate(CASES):
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, plans[index] = lower_graph(g, "cuda", prefix=f"c{index}_")
+        mod, _, plans[index] = lower_graph(g, Target.make("cuda"), prefix=f"c{index}_")
         funcs.update({gv.name_hint: f for gv, f in mod.functions.items()})
     return tvm.IRModule(funcs), plans
 
@@ -48,7 +49,7 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     except CvmcError as e:
         pytest.skip(e.message)
     mod, plans = cuda_module_of_cases()
-    _, source, _ = cuda_translation_unit(mod, "sm_80")
+    _, source, _ = cuda_translation_unit(mod, Target.make("cuda"))
     symbols = [k["symbol"] for p in plans.values() for k in p["kernels"]]
     for symbol in symbols:
         assert f"{symbol}_kernel" in source, f"{symbol}: no device kernel generated"
@@ -69,7 +70,7 @@ def test_no_kernel_uses_floating_point(target):
         if not lookup(case.op).integer_op:
             continue
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights)
-        mod, _, _ = lower_graph(g, target, prefix=f"c{index}_")
+        mod, _, _ = lower_graph(g, Target.make(target), prefix=f"c{index}_")
         script = mod.script()
         assert "float" not in script and "bfloat" not in script, f"{case.op} uses floats"
 
@@ -99,8 +100,8 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
     for op, restrict in (("min_reduce", False), ("broadcast_add", True)):
         case = next(c for c in CASES if c.op == op)
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, _ = lower_graph(g, "cuda")
-        _, source, _ = cuda_translation_unit(mod, "sm_80")
+        mod, _, _ = lower_graph(g, Target.make("cuda"))
+        _, source, _ = cuda_translation_unit(mod, Target.make("cuda"))
         kernels = [line for line in source.splitlines() if "__global__" in line]
         assert kernels and all(("__restrict__" in k) == restrict for k in kernels), kernels
 
@@ -108,14 +109,13 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
 def test_every_cuda_conv2d_kernel_gets_the_register_tile_rule():
     """cvmc's CUDA conv schedule takes every conv2d case (strided, dilated, grouped, with
     bias): none is left to dlight's one-output-per-thread fallback."""
-    from cvmc.codegen.build import schedule_module
     from cvmc.lowering.lower import lower_graph
-    from cvmc.lowering.schedule import cuda_target
+    from cvmc.lowering.rules import schedule_cuda_module
 
     cases = [c for c in CASES if c.op == "conv2d"]
     assert len(cases) >= 4
     for case in cases:
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, _ = lower_graph(g, "cuda")
-        _, rules = schedule_module(mod, cuda_target("sm_80"))
+        mod, _, _ = lower_graph(g, Target.make("cuda"))
+        _, rules = schedule_cuda_module(mod, Target.make("cuda"))
         assert set(rules.values()) == {"cuda-conv-register-tile"}, (case.attrs, rules)

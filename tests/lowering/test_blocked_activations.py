@@ -15,6 +15,7 @@ from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
 from cvmc.passes.layout import block_activations
 from cvmc.passes.pipeline import run_pipeline
+from cvmc.passes.target import Target
 from tests.codegen.op_cases import packed_conv_inputs, rand
 from tests.lowering.test_conv_schedule import run_both
 from tests.lowering.test_fusion_and_plan import graph
@@ -40,7 +41,7 @@ def chain(x_shape, convs, outputs=None, tail=()):
 
 def blocked(g):
     """The graph after `block-activations` (llvm pipeline)."""
-    return run_pipeline(g, stop_after="block-activations", target="llvm")
+    return run_pipeline(g, stop_after="block-activations", target=Target.make())
 
 
 def layouts(g) -> list[tuple[str, str]]:
@@ -211,9 +212,11 @@ def test_cuda_pipeline_blocks_the_same_and_keeps_dense():
     """CUDA gets the same packed convs and blocked activations as the CPU (a blocked conv
     reads 4 channels of a pixel as one 32-bit word there); dense stays dense on CUDA
     (dlight's GEMV) and becomes a packed 1x1 conv on the CPU."""
-    cuda = run_pipeline(resnet_like(), stop_after="block-activations", target="cuda")
+    cuda = run_pipeline(resnet_like(), stop_after="block-activations",
+                        target=Target.make("cuda"))
     assert layouts(cuda) == layouts(blocked(resnet_like()))
     g = graph({"x": ((1, 64), 8)}, [("dense", ["x", "w", "b"], "y", {})], ["y"],
               {"w": rand((10, 64), 8, 50), "b": rand((10,), 12, 51)})
-    ops = {t: [n.op for n in run_pipeline(g, target=t).nodes] for t in ("llvm", "cuda")}
+    ops = {t: [n.op for n in run_pipeline(g, target=Target.make(t)).nodes]
+           for t in ("llvm", "cuda")}
     assert ops == {"llvm": ["reshape", "conv2d_packed", "reshape"], "cuda": ["dense"]}

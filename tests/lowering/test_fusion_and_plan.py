@@ -9,7 +9,8 @@ from cvmc.codegen import compile_model
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.lower import lower_graph, lower_node
 from cvmc.ops.infer import infer_precision
-from cvmc.passes.fusion import CUDA_EPILOGUE_ANCHORS, fuse_groups, fuse_kernels
+from cvmc.passes.fusion import fuse_groups, fuse_kernels
+from cvmc.passes.target import Target
 from cvmc.reference import reference_run
 from tests.codegen.op_cases import rand
 
@@ -67,13 +68,13 @@ def test_conv_absorbs_its_elementwise_epilogue():
 def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
     """On CUDA conv2d and dense (cvmc's own schedules, `CUDA_TABLE`) take their epilogues;
     other kernels (dlight's) do not."""
-    assert [len(k) for k in fuse_kernels(cnn(), "cuda").kernels] == [4, 1, 1, 1]
+    assert [len(k) for k in fuse_kernels(cnn(), Target.make("cuda")).kernels] == [4, 1, 1, 1]
     fc = graph({"x": ((1, 27), 8)}, [
         ("dense", ["x", "dw"], "y", {}),
         ("cvm_right_shift", ["y"], "s", {"precision": 8, "shift_bit": 4}),
     ], ["s"], {"dw": rand((4, 27), 8, 2)})
-    assert [len(k) for k in fuse_kernels(fc, "cuda").kernels] == [2]
-    assert [len(k) for k in fuse_kernels(fc, "llvm").kernels] == [2]
+    assert [len(k) for k in fuse_kernels(fc, Target.make("cuda")).kernels] == [2]
+    assert [len(k) for k in fuse_kernels(fc, Target.make()).kernels] == [2]
 
 
 def test_cuda_epilogue_anchors_are_the_cuda_tables_anchors():
@@ -81,7 +82,7 @@ def test_cuda_epilogue_anchors_are_the_cuda_tables_anchors():
     schedule table (passes sit below lowering); the two must name the same ops."""
     from cvmc.lowering.rules import CUDA_TABLE
 
-    assert CUDA_EPILOGUE_ANCHORS == {rule.anchor for rule in CUDA_TABLE}
+    assert Target.make("cuda").epilogue_anchors == {rule.anchor for rule in CUDA_TABLE}
 
 
 def test_shared_values_outputs_and_reductions_end_groups():
@@ -94,20 +95,20 @@ def test_shared_values_outputs_and_reductions_end_groups():
 def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path):
     from cvmc.frontend.nnef import parse_nnef
     from cvmc.frontend.printer import graph_dumper, print_graph
-    from cvmc.passes.fusion import fuse_kernels
     from cvmc.passes.pipeline import run_pipeline
 
-    fused = fuse_kernels(diamond(), "llvm")
+    fused = fuse_kernels(diamond(), Target.make())
     assert fused.kernels == [["a"], ["b"], ["c"], ["d", "e"], ["t"], ["u"]]
-    assert len(lower_graph(fused)[1]) == 6
+    assert len(lower_graph(fused, Target.make())[1]) == 6
     # lowering builds the partition the graph carries, not one of its own
     merged = fused.replace(kernels=[["a", "b", "c"], ["d", "e"], ["t", "u"]])
-    assert [g.ops for g in lower_graph(merged)[1]] == \
+    assert [g.ops for g in lower_graph(merged, Target.make())[1]] == \
         [["relu", "abs", "negative"], ["abs", "elemwise_add"], ["sum", "relu"]]
     # a pass that rewrites the nodes drops the stale partition
     assert fused.replace(nodes=fused.nodes[:1], outputs=["a"]).kernels == []
     # --dump-ir: each kernel is a comment before its first node; the text parses back
-    run_pipeline(diamond(), after_pass=graph_dumper(tmp_path), target="llvm")
+    run_pipeline(diamond(), after_pass=graph_dumper(tmp_path),
+                 target=Target.make())
     text = (tmp_path / "05-fuse-kernels.nnef").read_text()
     assert "    # kernel 3: abs, elemwise_add\n    d = abs(z);\n    e = elemwise_add(c, d);" \
         in text
@@ -116,7 +117,7 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
 
 
 def test_plan_buffers_and_peak_memory():
-    _, _, plan = lower_graph(diamond())
+    _, _, plan = lower_graph(diamond(), Target.make())
     assert [b["name"] for b in plan["buffers"]] == ["a", "c", "e", "t"]
     assert [k["args"] for k in plan["kernels"]][:2] == [["x", "a"], ["a", "b"]]
     # Hand-computed: x z a b c are int8 [2, 64] (128 B); e = c + d has precision 9, so
@@ -168,6 +169,6 @@ def test_cuda_schedule_binds_every_kernel():
 
     from cvmc.lowering.schedule import cuda_target, has_thread_binding, schedule_cuda
 
-    mod, _, _ = lower_graph(diamond(), "cuda")
+    mod, _, _ = lower_graph(diamond(), Target.make("cuda"))
     mod = schedule_cuda(mod, tvm.target.Target(cuda_target("sm_80")))
     assert all(has_thread_binding(f) for f in mod.functions.values())

@@ -26,6 +26,7 @@ from cvmc.lowering.x86 import avx2_tile_shape, column_lanes, tile_shape
 from cvmc.ops import lookup
 from cvmc.ops.infer import infer_precision
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
+from cvmc.passes.target import Target
 from cvmc.reference import reference_run
 from tests.oputil import rand_in_precision
 
@@ -237,12 +238,13 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
     from cvmc.passes.pipeline import run_pipeline
     from tests.gpu.prebuilt import dp4a_cases
 
+    cuda = Target.make("cuda")
     calls = {"cuda-conv-dp4a": "cvmc_dp4a_u8s8(", "cuda-dense-dp4a": "__dp4a(",
              "cuda-dlight": None}
     sources = {}
     for name, (graph, rule) in dp4a_cases().items():
-        mod, _, _ = lower_graph(run_pipeline(graph, target="cuda"), "cuda")
-        _, sources[rule], rules = cuda_translation_unit(mod, "sm_80")
+        mod, _, _ = lower_graph(run_pipeline(graph, target=cuda), cuda)
+        _, sources[rule], rules = cuda_translation_unit(mod, cuda)
         assert list(rules.values()) == [rule], name
         kernels = sources[rule].split("extern \"C\" __global__", 1)[1]
         assert calls[rule] is None or calls[rule] in kernels, name
@@ -265,8 +267,9 @@ def test_dlight_schedules_a_one_pixel_packed_conv():
     from cvmc.passes.pipeline import run_pipeline
 
     k = MAX_PACKED_REDUCTION
+    cuda = Target.make("cuda")
     graph = run_pipeline(conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2),
-                         target="cuda")
-    mod, _, _ = lower_graph(graph, "cuda")
+                         target=cuda)
+    mod, _, _ = lower_graph(graph, cuda)
     scheduled = schedule_cuda(mod, tvm.target.Target(cuda_target("sm_80")))
     assert all(has_thread_binding(f) for f in scheduled.functions.values())

@@ -245,9 +245,10 @@ def test_a_library_without_signature_is_refused(artifact, tmp_path):
     from cvmc.frontend import load_graph
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
+    from cvmc.passes.target import Target
 
-    mod, _, _ = lower_graph(run_pipeline(load_graph(str(EXAMPLE))), "llvm")
-    library = build_llvm(mod).library
+    mod, _, _ = lower_graph(run_pipeline(load_graph(str(EXAMPLE))), Target.make())
+    library = build_llvm(mod, Target.make()).library
     with zipfile.ZipFile(artifact) as z:
         members = {n: z.read(n) for n in z.namelist()}
     members["kernels.so"] = library

@@ -1,0 +1,123 @@
+"""What a compile is for: one `Target`, built once from `--target`, `--mcpu` and `--arch`.
+
+The passes, the lowering and codegen all take it: the kind ("llvm" or "cuda"), the LLVM
+CPU and its features (the schedule table's rows require them), the CUDA arch (the CUDA
+probe and nvcc build for it), which ops the layout pass packs and which anchors take
+their epilogue in one kernel. Nothing here imports TVM until a CPU's features or the
+host CPU are asked for (only compiling does).
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from cvmc.errors import CvmcError
+
+KINDS = ("llvm", "cuda")
+DEFAULT_ARCH = "sm_80"
+# The oldest CUDA GPUs the kernels run on: compute capability 6.1 brought dp4a, which the
+# conv and dense schedules use.
+MIN_CUDA_ARCH = 61
+
+# Ops whose kernels take the packed weight layout (cvmc.passes.layout). CUDA keeps dense
+# as it is (its own dp4a rule, a warp per output): as a conv on one pixel it gives too
+# few threads (H200: dense 1024 -> 1000 81 us, under 15 us as dlight's GEMV on int32).
+_PACKED_OPS = {"llvm": frozenset({"conv2d", "dense"}), "cuda": frozenset({"conv2d"})}
+# The ops whose kernels take their element-wise epilogue (cvmc.passes.fusion); None: any.
+# CUDA: those a row of the CUDA schedule table (cvmc.lowering.rules.CUDA_TABLE) is
+# anchored on; dlight, which schedules the rest, wants a reduction alone
+# (tests/lowering/test_fusion_and_plan.py checks they agree).
+_EPILOGUE_ANCHORS = {"llvm": None, "cuda": frozenset({"conv2d", "conv2d_packed", "dense"})}
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compile target: `kind`, and the LLVM CPU `mcpu` (llvm) or the CUDA `arch` (cuda).
+    Build it with `Target.make`, which checks the names and fills in the defaults."""
+
+    kind: str
+    mcpu: str = ""
+    arch: str = ""
+
+    @classmethod
+    def make(cls, kind: str = "llvm", mcpu: str | None = None,
+             arch: str | None = None) -> Target:
+        """The target for `kind`: llvm on `mcpu` (default: the host CPU; a name LLVM does
+        not know is a CvmcError), cuda on `arch` (default sm_80; sm_61 or newer)."""
+        if kind not in KINDS:
+            raise CvmcError(f"unknown target '{kind}'; expected one of {', '.join(KINDS)}")
+        if kind == "cuda":
+            arch = arch or DEFAULT_ARCH
+            problem = cuda_arch_problem(arch)
+            if problem:
+                raise CvmcError(f"--arch {arch}: {problem}")
+            return cls(kind, arch=arch)
+        mcpu = mcpu or host_cpu()
+        _check_cpu(mcpu)
+        return cls(kind, mcpu=mcpu)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """The LLVM features of the CPU (none for cuda)."""
+        return llvm_features(self.mcpu) if self.kind == "llvm" else frozenset()
+
+    def has(self, features) -> bool:
+        """True if the CPU has every feature in `features` (LLVM names)."""
+        return set(features) <= self.features
+
+    def packs(self, op: str) -> bool:
+        """True if the layout pass gives `op`'s weights the packed layout on this target."""
+        return op in _PACKED_OPS[self.kind]
+
+    @property
+    def epilogue_anchors(self) -> frozenset[str] | None:
+        """The ops that anchor a kernel with its element-wise epilogue (None: any)."""
+        return _EPILOGUE_ANCHORS[self.kind]
+
+    def describe(self) -> dict:
+        """The kind and its CPU or GPU, as TVM's target dict and the artifact's plan name
+        them."""
+        return {"kind": "llvm", "mcpu": self.mcpu} if self.kind == "llvm" \
+            else {"kind": "cuda", "arch": self.arch}
+
+
+@functools.cache
+def host_cpu() -> str:
+    """The host CPU's LLVM name (never LLVM's generic fallback)."""
+    import tvm
+    return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
+
+
+@functools.cache
+def llvm_features(mcpu: str) -> frozenset[str]:
+    """The features LLVM enables for `mcpu`."""
+    import tvm
+    from tvm.target import codegen
+
+    return frozenset(str(f) for f in codegen.llvm_get_cpu_features(
+        tvm.target.Target({"kind": "llvm", "mcpu": mcpu})))
+
+
+def _check_cpu(mcpu: str) -> None:
+    """Reject a CPU name LLVM does not know (it would silently fall back to generic)."""
+    import tvm
+    from tvm.target import codegen
+
+    triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
+    if not codegen.llvm_is_valid_cpu(mcpu, triple):
+        close = [c for c in codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm"}))
+                 if c[:3] == mcpu[:3]][:8]
+        hint = f"; similar: {', '.join(close)}" if close else ""
+        raise CvmcError(f"--mcpu {mcpu}: not a CPU LLVM knows for {triple}{hint}")
+
+
+def cuda_arch_problem(arch: str) -> str | None:
+    """Why `arch` names no CUDA GPU cvmc compiles for (None when it does): it must be
+    sm_<major><minor>, compute capability 6.1 or newer."""
+    digits = arch.removeprefix("sm_")
+    if arch.startswith("sm_") and re.fullmatch(r"[1-9][0-9]+", digits) \
+            and int(digits) >= MIN_CUDA_ARCH:
+        return None
+    return (f"expected sm_<major><minor> of compute capability 6.1 or newer (the kernels use "
+            f"dp4a), e.g. sm_80 or sm_90; got '{arch}'")
