@@ -65,3 +65,13 @@ def test_self_check_rejects_incomplete_entry(monkeypatch):
     with pytest.raises(RuntimeError, match="broken_demo: missing shape, precision, reference"):
         registry.check_registry()
     assert cvmc.ops  # the real registry stays importable
+
+
+def test_self_check_rejects_a_typed_entry_with_a_shape_rule_only(monkeypatch):
+    # no check-only mode: cvmc runs and compiles every op it accepts
+    from cvmc.ops import registry
+    shape_only = OpDef("shape_only_demo", family="test", inputs=("x",), types="? -> ?")
+    shape_only.shape(lambda ins, a: ins[0].shape)
+    monkeypatch.setitem(registry._REGISTRY, "shape_only_demo", shape_only)
+    with pytest.raises(RuntimeError, match="shape_only_demo: missing reference, lower"):
+        registry.check_registry()
