@@ -32,13 +32,13 @@ def fmt(values: Sequence[int]) -> str:
 
 def declare(name: str, rule: ShapeRule, inputs: Sequence[str], types: str,
             attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("output",),
-            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "") -> OpDef:
+            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "", ulp: int = 0) -> OpDef:
     """Register an NNEF primitive (`types` as its stdlib declaration has them, see
-    `registry`) whose shape rule sees plain input shapes; its op family's module attaches
-    the reference and lower rules (and the precision rule `precision_rule` describes, for
-    an integer result)."""
+    `registry`) whose shape rule sees plain input shapes; the caller attaches the
+    reference and lower rules (and the precision rule `precision_rule` describes, for an
+    integer result)."""
     d = op(name, family="nnef", seeds=("nnef",), types=types, inputs=inputs, attrs=attrs,
-           outputs=outputs, fusion=fusion, precision_rule=precision_rule)
+           outputs=outputs, fusion=fusion, precision_rule=precision_rule, ulp=ulp)
     label = name.removeprefix("nnef.")  # messages use the name the document spells
 
     @d.shape
@@ -83,47 +83,6 @@ def broadcast(op_name: str, names: Sequence[str], shapes: Sequence[Shape]) -> Sh
 
 def _ints(name: str, default=REQUIRED, lo: int | None = None) -> Attr:
     return Attr(name, "ints", default, lo=lo)
-
-
-# ---- element-wise ---------------------------------------------------------------------
-def _unary_shape(op_name, shapes, a):
-    return shapes[0]
-
-
-def _binary_shape(op_name, shapes, a):
-    return broadcast(op_name, ("x", "y"), shapes)
-
-
-def _select_shape(op_name, shapes, a):
-    return broadcast(op_name, ("condition", "true_value", "false_value"), shapes)
-
-
-# abs on integer tensors is the CVM op (same signature and shape); on scalars, nnef.abs.
-UNARY = ("neg", "rcp", "exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin",
-         "acos", "atan", "asinh", "acosh", "atanh", "sign", "floor", "ceil", "round",
-         "nnef.abs")
-ARITHMETIC = ("add", "sub", "mul", "div", "pow")
-COMPARISON = ("lt", "gt", "le", "ge", "eq", "ne")
-
-_ELEMWISE, _BROADCAST = Fusion.ELEMWISE, Fusion.BROADCAST
-for _name in UNARY:
-    declare(_name, _unary_shape, ("x",), "scalar -> scalar", outputs=("y",), fusion=_ELEMWISE)
-declare("copy", _unary_shape, ("x",), "? -> ?", outputs=("y",), fusion=_ELEMWISE)
-declare("not", _unary_shape, ("x",), "logical -> logical", outputs=("y",), fusion=_ELEMWISE)
-for _name in ARITHMETIC:
-    declare(_name, _binary_shape, ("x", "y"), "scalar, scalar -> scalar", outputs=("z",),
-            fusion=_BROADCAST)
-for _name in COMPARISON:
-    declare(_name, _binary_shape, ("x", "y"), "scalar, scalar -> logical", outputs=("z",),
-            fusion=_BROADCAST)
-for _name in ("and", "or"):
-    declare(_name, _binary_shape, ("x", "y"), "logical, logical -> logical", outputs=("z",),
-            fusion=_BROADCAST)
-# cast<?>(input: tensor<>): any input; the result kind is the generic argument, which the
-# frontend records as the output's dtype.
-declare("cast", _unary_shape, ("input",), "any -> ?", fusion=_ELEMWISE)
-declare("select", _select_shape, ("condition", "true_value", "false_value"),
-        "logical, ?, ? -> ?", fusion=_BROADCAST)
 
 
 def _update_shape(op_name, shapes, a):

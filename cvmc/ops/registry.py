@@ -34,6 +34,8 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   1 per output element).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
+Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
+and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes).
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
 Two kinds of ops share the registry:
@@ -218,8 +220,11 @@ class OpDef:
                  outputs: Sequence[str] = ("out",), attrs: Sequence[Attr] = (),
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
-                 types: str = "", cvm_name: str = ""):
+                 types: str = "", cvm_name: str = "", ulp: int = 0):
         self.name = name
+        # float results: units in the last place a kernel may be from the reference (the C
+        # math library's functions); 0: bit-exact, or a sum's bound (docs/float.md)
+        self.ulp = ulp
         # the alias CVM-Runtime's JSON names the op by, which export writes
         self.cvm_name = cvm_name or name
         self.family = family
