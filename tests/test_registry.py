@@ -75,3 +75,15 @@ def test_self_check_rejects_a_typed_entry_with_a_shape_rule_only(monkeypatch):
     monkeypatch.setitem(registry._REGISTRY, "shape_only_demo", shape_only)
     with pytest.raises(RuntimeError, match="shape_only_demo: missing reference, lower"):
         registry.check_registry()
+
+
+def test_self_check_rejects_a_cvm_spelling_that_is_not_an_alias(monkeypatch):
+    # export writes cvm_name; the import must read it back, so it must be an alias
+    from cvmc.ops import registry
+    d = OpDef("spelling_demo", family="test", inputs=("x",), types="? -> ?",
+              attrs=(Attr("axes", "ints", (), cvm_name="axis"),))
+    for rule in ("shape", "reference", "lower"):
+        d.rules[rule] = lambda *args: None
+    monkeypatch.setitem(registry._REGISTRY, "spelling_demo", d)
+    with pytest.raises(RuntimeError, match="spelling_demo: a CVM-Runtime spelling"):
+        registry.check_registry()
