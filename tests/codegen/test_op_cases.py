@@ -1,4 +1,4 @@
-"""Every compute op has a case; each compiles for llvm (== reference); all build for CUDA."""
+"""Every op has a case; each compiles for llvm (== reference); all build for CUDA."""
 from __future__ import annotations
 
 import os
