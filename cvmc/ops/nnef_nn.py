@@ -88,7 +88,8 @@ declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, s
 
 _SIZE = Attr("size", "ints", lo=1)
 _NORMALIZE = Attr("normalize", "bool", False)
-declare("box", box_shape, ("input",), "scalar -> scalar", (_SIZE, *window_attrs(BORDERS), _NORMALIZE))
+declare("box", box_shape, ("input",), "scalar -> scalar",
+        (_SIZE, *window_attrs(BORDERS), _NORMALIZE))
 declare("debox", debox_shape, ("input",), "scalar -> scalar",
         (_SIZE, *window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
 declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
@@ -96,7 +97,8 @@ declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
         precision_rule="bitlen(window volume - 1) + 1: an index into the window")
 # sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
 # (alexnet uses 'ignore') to sample through max_pool_with_index.
-declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar", (_SIZE, *window_attrs(BORDERS)))
+declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar",
+        (_SIZE, *window_attrs(BORDERS)))
 declare("desample", desample_shape, ("input", "index"), "scalar, integer -> scalar",
         (_SIZE, *window_attrs(("constant",)), _OUTPUT_SHAPE))
 

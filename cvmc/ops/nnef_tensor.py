@@ -73,7 +73,8 @@ declare("matmul", matmul_shape, ("A", "B"), "scalar, scalar -> scalar",
         (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",))
 
 declare("nnef.reshape", reshape_shape, ("input",), "? -> ?",
-        (ints_attr("shape"), Attr("axis_start", "int", 0, lo=0), Attr("axis_count", "int", -1, lo=-1)))
+        (ints_attr("shape"), Attr("axis_start", "int", 0, lo=0),
+         Attr("axis_count", "int", -1, lo=-1)))
 
 declare("unsqueeze", unsqueeze_shape, ("input",), "? -> ?", (_AXES,))
 # The CVM squeeze / transpose read empty axes as "all unit dims" / "reverse" and reject a
@@ -83,7 +84,8 @@ declare("nnef.transpose", transpose_shape, ("input",), "? -> ?", (_AXES,))
 
 _AXIS = Attr("axis", "int")
 declare("concat", concat_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
-declare("split", split_shape, ("value",), "? -> ?", (_AXIS, ints_attr("ratios", lo=1)), ("*values",))
+declare("split", split_shape, ("value",), "? -> ?", (_AXIS, ints_attr("ratios", lo=1)),
+        ("*values",))
 declare("stack", stack_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
 declare("unstack", unstack_shape, ("value",), "? -> ?", (_AXIS,), ("*values",))
 
