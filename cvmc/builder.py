@@ -102,10 +102,9 @@ class GraphBuilder:
         self._scope = Scope()
         self._inputs: list[str] = []
         # types with inferred precisions (the graph's own types leave them to the passes,
-        # as the text frontend does); values downstream of a check-only op stay unchecked
+        # as the text frontend does)
         self._inferred: dict[str, TensorType] = {}
         self._producers: dict[str, Any] = {}
-        self._unchecked: set[str] = set()
 
     # ---- tensors entering the graph --------------------------------------------------------
     def input(self, name: str, shape: Sequence[int], dtype: str,
@@ -359,7 +358,6 @@ class GraphBuilder:
         for k in set(e.types) - types:
             del e.types[k]
             self._inferred.pop(k, None)
-            self._unchecked.discard(k)
         for k in set(e.constants) - constants:
             del e.constants[k]
         e.reserved.intersection_update(reserved)
@@ -368,24 +366,21 @@ class GraphBuilder:
         """Infer `node`'s result types (precisions) now, to reject a bad call here."""
         for value in node.inputs:
             self._source_type(value)
-        if not lookup(node.op).compute or self._unchecked.intersection(node.inputs):
-            self._unchecked.update(node.outputs)  # a check-only NNEF op: `cvmc check` only
-            return
         # infer_node reads the result shapes the evaluator gave from `types`
         self._inferred.update({o: self._eval.types[o] for o in node.outputs})
         infer_node(node, self._inferred, self._producers)
         self._producers.update(dict.fromkeys(node.outputs, node))
 
-    def _source_type(self, name: str) -> TensorType | None:
+    def _source_type(self, name: str) -> TensorType:
         """The inferred type of a value (inputs and weights: from their declaration and
-        data, as precision inference gives them); None downstream of a check-only op."""
-        if name not in self._inferred and name not in self._unchecked:
+        data, as precision inference gives them)."""
+        if name not in self._inferred:
             t = self._eval.types[name]
             if t.is_integer:
                 data = self._eval.constants.get(name)
                 t = t.with_precision(t.precision or data_precision(data))
             self._inferred[name] = t
-        return self._inferred.get(name)
+        return self._inferred[name]
 
     def _operand(self, v: Any) -> Any:
         """A call argument as the evaluator takes it: Vars as tensors, numbers as
@@ -412,7 +407,7 @@ class GraphBuilder:
 
     def _var(self, name: str) -> Var:
         t, inferred = self._eval.types[name], self._source_type(name)
-        return Var(name, t.shape, t.dtype, inferred.precision if inferred else None, self)
+        return Var(name, t.shape, t.dtype, inferred.precision, self)
 
     def _dest(self, name: Any) -> Any:
         """The destination the evaluator names results by (None: fresh names)."""

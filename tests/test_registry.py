@@ -65,3 +65,25 @@ def test_self_check_rejects_incomplete_entry(monkeypatch):
     with pytest.raises(RuntimeError, match="broken_demo: missing shape, precision, reference"):
         registry.check_registry()
     assert cvmc.ops  # the real registry stays importable
+
+
+def test_self_check_rejects_a_typed_entry_with_a_shape_rule_only(monkeypatch):
+    # no check-only mode: cvmc runs and compiles every op it accepts
+    from cvmc.ops import registry
+    shape_only = OpDef("shape_only_demo", family="test", inputs=("x",), types="? -> ?")
+    shape_only.shape(lambda ins, a: ins[0].shape)
+    monkeypatch.setitem(registry._REGISTRY, "shape_only_demo", shape_only)
+    with pytest.raises(RuntimeError, match="shape_only_demo: missing reference, lower"):
+        registry.check_registry()
+
+
+def test_self_check_rejects_a_cvm_spelling_that_is_not_an_alias(monkeypatch):
+    # export writes cvm_name; the import must read it back, so it must be an alias
+    from cvmc.ops import registry
+    d = OpDef("spelling_demo", family="test", inputs=("x",), types="? -> ?",
+              attrs=(Attr("axes", "ints", (), cvm_name="axis"),))
+    for rule in ("shape", "reference", "lower"):
+        d.rules[rule] = lambda *args: None
+    monkeypatch.setitem(registry._REGISTRY, "spelling_demo", d)
+    with pytest.raises(RuntimeError, match="spelling_demo: a CVM-Runtime spelling"):
+        registry.check_registry()

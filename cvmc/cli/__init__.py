@@ -45,8 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_check)
 
     sp = sub.add_parser("ops", help="print the operator table")
-    sp.add_argument("--all", action="store_true",
-                    help="include NNEF standard ops that cvmc only shape-checks")
     sp.set_defaults(fn=cmd_ops)
 
     sp = sub.add_parser("run", help="run a .cvmx artifact, or a model with --reference")

@@ -13,8 +13,6 @@ def cmd_ops(args: argparse.Namespace) -> int:
     from cvmc.ops import all_ops
 
     for d in all_ops():
-        if not (d.compute or args.all):
-            continue
         aliases = f" (also: {', '.join(d.aliases)})" if d.aliases else ""
         console.print(f"[bold]{d.name}[/bold]{aliases}  op set {', '.join(d.seeds)}, "
                       f"family {d.family}, fusion {d.fusion.value}")
@@ -22,8 +20,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
         if d.attrs:
             console.print(f"    attributes: {'; '.join(a.describe() for a in d.attrs)}")
         if not d.integer_op:
-            console.print(f"    types:      {d.types}"
-                          f"{'' if d.compute else '  (check only: cannot compile yet)'}")
+            console.print(f"    types:      {d.types}")
         if d.precision_rule:  # CVM ops, and typed ops with integer results
             console.print(f"    precision:  {d.precision_rule}")
     return 0

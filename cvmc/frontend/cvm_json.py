@@ -36,13 +36,6 @@ VERSIONS = ("cvm_1.0.0", "cvm_1.1.0")
 EXPORT_VERSION = "cvm_1.1.0"
 MAX_RANK = 6  # CVM-Runtime's limit on every tensor
 
-# Spellings CVM-Runtime uses where the registry's canonical name differs (op -> name).
-_CVM_OP_NAMES = {"get_valid_count": "get_valid_counts", "slice": "strided_slice"}
-# (op, canonical attribute) -> CVM-Runtime spelling; used only when it is an alias there.
-_CVM_ATTR_NAMES = {("conv2d", "stride"): "strides", ("sum", "axes"): "axis",
-                   ("max", "axes"): "axis", ("slice", "strides"): "stride",
-                   ("squeeze", "axes"): "axis", ("slice_like", "axes"): "axis",
-                   ("reshape", "target_shape"): "shape"}
 # NNVM conv2d/dense attributes with no effect on integer results, checked then dropped.
 _INERT_ATTRS = {"out_dtype": ("same", "int32", "-1", ""), "out_layout": ("", "NCHW", "None")}
 # Attributes CVM-Runtime requires that a cvmc graph may leave to the weight's shape.
@@ -393,10 +386,8 @@ def _cvm_attrs(node: Node, opdef: OpDef, types: dict[str, TensorType]) -> dict[s
                 "use_bias": len(node.inputs) == 3}
         attrs.update({k: fill[k] for k in derived if attrs.get(k) is None})
     out = {}
-    for at in opdef.attrs:
-        spelling = _CVM_ATTR_NAMES.get((opdef.name, at.name), at.name)
-        key = spelling if opdef.attr(spelling) is at else at.name
-        out[key] = format_attr_value(attrs[at.name])
+    for at in opdef.attrs:  # in CVM-Runtime's spelling (`cvm_name`, an alias: import reads it)
+        out[at.cvm_name or at.name] = format_attr_value(attrs[at.name])
     return out
 
 
@@ -481,7 +472,7 @@ def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
     for node in graph.nodes:
         opdef = lookup(node.op)
         nodes.append({"op": "cvm_op", "name": node.name,
-                      "attrs": {"func_name": _CVM_OP_NAMES.get(opdef.name, opdef.name),
+                      "attrs": {"func_name": opdef.cvm_name,
                                 "num_inputs": str(len(node.inputs)),
                                 "num_outputs": str(len(node.outputs)), "flatten_data": "0"},
                       "inputs": [entries[i] for i in node.inputs]})

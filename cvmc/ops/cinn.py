@@ -64,10 +64,17 @@ import numpy as np
 
 from cvmc.ops.broadcast import broadcast_shapes, np_div, np_operands, te_broadcast, te_div
 from cvmc.ops.common import bitlen, prec_max, require
-from cvmc.ops.nnef_math import TRANSCENDENTAL, exact_te, extern, te_ne, te_select
+from cvmc.ops.nnef_math import (
+    FORMULAS,
+    TRANSCENDENTAL_ULP,
+    extern,
+    te_fn,
+    te_ne,
+    te_select,
+)
 from cvmc.ops.nnef_std import check_axes, fmt
 from cvmc.ops.reduce import reduced_shape, te_reduce
-from cvmc.ops.registry import Attr, Fusion, OpDef, op
+from cvmc.ops.registry import Attr, Fusion, OpDef, lookup, op
 from cvmc.ops.transform import gather_rules, reshape_like, te_concat, types_of
 
 _ELEMWISE, _BROADCAST, _INJECTIVE = Fusion.ELEMWISE, Fusion.BROADCAST, Fusion.INJECTIVE
@@ -76,11 +83,11 @@ _REDUCTION = Fusion.REDUCTION
 
 def _declare(name: str, inputs: Sequence[str], types: str, fusion: Fusion,
              attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("out",),
-             precision_rule: str = "", aliases: Sequence[str] = ()) -> OpDef:
+             precision_rule: str = "", aliases: Sequence[str] = (), ulp: int = 0) -> OpDef:
     """Register `cinn.<name>` (the spec's primitive, snake_case)."""
     return op(f"cinn.{name}", family="cinn", seeds=("cinn",), inputs=inputs, types=types,
               attrs=attrs, outputs=outputs, fusion=fusion, precision_rule=precision_rule,
-              aliases=tuple(f"cinn.{a}" for a in aliases))
+              aliases=tuple(f"cinn.{a}" for a in aliases), ulp=ulp)
 
 
 def holding(r: int) -> int:
@@ -144,12 +151,6 @@ def _attach(d: OpDef, float_rule: Rule | None, other_rule: Rule | None, name: st
     d.lower(lower)
 
 
-def _te(fn: Callable) -> Callable:
-    """A TE expression built by `fn(tirx, *operands)` (tirx imported when lowering)."""
-    def expr(*xs):
-        from cvmc.ops.te import tirx
-        return fn(tirx, *xs)
-    return expr
 
 
 # -- unary ----------------------------------------------------------------------------------
@@ -177,29 +178,36 @@ def _te_int_sign(t, x):
                                                          t.const(0, "int32")))
 
 
-FLOAT_ONLY: dict[str, Rule] = {
-    **{n: (f, extern(c)) for n, (f, c) in TRANSCENDENTAL.items()},
+# The C math library's functions (within TRANSCENDENTAL_ULP): NNEF's, and three more
+LIBM: dict[str, Rule] = {
+    **{n: rule for n, rule in FORMULAS.items() if lookup(n).ulp and len(lookup(n).inputs) == 1},
     "erf": (_np_erf, extern("erff")), "log10": (np.log10, extern("log10f")),
     "log2": (np.log2, extern("log2f")),
+}
+for _name, _rule in LIBM.items():
+    _attach(_declare(_name, ("x",), "scalar -> scalar", _ELEMWISE, ulp=TRANSCENDENTAL_ULP),
+            _rule, None, _name)
+
+FLOAT_ONLY: dict[str, Rule] = {
     # IEEE rounds sqrt correctly, so the float64 result rounded to float32 is the kernel's
-    "sqrt": (np.sqrt, _te(lambda t, x: t.sqrt(x))),
-    "rsqrt": (_np_rsqrt, _te(lambda t, x: _f32(1.0) / t.sqrt(x))),
-    "floor": (np.floor, _te(lambda t, x: t.floor(x))),
-    "ceil": (np.ceil, _te(lambda t, x: t.ceil(x))),
-    "trunc": (np.trunc, _te(lambda t, x: t.trunc(x))),
-    "round": (_np_round, _te(_te_round)),
+    "sqrt": (np.sqrt, te_fn(lambda t, x: t.sqrt(x))),
+    "rsqrt": (_np_rsqrt, te_fn(lambda t, x: _f32(1.0) / t.sqrt(x))),
+    "floor": (np.floor, te_fn(lambda t, x: t.floor(x))),
+    "ceil": (np.ceil, te_fn(lambda t, x: t.ceil(x))),
+    "trunc": (np.trunc, te_fn(lambda t, x: t.trunc(x))),
+    "round": (_np_round, te_fn(_te_round)),
 }
 for _name, _rule in FLOAT_ONLY.items():
     _attach(_declare(_name, ("x",), "scalar -> scalar", _ELEMWISE), _rule, None, _name)
 
 # name: (float rule, integer rule, precision rule text, precision)
 NUMERIC_UNARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
-    "abs": ((np.abs, exact_te("nnef.abs")), (np.abs, _te(lambda t, x: t.abs(x))), "p_x",
+    "abs": ((np.abs, FORMULAS["nnef.abs"][1]), (np.abs, te_fn(lambda t, x: t.abs(x))), "p_x",
             lambda ins, a: _p(ins, 0)),
-    "negative": ((np.negative, exact_te("neg")), (np.negative, lambda x: -x), "p_x",
+    "negative": ((np.negative, FORMULAS["neg"][1]), (np.negative, lambda x: -x), "p_x",
                  lambda ins, a: _p(ins, 0)),
     # values -1, 0, 1: precision 2, or 1 when x is all zeros (precision 1)
-    "sign": ((np.sign, exact_te("sign")), (np.sign, _te(_te_int_sign)), "min(p_x, 2)",
+    "sign": ((np.sign, FORMULAS["sign"][1]), (np.sign, te_fn(_te_int_sign)), "min(p_x, 2)",
              lambda ins, a: min(_p(ins, 0), 2)),
 }
 for _name, (_float, _int, _words, _prec) in NUMERIC_UNARY.items():
@@ -209,9 +217,9 @@ for _name, (_float, _int, _words, _prec) in NUMERIC_UNARY.items():
 
 def _classify(np_fn: Callable, tir_name: str, integer_value: bool) -> tuple[Rule, Rule]:
     """Float and integer rules of is_finite / is_inf / is_nan."""
-    return ((np_fn, _te(lambda t, x: getattr(t, tir_name)(x))),
+    return ((np_fn, te_fn(lambda t, x: getattr(t, tir_name)(x))),
             (lambda x: np.full(x.shape, integer_value),
-             _te(lambda t, x: t.const(integer_value, "bool"))))
+             te_fn(lambda t, x: t.const(integer_value, "bool"))))
 
 
 # An integer is always finite, never infinite nor NaN.
@@ -244,7 +252,7 @@ def _np_int_by_nonzero(fn: Callable) -> Callable:
 
 def _te_int_by_nonzero(fn_name: str) -> Callable:
     """TE `tirx.<fn_name>(u, v)` on integers where v != 0, else 0."""
-    return _te(lambda t, u, v: t.Select(v == 0, t.const(0, "int32"),
+    return te_fn(lambda t, u, v: t.Select(v == 0, t.const(0, "int32"),
                                         getattr(t, fn_name)(u, _nonzero(t, v))))
 
 
@@ -280,7 +288,7 @@ def _te_float_divmod(which: int) -> Callable:
         floor = t.Select(truthy(div), floor, t.copysign(zero, a / b))
         # b = 0: the quotient is a / b (inf or NaN); the remainder stays fmodf's NaN
         return t.Select(b == zero, a / b, floor) if which == 0 else mod
-    return _te(expr)
+    return te_fn(expr)
 
 
 def _np_fmax(a, b):
@@ -378,16 +386,18 @@ NUMERIC_BINARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
     "mod": ((np.fmod, extern("fmodf")),
             (_np_int_by_nonzero(np.fmod), _te_int_by_nonzero("truncmod")),
             "min(p_x, p_y) (sign of x; x mod 0 = 0)", lambda ins, a: min(_p(ins, 0), _p(ins, 1))),
-    "max": ((_np_fmax, _te(lambda t, x, y: _te_fmaxmin(t, x, y, True))),
-            (np.maximum, _te(lambda t, x, y: t.max(x, y))), "max(p_x, p_y)", _max_p),
-    "min": ((_np_fmin, _te(lambda t, x, y: _te_fmaxmin(t, x, y, False))),
-            (np.minimum, _te(lambda t, x, y: t.min(x, y))), "max(p_x, p_y)", _max_p),
-    "power": ((np.power, extern("powf")), (_np_ipow, _te(_te_ipow)),
+    "max": ((_np_fmax, te_fn(lambda t, x, y: _te_fmaxmin(t, x, y, True))),
+            (np.maximum, te_fn(lambda t, x, y: t.max(x, y))), "max(p_x, p_y)", _max_p),
+    "min": ((_np_fmin, te_fn(lambda t, x, y: _te_fmaxmin(t, x, y, False))),
+            (np.minimum, te_fn(lambda t, x, y: t.min(x, y))), "max(p_x, p_y)", _max_p),
+    "power": ((np.power, extern("powf")), (_np_ipow, te_fn(_te_ipow)),
               "bits of (2^(p_x-1) - 1)^(2^(p_y-1) - 1), at least 2", _pow_precision),
 }
 for _name, (_float, _int, _words, _prec) in NUMERIC_BINARY.items():
+    # power's float rule is the C math library's powf
     _d = _declare(_name, ("x", "y"), "numeric, numeric -> numeric", _BROADCAST,
-                  precision_rule=_words, aliases=("pow",) if _name == "power" else ())
+                  precision_rule=_words, aliases=("pow",) if _name == "power" else (),
+                  ulp=TRANSCENDENTAL_ULP if _name == "power" else 0)
     _d.precision(_prec)
     _attach(_d, _float, _int, _name)
 
@@ -397,9 +407,9 @@ INTEGER_BINARY: dict[str, tuple[Callable, Callable, str, Callable]] = {
     "bitwise_and": (np.bitwise_and, lambda x, y: x & y, "max(p_x, p_y) + 1", _max_plus_1),
     "bitwise_or": (np.bitwise_or, lambda x, y: x | y, "max(p_x, p_y)", _max_p),
     "bitwise_xor": (np.bitwise_xor, lambda x, y: x ^ y, "max(p_x, p_y) + 1", _max_plus_1),
-    "left_shift": (lambda x, y: x << np.maximum(y, 0), _te(_te_left_shift),
+    "left_shift": (lambda x, y: x << np.maximum(y, 0), te_fn(_te_left_shift),
                    "p_x + 2^(p_y-1) - 1 (counts < 0 shift by 0)", _shift_left_precision),
-    "right_shift": (lambda x, y: x >> np.clip(y, 0, 31), _te(_te_right_shift),
+    "right_shift": (lambda x, y: x >> np.clip(y, 0, 31), te_fn(_te_right_shift),
                     "p_x (arithmetic; counts < 0 shift by 0)", lambda ins, a: _p(ins, 0)),
 }
 for _name, (_np_fn, _te_fn, _words, _prec) in INTEGER_BINARY.items():

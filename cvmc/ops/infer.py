@@ -65,13 +65,10 @@ def infer_precision(graph: Graph, need_data: bool = True) -> Graph:
 
 def check_graph(graph: Graph, need_data: bool = True) -> Graph:
     """The graph as every command and the interpreter accept it: precisions inferred, which
-    checks every op's element kinds and int32 bounds. A graph with an NNEF op that cvmc
-    checks only is returned as the frontend typed it (it cannot be compiled or run).
+    checks every op's element kinds and int32 bounds.
     Without `need_data` (`cvmc check`: NNEF makes weight data optional, spec 5.1) weights
     whose data is absent keep their declared types; precisions are left uninferred where
     an integer one among them declares none (`missing_data`)."""
-    if not all(lookup(n.op).compute for n in graph.nodes):
-        return graph
     if need_data:
         return infer_precision(graph)
     return infer_precision(graph, need_data=False) if missing_data(graph)[1] else graph
@@ -91,9 +88,6 @@ def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
     `cvmc.GraphBuilder` calls it per node, to reject a bad call where it is made."""
     opdef = lookup(node.op)
     try:
-        if not opdef.compute:
-            raise OpRuleError("NNEF standard op that cvmc can check but not yet compile "
-                              "or run")
         ins = [types[i] for i in node.inputs]
         if opdef.integer_op:
             _check_integer_inputs(node, ins)

@@ -17,9 +17,11 @@ from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, op
 _HI = MAX_ATTR - 1
 
 
-def _pair_attr(name: str, lo: int, default, aliases: tuple[str, ...] = ()) -> Attr:
+def _pair_attr(name: str, lo: int, default, aliases: tuple[str, ...] = (),
+               cvm_name: str = "") -> Attr:
     """A length-2 integer list attribute bounded by [lo, max_attr)."""
-    return Attr(name, "ints", default, lo=lo, hi=_HI, length=2, aliases=aliases)
+    return Attr(name, "ints", default, lo=lo, hi=_HI, length=2, aliases=aliases,
+                cvm_name=cvm_name)
 
 
 def _shape_str(shape) -> str:
@@ -130,7 +132,7 @@ conv2d = op(
     "conv2d", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
     attrs=(
         _pair_attr("padding", 0, (0, 0)),
-        _pair_attr("stride", 1, (1, 1), aliases=("strides",)),
+        _pair_attr("stride", 1, (1, 1), aliases=("strides",), cvm_name="strides"),
         _pair_attr("dilation", 1, (1, 1)),
         Attr("groups", "int", 1, lo=1),
         # CVM-Runtime attributes: optional, and when given they must agree with the inputs.

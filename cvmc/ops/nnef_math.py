@@ -1,85 +1,36 @@
-"""Reference and lower rules of NNEF's element-wise primitives (spec 4.2): unary, binary
-(arithmetic, comparison, logical), select, copy and cast, on float32 (scalar), bool
-(logical) and, for the generic ones, integer tensors.
+"""NNEF's element-wise primitives (spec 4.2): unary, binary (arithmetic, comparison,
+logical), select, copy and cast, on float32 (scalar), bool (logical) and, for the generic
+ones, integer tensors. Each is one `elementwise(...)` entry: its declaration (the types of
+its stdlib declaration), NumPy formula, TE expression and accuracy.
 
 Broadcasting is NNEF's: shapes align on the LEFT and missing trailing dims count as 1
 (`nnef_std.broadcast`), unlike CVM's NumPy-style `broadcast_*`.
 
-Accuracy (stated in the README, checked by tests/ops/test_nnef_math.py): the reference
-computes each formula in float64 and rounds once to float32. The compiled kernels compute
-in float32, which for +, -, *, /, rcp, neg, abs, sign, floor, ceil, round, comparisons,
-logic, select, copy and cast is bit-exact (IEEE rounds a float32 operation correctly; the
-float64 result rounded to float32 is the same value, as 53 >= 2 * 24 + 2). The
-transcendental functions call the C math library's float function (libm on the CPU,
-CUDA's on the GPU): within TRANSCENDENTAL_ULP units in the last place. A kernel that fuses
-a multiply into an add may use one FMA (LLVM contracts them): the result is then the more
-accurate one, within 1 ULP of the two roundings of the reference.
+Accuracy (docs/float.md, checked per op by tests/codegen/op_cases.py from the entry's
+`ulp`): the reference computes each formula in float64 and rounds once to float32. The
+compiled kernels compute in float32, which for +, -, *, /, rcp, neg, abs, sign, floor,
+ceil, round, comparisons, logic, select, copy and cast is bit-exact (IEEE rounds a float32
+operation correctly; the float64 result rounded to float32 is the same value, as
+53 >= 2 * 24 + 2): `ulp` 0. The transcendental functions call the C math library's float
+function (libm on the CPU, CUDA's on the GPU): within TRANSCENDENTAL_ULP units in the last
+place. A kernel that fuses a multiply into an add may use one FMA (LLVM contracts them):
+the result is then the more accurate one, within 1 ULP of the two roundings of the
+reference.
 """
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cvmc.ops.nnef_std import ARITHMETIC, COMPARISON, UNARY
-from cvmc.ops.registry import lookup
+from cvmc.ops.nnef_std import broadcast, declare
+from cvmc.ops.registry import Fusion, OpDef
 
 TRANSCENDENTAL_ULP = 4
 
-# NumPy (float64) formula and the C math function a kernel calls, per transcendental op.
-TRANSCENDENTAL: dict[str, tuple[Callable, str]] = {
-    "exp": (np.exp, "expf"), "log": (np.log, "logf"), "sin": (np.sin, "sinf"),
-    "cos": (np.cos, "cosf"), "tan": (np.tan, "tanf"), "sinh": (np.sinh, "sinhf"),
-    "cosh": (np.cosh, "coshf"), "tanh": (np.tanh, "tanhf"), "asin": (np.arcsin, "asinf"),
-    "acos": (np.arccos, "acosf"), "atan": (np.arctan, "atanf"), "asinh": (np.arcsinh, "asinhf"),
-    "acosh": (np.arccosh, "acoshf"), "atanh": (np.arctanh, "atanhf"),
-}
-
-
-# NumPy formulas of the unary ops computed exactly in float32 (the reference interpreter
-# needs no TVM; their TE expressions are in `exact_unary_te`).
-EXACT_UNARY: dict[str, Callable] = {
-    "neg": np.negative, "rcp": lambda x: 1.0 / x, "nnef.abs": np.abs, "sign": np.sign,
-    "floor": np.floor, "ceil": np.ceil,
-    # round(x) = floor(x + 0.5) (spec 4.2.1)
-    "round": lambda x: np.floor(x + 0.5),
-}
-
-
-@functools.cache
-def exact_unary_te() -> dict[str, Callable]:
-    """TE expressions of EXACT_UNARY's ops (built when lowering: they need TVM)."""
-    from cvmc.ops.te import tirx
-
-    def f32(v: float):
-        return tirx.const(v, "float32")
-
-    return {
-        "neg": lambda x: -x,
-        "rcp": lambda x: f32(1.0) / x,
-        "nnef.abs": lambda x: tirx.abs(x),
-        # sign(+-0) = +0 and sign(NaN) = NaN, as np.sign gives (isnan, not x == x: TVM's
-        # simplifier folds x == x to true)
-        "sign": lambda x: tirx.Select(x > f32(0), f32(1), tirx.Select(
-            x < f32(0), f32(-1), tirx.Select(tirx.isnan(x), x, f32(0)))),
-        "floor": tirx.floor,
-        "ceil": tirx.ceil,
-        # x + 0.5 in float64, where it is exact: in float32, 0.49999997 + 0.5 would round
-        # up to 1.
-        "round": lambda x: tirx.floor(x.astype("float64") + tirx.const(0.5, "float64"))
-        .astype("float32"),
-    }
-
-
-_BINARY: dict[str, tuple[Callable, Callable]] = {
-    "add": (np.add, lambda x, y: x + y), "sub": (np.subtract, lambda x, y: x - y),
-    "mul": (np.multiply, lambda x, y: x * y), "div": (np.divide, lambda x, y: x / y),
-    "lt": (np.less, lambda x, y: x < y), "gt": (np.greater, lambda x, y: x > y),
-    "le": (np.less_equal, lambda x, y: x <= y), "ge": (np.greater_equal, lambda x, y: x >= y),
-    "eq": (np.equal, lambda x, y: x == y), "ne": (np.not_equal, lambda x, y: te_ne(x, y)),
-    "and": (np.logical_and, lambda x, y: x & y), "or": (np.logical_or, lambda x, y: x | y),
-}
+# The (NumPy formula, TE expression) of every entry below, by op name: CINN's ops of the
+# same math (cvmc.ops.cinn) reuse them.
+FORMULAS: dict[str, tuple[Callable, Callable]] = {}
 
 
 def np_broadcast(xs: list[np.ndarray]) -> list[np.ndarray]:
@@ -104,21 +55,18 @@ def te_broadcast(xs, fn: Callable, name: str):
                       name=f"{name}_")
 
 
-def _attach(name: str, ref: Callable, expr: Callable) -> None:
-    """The reference and lower rules of one element-wise op: `ref` over NumPy arrays,
-    `expr` over TE elements."""
-    d = lookup(name)
-    label = name.removeprefix("nnef.")
-    d.reference(lambda xs, a: ref(*np_broadcast(xs)))
-    d.lower(lambda xs, a: te_broadcast(xs, expr, label))
+def te_fn(fn: Callable) -> Callable:
+    """A TE expression built by `fn(tirx, *operands)` (tirx imported when lowering: checking
+    a graph or running the reference never loads TVM)."""
+    def expr(*xs):
+        from cvmc.ops.te import tirx
+        return fn(tirx, *xs)
+    return expr
 
 
 def extern(fname: str) -> Callable:
     """A TE expression calling the C math library's float function `fname`."""
-    def call(*args):
-        from cvmc.ops.te import tirx
-        return tirx.call_pure_extern("float32", fname, *args)
-    return call
+    return te_fn(lambda t, *xs: t.call_pure_extern("float32", fname, *xs))
 
 
 def te_ne(x, y):
@@ -133,24 +81,84 @@ def te_select(c, t, f):
     return tirx.Select(c, t, f)
 
 
-def exact_te(name: str) -> Callable:
-    """The TE expression of exact unary op `name`, built when first used (it needs TVM,
-    which checking a graph or running the reference never loads)."""
-    return lambda *xs: exact_unary_te()[name](*xs)
+def _f32(t, v: float):
+    return t.const(v, "float32")
 
 
-for _name in UNARY:
-    if _name in TRANSCENDENTAL:
-        _attach(_name, TRANSCENDENTAL[_name][0], extern(TRANSCENDENTAL[_name][1]))
-    else:
-        _attach(_name, EXACT_UNARY[_name], exact_te(_name))
-for _name, (_ref, _expr) in _BINARY.items():
-    _attach(_name, _ref, _expr)
-_attach("pow", np.power, extern("powf"))
-_attach("not", np.logical_not, lambda x: ~x)
-_attach("copy", lambda x: x.copy(), lambda x: x)
-_attach("select", np.where, te_select)
-# cast<T>: the value itself; the interpreter and the lowering convert every result to its
-# tensor's dtype by one rule (`cvmc.ops.common.convert_np` / `ops.te.convert`).
-_attach("cast", lambda x: x.copy(), lambda x: x)
-assert set(ARITHMETIC) <= {*_BINARY, "pow"} and set(COMPARISON) <= set(_BINARY)
+def elementwise(name: str, types: str, ref: Callable, expr: Callable, ulp: int = 0,
+                inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+                ) -> OpDef:
+    """Register the element-wise NNEF primitive `name`: `types` as its stdlib declaration
+    has them, `ref` its NumPy formula (float64 for scalar operands), `expr` its TE
+    expression over elements, `ulp` its float accuracy; operands broadcast as NNEF's.
+    Inputs and outputs default to the stdlib's x -> y and x, y -> z."""
+    unary = types.count(",") == 0
+    inputs = inputs or (("x",) if unary else ("x", "y"))
+    outputs = outputs or (("y",) if unary else ("z",))
+    label = name.removeprefix("nnef.")  # messages use the name the document spells
+    d = declare(name, lambda op_name, shapes, a: broadcast(op_name, inputs, shapes), inputs,
+                types, outputs=outputs, fusion=Fusion.ELEMWISE if unary else Fusion.BROADCAST,
+                ulp=ulp)
+    d.reference(lambda xs, a: ref(*np_broadcast(xs)))
+    d.lower(lambda xs, a: te_broadcast(xs, expr, label))
+    FORMULAS[name] = (ref, expr)
+    return d
+
+
+def transcendental(name: str, ref: Callable, types: str = "scalar -> scalar") -> OpDef:
+    """An element-wise primitive computed by the C math library's float function of its
+    name (`expf`, ...): within TRANSCENDENTAL_ULP."""
+    return elementwise(name, types, ref, extern(f"{name}f"), TRANSCENDENTAL_ULP)
+
+
+# ---- unary: the C math library's functions, then the exact ones -------------------------
+for _name, _ref in (("exp", np.exp), ("log", np.log), ("sin", np.sin), ("cos", np.cos),
+                    ("tan", np.tan), ("sinh", np.sinh), ("cosh", np.cosh), ("tanh", np.tanh),
+                    ("asin", np.arcsin), ("acos", np.arccos), ("atan", np.arctan),
+                    ("asinh", np.arcsinh), ("acosh", np.arccosh), ("atanh", np.arctanh)):
+    transcendental(_name, _ref)
+_UNARY = "scalar -> scalar"
+elementwise("neg", _UNARY, np.negative, lambda x: -x)
+elementwise("rcp", _UNARY, lambda x: 1.0 / x, te_fn(lambda t, x: _f32(t, 1.0) / x))
+elementwise("sign", _UNARY, np.sign, te_fn(
+    # sign(+-0) = +0 and sign(NaN) = NaN, as np.sign gives (isnan, not x == x: TVM's
+    # simplifier folds x == x to true)
+    lambda t, x: t.Select(x > _f32(t, 0), _f32(t, 1), t.Select(
+        x < _f32(t, 0), _f32(t, -1), t.Select(t.isnan(x), x, _f32(t, 0))))))
+elementwise("floor", _UNARY, np.floor, te_fn(lambda t, x: t.floor(x)))
+elementwise("ceil", _UNARY, np.ceil, te_fn(lambda t, x: t.ceil(x)))
+# round(x) = floor(x + 0.5) (spec 4.2.1); x + 0.5 in float64, where it is exact: in
+# float32, 0.49999997 + 0.5 would round up to 1.
+elementwise("round", _UNARY, lambda x: np.floor(x + 0.5), te_fn(
+    lambda t, x: t.floor(x.astype("float64") + t.const(0.5, "float64")).astype("float32")))
+# abs on integer tensors is the CVM op (same signature and shape); on scalars, nnef.abs.
+elementwise("nnef.abs", _UNARY, np.abs, te_fn(lambda t, x: t.abs(x)))
+elementwise("copy", "? -> ?", lambda x: x.copy(), lambda x: x)
+elementwise("not", "logical -> logical", np.logical_not, lambda x: ~x)
+
+# ---- binary -----------------------------------------------------------------------------
+_ARITHMETIC = "scalar, scalar -> scalar"
+elementwise("add", _ARITHMETIC, np.add, lambda x, y: x + y)
+elementwise("sub", _ARITHMETIC, np.subtract, lambda x, y: x - y)
+elementwise("mul", _ARITHMETIC, np.multiply, lambda x, y: x * y)
+elementwise("div", _ARITHMETIC, np.divide, lambda x, y: x / y)
+transcendental("pow", np.power, _ARITHMETIC)
+_COMPARISON = "scalar, scalar -> logical"
+elementwise("lt", _COMPARISON, np.less, lambda x, y: x < y)
+elementwise("gt", _COMPARISON, np.greater, lambda x, y: x > y)
+elementwise("le", _COMPARISON, np.less_equal, lambda x, y: x <= y)
+elementwise("ge", _COMPARISON, np.greater_equal, lambda x, y: x >= y)
+elementwise("eq", _COMPARISON, np.equal, lambda x, y: x == y)
+elementwise("ne", _COMPARISON, np.not_equal, te_ne)
+_LOGIC = "logical, logical -> logical"
+elementwise("and", _LOGIC, np.logical_and, lambda x, y: x & y)
+elementwise("or", _LOGIC, np.logical_or, lambda x, y: x | y)
+
+# cast<?>(input: tensor<>): any input; the result kind is the generic argument, which the
+# frontend records as the output's dtype. The rules give the value itself; the interpreter
+# and the lowering convert every result to its tensor's dtype by one rule
+# (`cvmc.ops.common.convert_np` / `ops.te.convert`).
+elementwise("cast", "any -> ?", lambda x: x.copy(), lambda x: x, inputs=("input",),
+            outputs=("output",))
+elementwise("select", "logical, ?, ? -> ?", np.where, te_select,
+            inputs=("condition", "true_value", "false_value"), outputs=("output",))

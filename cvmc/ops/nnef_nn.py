@@ -1,7 +1,7 @@
-"""Reference and lower rules of NNEF's sliding-window, up-sampling and RoI primitives
-(spec 4.3 and 4.6): conv, deconv, box, debox, argmax_pool, sample, desample,
-multilinear_upsample, avg_roi_pool, max_roi_pool, roi_resample. Their shape rules and
-argument checks are in `nnef_std_nn`; the stdlib compounds built on them (max_pool, avg_pool,
+"""NNEF's sliding-window, up-sampling and RoI primitives (spec 4.3 and 4.6): conv, deconv,
+box, debox, argmax_pool, sample, desample, multilinear_upsample, avg_roi_pool, max_roi_pool,
+roi_resample: their entries (declarations, reference and lower rules). Their shape rules
+and argument checks are in `nnef_std_nn`; the stdlib compounds built on them (max_pool, avg_pool,
 rms_pool, separable_conv, nearest/area down/up-sampling, the local normalizations) expand
 into them.
 
@@ -57,6 +57,7 @@ import numpy as np
 from cvmc.ops.common import require
 from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nnef_math import np_broadcast, te_broadcast
+from cvmc.ops.nnef_std import BORDERS, declare
 from cvmc.ops.nnef_std_nn import (
     Dim,
     box_shape,
@@ -65,13 +66,55 @@ from cvmc.ops.nnef_std_nn import (
     deconv_shape,
     desample_shape,
     roi_shape,
+    sample_shape,
     upsample_shape,
+    window_attrs,
     window_dims,
 )
-from cvmc.ops.registry import Attrs, lookup
+from cvmc.ops.registry import Attr, Attrs, lookup
 
 COORD_LIMIT = 2**24  # RoI coordinates are clamped here: cell arithmetic stays in int32
 INDEX_BITS = 29  # argmax_pool windows have at most 2^29 taps (the low bits of its key)
+
+# ---- the entries' declarations (their shape rules: nnef_std_nn) -------------------------
+CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
+
+_OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
+_GROUPS = Attr("groups", "int", 1, lo=0)
+declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
+        (*window_attrs(CONV_BORDERS), _GROUPS))
+declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
+        (*window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
+
+_SIZE = Attr("size", "ints", lo=1)
+_NORMALIZE = Attr("normalize", "bool", False)
+declare("box", box_shape, ("input",), "scalar -> scalar",
+        (_SIZE, *window_attrs(BORDERS), _NORMALIZE))
+declare("debox", debox_shape, ("input",), "scalar -> scalar",
+        (_SIZE, *window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
+declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
+        (_SIZE, *window_attrs(BORDERS)), ("index",),
+        precision_rule="bitlen(window volume - 1) + 1: an index into the window")
+# sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
+# (alexnet uses 'ignore') to sample through max_pool_with_index.
+declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar",
+        (_SIZE, *window_attrs(BORDERS)))
+declare("desample", desample_shape, ("input", "index"), "scalar, integer -> scalar",
+        (_SIZE, *window_attrs(("constant",)), _OUTPUT_SHAPE))
+
+declare("multilinear_upsample", upsample_shape, ("input",), "scalar -> scalar",
+        (Attr("factor", "ints", lo=1),
+         Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned")),
+         Attr("border", "str", "replicate", choices=CONV_BORDERS)))
+
+_ROI_INPUTS = ("input", "rois", "batch_index")
+_ROI_TYPES = "scalar, scalar, integer -> scalar"
+_OUTPUT_SIZE = Attr("output_size", "ints", lo=1)
+declare("avg_roi_pool", roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
+declare("max_roi_pool", roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
+declare("roi_resample", roi_shape, _ROI_INPUTS, _ROI_TYPES,
+        (_OUTPUT_SIZE,
+         Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned"))))
 
 
 # ---- shared geometry ------------------------------------------------------------------

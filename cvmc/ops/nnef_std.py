@@ -1,17 +1,20 @@
-"""NNEF 1.0.5 standard primitives: signatures, defaults and shape rules.
+"""NNEF 1.0.5 standard primitives: what their entries share, and the shape rules of the
+reduce, shape-manipulation, matmul and update primitives.
 
-Element-wise, reduce, shape-manipulation, matmul and update primitives; the sliding-window
-and RoI ones are in `nnef_std_nn`. Signatures and defaults follow the stdlib declarations
-(../shared/data/nnef-corpus/stdlib/stdlib.nnef); shape rules follow chapter 4 of
-../shared/spec/nnef-1.0-spec.txt. Compound fragments (min, max, clamp, relu, softmax,
-mean_reduce, moments, nearest_upsample, add_n, ...) are expanded by the frontend and get
-no entry here. Where a primitive's name is a CVM op with another signature or other shape
-semantics, the entry is `nnef.<name>`; abs reuses the CVM entry (same signature and shape).
+`declare` registers an NNEF primitive; each primitive is one entry, declared with its
+rules in its op family's module: `nnef_math` (element-wise), `nnef_tensor` (reduce,
+shape, matmul, update; shape rules here), `nnef_nn` (sliding-window, up-sampling, RoI;
+shape rules in `nnef_std_nn`). Signatures and defaults follow the stdlib declarations
+(cvmc/frontend/stdlib.nnef, the Khronos file verbatim; tests/ops/test_nnef_std.py checks
+every entry against it); shape rules follow chapter 4 of ../shared/spec/nnef-1.0-spec.txt.
+Compound fragments (min, max, clamp, relu, softmax, mean_reduce, moments,
+nearest_upsample, add_n, ...) are expanded by the frontend and get no entry. Where a
+primitive's name is a CVM op with another signature or other shape semantics, the entry
+is `nnef.<name>` (abs: the CVM op on integer tensors, `nnef.abs` on scalars).
 
-Each primitive's reference and lower rules are attached by its op family's module
-(`nnef_math`, `nnef_tensor`, `nnef_nn`). Every rule works on plain shapes and raises
-`OpRuleError` naming the op, the operand or attribute, what was expected and what was
-found (worded like the Khronos parser).
+Every shape rule works on plain shapes and raises `OpRuleError` naming the op, the
+operand or attribute, what was expected and what was found (worded like the Khronos
+parser).
 """
 from __future__ import annotations
 
@@ -32,13 +35,13 @@ def fmt(values: Sequence[int]) -> str:
 
 def declare(name: str, rule: ShapeRule, inputs: Sequence[str], types: str,
             attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("output",),
-            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "") -> OpDef:
+            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "", ulp: int = 0) -> OpDef:
     """Register an NNEF primitive (`types` as its stdlib declaration has them, see
-    `registry`) whose shape rule sees plain input shapes; its op family's module attaches
-    the reference and lower rules (and the precision rule `precision_rule` describes, for
-    an integer result)."""
+    `registry`) whose shape rule sees plain input shapes; the caller attaches the
+    reference and lower rules (and the precision rule `precision_rule` describes, for an
+    integer result)."""
     d = op(name, family="nnef", seeds=("nnef",), types=types, inputs=inputs, attrs=attrs,
-           outputs=outputs, fusion=fusion, precision_rule=precision_rule)
+           outputs=outputs, fusion=fusion, precision_rule=precision_rule, ulp=ulp)
     label = name.removeprefix("nnef.")  # messages use the name the document spells
 
     @d.shape
@@ -81,82 +84,27 @@ def broadcast(op_name: str, names: Sequence[str], shapes: Sequence[Shape]) -> Sh
     return tuple(out)
 
 
-def _ints(name: str, default=REQUIRED, lo: int | None = None) -> Attr:
+def ints_attr(name: str, default=REQUIRED, lo: int | None = None) -> Attr:
+    """An integer[] attribute."""
     return Attr(name, "ints", default, lo=lo)
 
 
-# ---- element-wise ---------------------------------------------------------------------
-def _unary_shape(op_name, shapes, a):
-    return shapes[0]
-
-
-def _binary_shape(op_name, shapes, a):
-    return broadcast(op_name, ("x", "y"), shapes)
-
-
-def _select_shape(op_name, shapes, a):
-    return broadcast(op_name, ("condition", "true_value", "false_value"), shapes)
-
-
-# abs on integer tensors is the CVM op (same signature and shape); on scalars, nnef.abs.
-UNARY = ("neg", "rcp", "exp", "log", "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin",
-         "acos", "atan", "asinh", "acosh", "atanh", "sign", "floor", "ceil", "round",
-         "nnef.abs")
-ARITHMETIC = ("add", "sub", "mul", "div", "pow")
-COMPARISON = ("lt", "gt", "le", "ge", "eq", "ne")
-
-_ELEMWISE, _BROADCAST = Fusion.ELEMWISE, Fusion.BROADCAST
-for _name in UNARY:
-    declare(_name, _unary_shape, ("x",), "scalar -> scalar", outputs=("y",), fusion=_ELEMWISE)
-declare("copy", _unary_shape, ("x",), "? -> ?", outputs=("y",), fusion=_ELEMWISE)
-declare("not", _unary_shape, ("x",), "logical -> logical", outputs=("y",), fusion=_ELEMWISE)
-for _name in ARITHMETIC:
-    declare(_name, _binary_shape, ("x", "y"), "scalar, scalar -> scalar", outputs=("z",),
-            fusion=_BROADCAST)
-for _name in COMPARISON:
-    declare(_name, _binary_shape, ("x", "y"), "scalar, scalar -> logical", outputs=("z",),
-            fusion=_BROADCAST)
-for _name in ("and", "or"):
-    declare(_name, _binary_shape, ("x", "y"), "logical, logical -> logical", outputs=("z",),
-            fusion=_BROADCAST)
-# cast<?>(input: tensor<>): any input; the result kind is the generic argument, which the
-# frontend records as the output's dtype.
-declare("cast", _unary_shape, ("input",), "any -> ?", fusion=_ELEMWISE)
-declare("select", _select_shape, ("condition", "true_value", "false_value"),
-        "logical, ?, ? -> ?", fusion=_BROADCAST)
-
-
-def _update_shape(op_name, shapes, a):
+def update_shape(op_name, shapes, a):
     variable, value = shapes
     require(value == variable, f"{op_name}: shape of update value {fmt(value)} does not "
                                f"match shape of variable {fmt(variable)}")
     return variable
 
 
-declare("update", _update_shape, ("variable", "value"), "?, ? -> ?", outputs=("result",))
-
-
 # ---- reduce ---------------------------------------------------------------------------
-def _reduce_shape(op_name, shapes, a):
+def reduce_shape(op_name, shapes, a):
     (x,) = shapes
     check_axes(op_name, "axes", a.axes, len(x))
     return tuple(1 if i in a.axes else e for i, e in enumerate(x))
 
 
-_AXES = Attr("axes", "ints")
-declare("sum_reduce", _reduce_shape, ("input",), "scalar -> scalar",
-        (_AXES, Attr("normalize", "bool", False)))
-for _name, _types in (("max_reduce", "scalar -> scalar"), ("min_reduce", "scalar -> scalar"),
-                      ("any_reduce", "logical -> logical"), ("all_reduce", "logical -> logical")):
-    declare(_name, _reduce_shape, ("input",), _types, (_AXES,))
-for _name in ("argmax_reduce", "argmin_reduce"):
-    declare(_name, _reduce_shape, ("input",), "scalar -> integer", (_AXES,),
-            precision_rule="max(bitlen(count - 1) + 1, 9): an index into the reduced axes, "
-                           "stored as int32")
-
-
 # ---- matmul ---------------------------------------------------------------------------
-def _matmul_shape(op_name, shapes, a):
+def matmul_shape(op_name, shapes, a):
     A, B = shapes
     require(len(A) == len(B), f"{op_name}: argument rank mismatch (A {fmt(A)} vs B {fmt(B)})")
     require(len(A) >= 2, f"{op_name}: rank of arguments must be at least 2, found {len(A)}")
@@ -167,12 +115,8 @@ def _matmul_shape(op_name, shapes, a):
     return broadcast(op_name, ("A batch", "B batch"), (A[:-2], B[:-2])) + (m, n)
 
 
-declare("matmul", _matmul_shape, ("A", "B"), "scalar, scalar -> scalar",
-        (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",))
-
-
 # ---- reshape, unsqueeze ----------------------------------------------------------------
-def _reshape_shape(op_name, shapes, a):
+def reshape_shape(op_name, shapes, a):
     (x,) = shapes
     rank, start = len(x), a.axis_start
     require(start <= rank, f"{op_name}: 'axis_start' must be in range [0,{rank}], found {start}")
@@ -196,11 +140,7 @@ def _reshape_shape(op_name, shapes, a):
     return x[:start] + tuple(new) + x[end:]
 
 
-declare("nnef.reshape", _reshape_shape, ("input",), "? -> ?",
-        (_ints("shape"), Attr("axis_start", "int", 0, lo=0), Attr("axis_count", "int", -1, lo=-1)))
-
-
-def _unsqueeze_shape(op_name, shapes, a):
+def unsqueeze_shape(op_name, shapes, a):
     (x,) = shapes
     rank = len(x) + len(a.axes)
     check_axes(op_name, "axes", a.axes, rank)
@@ -208,7 +148,7 @@ def _unsqueeze_shape(op_name, shapes, a):
     return tuple(1 if i in a.axes else next(rest) for i in range(rank))
 
 
-def _squeeze_shape(op_name, shapes, a):
+def squeeze_shape(op_name, shapes, a):
     (x,) = shapes
     check_axes(op_name, "axes", a.axes, len(x))
     require(all(x[i] == 1 for i in a.axes), f"{op_name}: squeezed dimensions must be "
@@ -216,7 +156,7 @@ def _squeeze_shape(op_name, shapes, a):
     return tuple(e for i, e in enumerate(x) if i not in a.axes)
 
 
-def _transpose_shape(op_name, shapes, a):
+def transpose_shape(op_name, shapes, a):
     (x,) = shapes
     n = len(a.axes)
     require(n <= len(x), f"{op_name}: length of 'axes' ({n}) must not exceed the input rank "
@@ -226,15 +166,8 @@ def _transpose_shape(op_name, shapes, a):
     return tuple(x[i] for i in a.axes) + x[n:]
 
 
-declare("unsqueeze", _unsqueeze_shape, ("input",), "? -> ?", (_AXES,))
-# The CVM squeeze / transpose read empty axes as "all unit dims" / "reverse" and reject a
-# partial permutation; NNEF reads [] as no change and permutes only the leading axes.
-declare("nnef.squeeze", _squeeze_shape, ("input",), "? -> ?", (_AXES,))
-declare("nnef.transpose", _transpose_shape, ("input",), "? -> ?", (_AXES,))
-
-
 # ---- concat, split, stack, unstack ------------------------------------------------------
-def _concat_shape(op_name, shapes, a):
+def concat_shape(op_name, shapes, a):
     first = shapes[0]
     check_axis(op_name, a.axis, len(first))
     for s in shapes:
@@ -245,7 +178,7 @@ def _concat_shape(op_name, shapes, a):
     return first[:a.axis] + (sum(s[a.axis] for s in shapes),) + first[a.axis + 1:]
 
 
-def _split_shape(op_name, shapes, a):
+def split_shape(op_name, shapes, a):
     (x,) = shapes
     check_axis(op_name, a.axis, len(x))
     require(len(a.ratios) >= 1, f"{op_name}: 'ratios' must not be empty")
@@ -256,7 +189,7 @@ def _split_shape(op_name, shapes, a):
     return [x[:a.axis] + (unit * r,) + x[a.axis + 1:] for r in a.ratios]
 
 
-def _stack_shape(op_name, shapes, a):
+def stack_shape(op_name, shapes, a):
     first = shapes[0]
     require(0 <= a.axis <= len(first),
             f"{op_name}: 'axis' must be in range [0,{len(first) + 1}), found {a.axis}")
@@ -265,17 +198,10 @@ def _stack_shape(op_name, shapes, a):
     return first[:a.axis] + (len(shapes),) + first[a.axis:]
 
 
-def _unstack_shape(op_name, shapes, a):
+def unstack_shape(op_name, shapes, a):
     (x,) = shapes
     check_axis(op_name, a.axis, len(x))
     return [x[:a.axis] + x[a.axis + 1:]] * x[a.axis]
-
-
-_AXIS = Attr("axis", "int")
-declare("concat", _concat_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
-declare("split", _split_shape, ("value",), "? -> ?", (_AXIS, _ints("ratios", lo=1)), ("*values",))
-declare("stack", _stack_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
-declare("unstack", _unstack_shape, ("value",), "? -> ?", (_AXIS,), ("*values",))
 
 
 # ---- slice ------------------------------------------------------------------------------
@@ -301,7 +227,7 @@ def slice_starts(shape: Sequence[int], a: Attrs) -> list[int]:
     return starts
 
 
-def _slice_shape(op_name, shapes, a):
+def slice_shape(op_name, shapes, a):
     (x,) = shapes
     stride = a.stride or (1,) * len(a.axes)
     for what, values in (("begin", a.begin), ("end", a.end), ("stride", stride)):
@@ -316,12 +242,8 @@ def _slice_shape(op_name, shapes, a):
     return tuple(out)
 
 
-declare("nnef.slice", _slice_shape, ("input",), "? -> ?",
-        (_ints("axes"), _ints("begin"), _ints("end"), _ints("stride", ())))
-
-
 # ---- pad, tile, gather ------------------------------------------------------------------
-def _pad_shape(op_name, shapes, a):
+def pad_shape(op_name, shapes, a):
     (x,) = shapes
     require(len(a.padding) == len(x), f"{op_name}: expected 'padding' of length {len(x)} "
                                       f"(the input rank), found {len(a.padding)}")
@@ -341,22 +263,17 @@ def _pad_shape(op_name, shapes, a):
     return out
 
 
-def _tile_shape(op_name, shapes, a):
+def tile_shape(op_name, shapes, a):
     (x,) = shapes
     require(len(a.repeats) == len(x), f"{op_name}: expected 'repeats' of length {len(x)} "
                                       f"(the input rank), found {fmt(a.repeats)}")
     return tuple(e * r for e, r in zip(x, a.repeats))
 
 
-def _gather_shape(op_name, shapes, a):
+def gather_shape(op_name, shapes, a):
     x, indices = shapes
     check_axis(op_name, a.axis, len(x))
     return x[:a.axis] + indices + x[a.axis + 1:]
 
 
 BORDERS = ("ignore", "constant", "replicate", "reflect", "reflect-even")
-declare("pad", _pad_shape, ("input",), "scalar -> scalar",
-        (Attr("padding", "int_pairs"), Attr("border", "str", "constant", choices=BORDERS),
-         Attr("value", "scalar", 0.0)))
-declare("nnef.tile", _tile_shape, ("input",), "? -> ?", (_ints("repeats", lo=1),))
-declare("gather", _gather_shape, ("input", "indices"), "?, integer -> ?", (Attr("axis", "int", 0),))

@@ -1,9 +1,11 @@
-"""NNEF 1.0.5 sliding-window, up-sampling and RoI primitives: their shape rules.
+"""NNEF 1.0.5 sliding-window, up-sampling and RoI primitives: their shape rules and the
+window attributes they share.
 
 conv, deconv, box, debox, argmax_pool, sample, desample, multilinear_upsample, avg_roi_pool,
-max_roi_pool, roi_resample. Output sizes follow "Output Shape Calculation" and "Automatic
-Padding Calculation" in section 4.3 of ../shared/spec/nnef-1.0-spec.txt. Shared helpers
-live in `nnef_std`; the reference and lower rules in `nnef_nn`.
+max_roi_pool, roi_resample: their entries (declarations with the reference and lower rules)
+are in `nnef_nn`. Output sizes follow "Output Shape Calculation" and "Automatic Padding
+Calculation" in section 4.3 of ../shared/spec/nnef-1.0-spec.txt. Shared helpers live in
+`nnef_std`.
 """
 from __future__ import annotations
 
@@ -11,10 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cvmc.ops.common import MAX_WINDOW, check_window, require
-from cvmc.ops.nnef_std import BORDERS, Shape, check_positive, declare, fmt
+from cvmc.ops.nnef_std import Shape, check_positive, fmt
 from cvmc.ops.registry import Attr, Attrs
-
-CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
 
 
 def _down(op_name: str, extent: int, f: int, pad: tuple[int, int] | None, s: int,
@@ -195,19 +195,11 @@ def deconv_shape(op_name, shapes, a):
     return _conv_like(op_name, shapes, a, transposed=True)
 
 
-def _window_attrs(borders: Sequence[str]) -> tuple[Attr, ...]:
+def window_attrs(borders: Sequence[str]) -> tuple[Attr, ...]:
     return (Attr("border", "str", "constant", choices=tuple(borders)),
             Attr("padding", "int_pairs", ()),
             Attr("stride", "ints", (), lo=1),
             Attr("dilation", "ints", (), lo=1))
-
-
-_OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
-_GROUPS = Attr("groups", "int", 1, lo=0)
-declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
-        (*_window_attrs(CONV_BORDERS), _GROUPS))
-declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
-        (*_window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
 
 
 # ---- box, debox, argmax_pool, sample, desample ------------------------------------------
@@ -254,21 +246,6 @@ def desample_shape(op_name, shapes, a):
     return _pool_like(op_name, x, a, transposed=True)
 
 
-_SIZE = Attr("size", "ints", lo=1)
-_NORMALIZE = Attr("normalize", "bool", False)
-declare("box", box_shape, ("input",), "scalar -> scalar", (_SIZE, *_window_attrs(BORDERS), _NORMALIZE))
-declare("debox", debox_shape, ("input",), "scalar -> scalar",
-        (_SIZE, *_window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
-declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
-        (_SIZE, *_window_attrs(BORDERS)), ("index",),
-        precision_rule="bitlen(window volume - 1) + 1: an index into the window")
-# sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
-# (alexnet uses 'ignore') to sample through max_pool_with_index.
-declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar", (_SIZE, *_window_attrs(BORDERS)))
-declare("desample", desample_shape, ("input", "index"), "scalar, integer -> scalar",
-        (_SIZE, *_window_attrs(("constant",)), _OUTPUT_SHAPE))
-
-
 # ---- multilinear_upsample ----------------------------------------------------------------
 def upsample_shape(op_name, shapes, a):
     """Output shape of multilinear_upsample."""
@@ -280,12 +257,6 @@ def upsample_shape(op_name, shapes, a):
     require(a.border != "reflect" or min(x[2:]) >= 2, f"{op_name}: border 'reflect' needs "
             f"spatial extents of at least 2, found shape {fmt(x)}")
     return x[:2] + tuple(e * f for e, f in zip(x[2:], a.factor))
-
-
-declare("multilinear_upsample", upsample_shape, ("input",), "scalar -> scalar",
-        (Attr("factor", "ints", lo=1),
-         Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned")),
-         Attr("border", "str", "replicate", choices=CONV_BORDERS)))
 
 
 # ---- RoI pooling / resampling ------------------------------------------------------------
@@ -305,11 +276,3 @@ def roi_shape(op_name, shapes, a):
     return (rois[0], x[1]) + a.output_size
 
 
-_ROI_INPUTS = ("input", "rois", "batch_index")
-_ROI_TYPES = "scalar, scalar, integer -> scalar"
-_OUTPUT_SIZE = Attr("output_size", "ints", lo=1)
-declare("avg_roi_pool", roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
-declare("max_roi_pool", roi_shape, _ROI_INPUTS, _ROI_TYPES, (_OUTPUT_SIZE,))
-declare("roi_resample", roi_shape, _ROI_INPUTS, _ROI_TYPES,
-        (_OUTPUT_SIZE,
-         Attr("method", "str", "symmetric", choices=("asymmetric", "symmetric", "aligned"))))

@@ -1,5 +1,7 @@
-"""Reference and lower rules of NNEF's reduce (spec 4.4), tensor shape (4.5), matmul and
-variable-update primitives. Shape rules and argument checks are in `nnef_std`.
+"""NNEF's reduce (spec 4.4), tensor shape (4.5), matmul and variable-update primitives:
+their entries (declarations, reference and lower rules). Shape rules and argument checks
+are in `nnef_std`; reshape, squeeze and unsqueeze take their rules from the CVM ops'
+(`transform.reshape_like`).
 
 The generic ones (`reshape`, `transpose`, `concat`, `split`, `stack`, `unstack`, `slice`,
 `squeeze`, `unsqueeze`, `tile`, `gather`, `update`) only move values: they compute on
@@ -28,10 +30,73 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cvmc.ops.nnef_std import slice_starts
+from cvmc.ops.nnef_std import (
+    BORDERS,
+    concat_shape,
+    declare,
+    gather_shape,
+    ints_attr,
+    matmul_shape,
+    pad_shape,
+    reduce_shape,
+    reshape_shape,
+    slice_shape,
+    slice_starts,
+    split_shape,
+    squeeze_shape,
+    stack_shape,
+    tile_shape,
+    transpose_shape,
+    unsqueeze_shape,
+    unstack_shape,
+    update_shape,
+)
 from cvmc.ops.reduce import te_reduce
-from cvmc.ops.registry import lookup
+from cvmc.ops.registry import Attr, lookup
 from cvmc.ops.transform import ravel, reshape_like, te_concat, te_gather, types_of
+
+# ---- the entries' declarations (their shape rules: nnef_std) ----------------------------
+declare("update", update_shape, ("variable", "value"), "?, ? -> ?", outputs=("result",))
+
+_AXES = Attr("axes", "ints")
+declare("sum_reduce", reduce_shape, ("input",), "scalar -> scalar",
+        (_AXES, Attr("normalize", "bool", False)))
+for _name, _types in (("max_reduce", "scalar -> scalar"), ("min_reduce", "scalar -> scalar"),
+                      ("any_reduce", "logical -> logical"), ("all_reduce", "logical -> logical")):
+    declare(_name, reduce_shape, ("input",), _types, (_AXES,))
+for _name in ("argmax_reduce", "argmin_reduce"):
+    declare(_name, reduce_shape, ("input",), "scalar -> integer", (_AXES,),
+            precision_rule="max(bitlen(count - 1) + 1, 9): an index into the reduced axes, "
+                           "stored as int32")
+
+declare("matmul", matmul_shape, ("A", "B"), "scalar, scalar -> scalar",
+        (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",))
+
+declare("nnef.reshape", reshape_shape, ("input",), "? -> ?",
+        (ints_attr("shape"), Attr("axis_start", "int", 0, lo=0),
+         Attr("axis_count", "int", -1, lo=-1)))
+
+declare("unsqueeze", unsqueeze_shape, ("input",), "? -> ?", (_AXES,))
+# The CVM squeeze / transpose read empty axes as "all unit dims" / "reverse" and reject a
+# partial permutation; NNEF reads [] as no change and permutes only the leading axes.
+declare("nnef.squeeze", squeeze_shape, ("input",), "? -> ?", (_AXES,))
+declare("nnef.transpose", transpose_shape, ("input",), "? -> ?", (_AXES,))
+
+_AXIS = Attr("axis", "int")
+declare("concat", concat_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
+declare("split", split_shape, ("value",), "? -> ?", (_AXIS, ints_attr("ratios", lo=1)),
+        ("*values",))
+declare("stack", stack_shape, ("*values",), "?[] -> ?", (_AXIS,), ("value",))
+declare("unstack", unstack_shape, ("value",), "? -> ?", (_AXIS,), ("*values",))
+
+declare("nnef.slice", slice_shape, ("input",), "? -> ?",
+        (ints_attr("axes"), ints_attr("begin"), ints_attr("end"), ints_attr("stride", ())))
+
+declare("pad", pad_shape, ("input",), "scalar -> scalar",
+        (Attr("padding", "int_pairs"), Attr("border", "str", "constant", choices=BORDERS),
+         Attr("value", "scalar", 0.0)))
+declare("nnef.tile", tile_shape, ("input",), "? -> ?", (ints_attr("repeats", lo=1),))
+declare("gather", gather_shape, ("input", "indices"), "?, integer -> ?", (Attr("axis", "int", 0),))
 
 
 # ---- reductions ----------------------------------------------------------------------

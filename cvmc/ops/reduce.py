@@ -14,7 +14,7 @@ import numpy as np
 from cvmc.ops.common import bitlen, normalize_axis, require
 from cvmc.ops.registry import Attr, Fusion, OpDef, op
 
-_ATTRS = (Attr("axes", "ints", default=(), scalar_ok=True, aliases=("axis",)),
+_ATTRS = (Attr("axes", "ints", default=(), scalar_ok=True, aliases=("axis",), cvm_name="axis"),
           Attr("keepdims", "bool", default=False),
           Attr("exclude", "bool", default=False))
 

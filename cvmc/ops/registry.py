@@ -34,6 +34,8 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   1 per output element).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
+Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
+and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes).
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
 Two kinds of ops share the registry:
@@ -49,8 +51,7 @@ Two kinds of ops share the registry:
   for a generic op that only moves values, from its inputs. `reference` sees float32
   inputs as float64 (the better oracle; the interpreter rounds results to float32) and
   `lower` sees float32 / bool tensors as they are (integer ones as int32, as for CVM ops).
-  A typed op with a shape rule only is check-only:
-  cvmc parses and shape-checks it but cannot compile it.
+  Every op has shape, reference and lower rules: `check_registry` refuses an entry without.
 """
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ class Attr:
     "literal" (a number or a logical, kept as given: `cinn.const_scalar`'s value).
     length: required list length for "ints" (a single int is broadcast to it when
     scalar_ok). aliases: other spellings accepted on input (CVM-Runtime, spec variants).
+    cvm_name: the alias CVM-Runtime's JSON spells it by, which export writes ("": name).
     """
 
     name: str
@@ -110,6 +112,7 @@ class Attr:
     scalar_ok: bool = False
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
+    cvm_name: str = ""
 
     @property
     def nnef_type(self) -> str:
@@ -217,8 +220,13 @@ class OpDef:
                  outputs: Sequence[str] = ("out",), attrs: Sequence[Attr] = (),
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
-                 types: str = ""):
+                 types: str = "", cvm_name: str = "", ulp: int = 0):
         self.name = name
+        # float results: units in the last place a kernel may be from the reference (the C
+        # math library's functions); 0: bit-exact, or a sum's bound (docs/float.md)
+        self.ulp = ulp
+        # the alias CVM-Runtime's JSON names the op by, which export writes
+        self.cvm_name = cvm_name or name
         self.family = family
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
@@ -261,11 +269,6 @@ class OpDef:
     def integer_op(self) -> bool:
         """True for a CVM integer op (every tensor an integer with a precision)."""
         return not self.types
-
-    @property
-    def compute(self) -> bool:
-        """True if cvmc can run and compile the op (it has reference and lower rules)."""
-        return "lower" in self.rules
 
     def in_kind(self, k: int) -> str:
         """The declared element kind of input `k` (typed ops; a variadic array repeats)."""
@@ -389,11 +392,8 @@ class OpDef:
 
     def missing_rules(self) -> list[str]:
         """Rules this entry still lacks."""
-        if self.integer_op:
-            needed: tuple[str, ...] = ("shape", "precision", "reference", "lower")
-        else:  # typed: shape only (check-only) or shape, reference and lower together
-            needed = ("shape", "reference", "lower") if set(self.rules) & {
-                "reference", "lower"} else ("shape",)
+        needed = ("shape", "precision", "reference", "lower") if self.integer_op else \
+            ("shape", "reference", "lower")
         return [r for r in needed if r not in self.rules]
 
 
@@ -453,13 +453,16 @@ def check_registry() -> None:
     for d in _REGISTRY.values():
         if (d.integer_op or "precision" in d.rules) and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
-        if d.out_kind == "numeric" and d.compute and not (
+        if d.out_kind == "numeric" and not (
                 "precision" in d.rules and d.precision_rule):
             problems.append(f"{d.name}: a numeric result needs a precision rule and its "
                             f"precision_rule words (integer results)")
         optional = [i.endswith("?") for i in d.inputs]
         if any(o and not later for o, later in itertools.pairwise(optional)):
             problems.append(f"{d.name}: optional inputs must come last")
+        spellings = [(d.cvm_name, d.aliases)] + [(at.cvm_name, at.aliases) for at in d.attrs]
+        if any(cvm not in ("", d.name, *aliases) for cvm, aliases in spellings):
+            problems.append(f"{d.name}: a CVM-Runtime spelling (cvm_name) must be an alias")
         bad = set(d.rules) - set(_RULES)
         if bad:
             problems.append(f"{d.name}: unknown rules {sorted(bad)}")

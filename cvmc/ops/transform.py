@@ -134,7 +134,7 @@ reshape_like(flatten)
 
 reshape = op("reshape", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
              precision_rule="p_x",
-             attrs=(Attr("target_shape", "ints", aliases=("shape",)),))
+             attrs=(Attr("target_shape", "ints", aliases=("shape",), cvm_name="shape"),))
 reshape.precision(_input_precision)
 
 
@@ -179,7 +179,8 @@ reshape_like(expand_dims)
 
 squeeze = op("squeeze", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
              precision_rule="p_x",
-             attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",)),))
+             attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",),
+                         cvm_name="axis"),))
 squeeze.precision(_input_precision)
 
 
@@ -288,9 +289,9 @@ gather_rules(transpose, _transpose_map)
 
 # ---- slice (strided_slice) -------------------------------------------------------------
 slice_op = op("slice", family="transform", inputs=("data",), aliases=("strided_slice",),
-              fusion=Fusion.INJECTIVE, precision_rule="p_x",
+              cvm_name="strided_slice", fusion=Fusion.INJECTIVE, precision_rule="p_x",
               attrs=(Attr("begin", "ints"), Attr("end", "ints"),
-                     Attr("strides", "ints", (), aliases=("stride",))))
+                     Attr("strides", "ints", (), aliases=("stride",), cvm_name="stride")))
 slice_op.precision(_input_precision)
 
 
@@ -344,7 +345,8 @@ gather_rules(slice_op, _slice_map)
 # ---- slice_like ------------------------------------------------------------------------
 slice_like = op("slice_like", family="transform", inputs=("data", "shape_like"),
                 fusion=Fusion.INJECTIVE, precision_rule="p_x (the data input)",
-                attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",)),))
+                attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",),
+                            cvm_name="axis"),))
 slice_like.precision(_input_precision)
 
 

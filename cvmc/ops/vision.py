@@ -37,7 +37,7 @@ def _fill_precision(p: int) -> int:
 # ---- get_valid_count ------------------------------------------------------------------
 get_valid_count = op(
     "get_valid_count", family="vision", inputs=("data",), outputs=("valid_count", "out"),
-    aliases=("get_valid_counts",), fusion=Fusion.OPAQUE,
+    aliases=("get_valid_counts",), cvm_name="get_valid_counts", fusion=Fusion.OPAQUE,
     attrs=(Attr("score_threshold", "int", 0, **INT32_RANGE),),
     precision_rule="valid_count: numprec(N*K); out: max(p_x, 2) (-1 filler)")
 

@@ -22,6 +22,7 @@ from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import all_ops, lookup
 from cvmc.ops.infer import infer_precision
 from cvmc.reference import reference_run
+from tests.codegen.op_cases import X_SHAPE, exports, weight
 from tests.frontend.test_cvm_params import pack_array, pack_params
 
 
@@ -212,72 +213,14 @@ def test_attribute_formatting() -> None:
 
 # ---- round trip over every CVM op ---------------------------------------------------------
 RNG = np.random.default_rng(7)
-X_SHAPE = (1, 2, 4, 4)
 
 
-def _w(shape: tuple[int, ...], lo: int = -9, hi: int = 10) -> np.ndarray:
-    return RNG.integers(lo, hi, shape).astype(np.int32)
-
-
-def _boxes() -> np.ndarray:
-    """(1, 4, 6) rows [class, score, x1, y1, x2, y2] for get_valid_count / nms."""
-    return np.array([[[0, 9, 0, 0, 4, 4], [0, 8, 1, 1, 5, 5], [1, -1, 0, 0, 2, 2],
-                      [1, 7, 6, 6, 9, 9]]], dtype=np.int32)
-
-
-# op -> (operands, attrs). An operand is "x" (the graph input, precision 8), the name of an
-# earlier node's output, or an array (a weight).
-OP_CASES: dict[str, tuple[list, dict]] = {
-    "broadcast_add": (["x", _w((1, 2, 1, 1))], {}),
-    "broadcast_sub": (["x", _w((2, 1, 1))], {}),
-    "broadcast_mul": (["x", _w((1, 1, 4))], {}),
-    "broadcast_div": (["x", _w((1, 2, 1, 1))], {}),
-    "broadcast_max": (["x", _w((1, 2, 4, 1))], {}),
-    "broadcast_greater": (["x", _w((1, 1, 1, 4))], {}),
-    "elemwise_add": (["x", _w(X_SHAPE)], {}),
-    "elemwise_sub": (["x", _w(X_SHAPE)], {}),
-    "abs": (["x"], {}), "negative": (["x"], {}), "relu": (["x"], {}),
-    "cvm_precision": (["x"], {}),
-    "clip": (["x"], {"a_min": -5, "a_max": 9}),
-    "cvm_clip": (["x"], {"precision": 4}),
-    "cvm_right_shift": (["x"], {"precision": 6, "shift_bit": 2}),
-    "cvm_left_shift": (["x"], {"precision": 12, "shift_bit": 3}),
-    "conv2d": (["x", _w((3, 2, 3, 3)), _w((3,))],
-               {"padding": (1, 1), "stride": (2, 2), "channels": 3, "kernel_size": (3, 3),
-                "use_bias": True}),
-    "dense": ([_w((2, 5)), _w((3, 5)), _w((3,))], {"units": 3, "use_bias": True}),
-    "max_pool2d": (["x"], {"pool_size": (2, 2), "strides": (2, 2)}),
-    "upsampling": (["x"], {"scale": 2}),
-    "sum": (["x"], {"axes": (1,)}),
-    "max": (["x"], {"axes": (2, 3), "keepdims": True}),
-    "get_valid_count": ([_boxes()], {"score_threshold": 0}),
-    "non_max_suppression": (["get_valid_count_out1", "get_valid_count"],
-                            {"iou_threshold": 5, "force_suppress": True}),
-    "repeat": (["x"], {"repeats": 2, "axis": 1}),
-    "tile": (["x"], {"reps": (1, 2)}),
-    "flatten": (["x"], {}),
-    "expand_dims": (["x"], {"axis": -1}),
-    "reshape": (["x"], {"shape": (2, 16)}),
-    "squeeze": (["x"], {"axis": (0,)}),
-    "transpose": (["x"], {"axes": (0, 2, 3, 1)}),
-    "slice": (["x"], {"begin": (0, 1), "end": (1, 2)}),
-    "slice_like": (["x", _w((1, 1, 2, 2))], {}),
-    "take": (["x", _w((3,), 0, 4)], {"axis": 2}),
-    "concatenate": (["x", "x"], {"axis": 1}),
-    "cvm_lut": (["x", _w((256,), -100, 100)], {}),
-    "where": ([_w(X_SHAPE, -127, 128), "x", _w(X_SHAPE)], {}),  # condition as wide as x
-}
-
-
-def _all_ops_graph() -> tuple[Graph, list[str]]:
-    """One node per available CVM op (each a graph output); returns it and the ops left out."""
+def _all_ops_graph() -> Graph:
+    """One node per CVM-Runtime op (each a graph output), from the ops' test records."""
     types = {"x": TensorType(X_SHAPE, "int32", 8)}
-    nodes, consts, skipped = [], {}, []
-    for name, (operands, attrs) in OP_CASES.items():
+    nodes, consts = [], {}
+    for name, (operands, attrs) in exports().items():
         d = lookup(name)
-        if d is None:
-            skipped.append(name)
-            continue
         ins = []
         for k, operand in enumerate(operands):
             if isinstance(operand, np.ndarray):
@@ -291,11 +234,11 @@ def _all_ops_graph() -> tuple[Graph, list[str]]:
             types[out] = TensorType(shape, "int32")
         nodes.append(Node(d.name, tuple(ins), outs, dict(a)))
     outputs = [o for n in nodes for o in n.outputs]
-    return Graph("all_ops", ["x"], outputs, nodes, types, consts), skipped
+    return Graph("all_ops", ["x"], outputs, nodes, types, consts)
 
 
 def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
-    graph, _ = _all_ops_graph()
+    graph = _all_ops_graph()
     paths = export_cvm(graph, tmp_path / "out")
     assert [p.name for p in paths] == ["symbol.json", "params"]
     doc = json.loads(paths[0].read_text())
@@ -320,16 +263,15 @@ def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
     assert all(np.array_equal(want[o], got[o]) for o in expected.outputs)
 
 
-def test_round_trip_covers_every_compute_op() -> None:
-    _, skipped = _all_ops_graph()
+def test_round_trip_covers_every_cvm_runtime_op() -> None:
     missing = [d.name for d in all_ops()
-               if CVM_RUNTIME_SEEDS & set(d.seeds) and d.name not in OP_CASES]
-    assert not missing, f"add these ops to OP_CASES: {missing}"
-    assert skipped == [n for n in OP_CASES if lookup(n) is None]
+               if CVM_RUNTIME_SEEDS & set(d.seeds) and d.name not in exports()]
+    assert not missing, f"give these ops' records in tests/codegen/op_cases.py an export: " \
+                        f"{missing}"
 
 
 def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
-    w = _w((3, 2, 3, 3))
+    w = weight((3, 2, 3, 3))
     a = lookup("conv2d").normalize_attrs({})
     types = {"in": TensorType(X_SHAPE, "int32", 8), "w": TensorType(w.shape, "int32"),
              "c": TensorType((1, 3, 2, 2), "int32")}

@@ -10,8 +10,6 @@ import pytest
 
 from cvmc.errors import CvmcError
 from cvmc.frontend.nnef import load_nnef, parse_nnef
-from cvmc.ops import registry
-from cvmc.ops.registry import Attr, op
 from tests.shared import HAVE_SHARED, SHARED, requires_shared
 
 nnef = pytest.importorskip("nnef")
@@ -44,17 +42,6 @@ KHRONOS_SKIP = {
     # the Khronos parser needs the custom fragment lowered (`lowered=['op']`) to infer shapes
     "khr_parser_custom_fragment.nnef",
 }
-
-
-@pytest.fixture
-def shuffle_op():
-    """`shuffle` (the Khronos sample's body-less custom fragment) as a registry op with an
-    identity shape rule, like the sample's own custom shape function; removed afterwards."""
-    d = op("shuffle", family="custom", inputs=("input",), attrs=(Attr("groups", "int"),),
-           types="? -> ?", seeds=("test",))
-    d.shape(lambda ins, a: ins[0].shape)
-    yield d
-    del registry._REGISTRY["shuffle"]
 
 
 def _text_and_quant(path: Path) -> tuple[str, str | None]:

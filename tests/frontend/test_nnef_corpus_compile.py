@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cvmc.frontend.nnef import load_nnef
-from cvmc.ops.nnef_math import TRANSCENDENTAL_ULP
+from cvmc.ops import lookup
 from tests.nnefutil import (
     mean_bound,
     moments_bound,
@@ -22,8 +22,6 @@ from tests.shared import HAVE_SHARED, SHARED, requires_shared
 
 CORPUS = SHARED / "data" / "nnef-corpus" / "valid"
 DOCS = sorted(CORPUS.iterdir()) if HAVE_SHARED else []
-# A body-less custom fragment: cvmc can only check it (tests/frontend/test_nnef_corpus.py).
-CHECK_ONLY = {"khr_sample_ext_custom_shuffle.nnef"}
 
 # Bounds (docs/float.md "Float accuracy"); a document not listed must match the reference exactly.
 # Sums, products and matmuls: running error analysis over the reference's values
@@ -35,8 +33,9 @@ RUNNING = {"khr_op_sum_reduce.nnef", "khr_op_matmul_trA.nnef", "khr_op_linear.nn
            "khr_op_conv2d_strided.nnef", "khr_op_deconv2d.nnef", "khr_op_separable_conv2d.nnef",
            "khr_op_box_strided.nnef", "khr_op_avg_pool_ignore_border.nnef",
            "khr_op_linear_upsample_symmetric.nnef", "khr_example_alexnet.nnef",
-           "khr_example_googlenet.nnef", "khr_example_resnet.nnef"}
-ULP = {"tract_pow_const.nnef": TRANSCENDENTAL_ULP}
+           "khr_example_googlenet.nnef", "khr_example_resnet.nnef",
+           "khr_sample_ext_custom_shuffle.nnef"}
+ULP = {"tract_pow_const.nnef": lookup("pow").ulp}
 
 
 def _batch_norm_bound(g, feeds, want):
@@ -74,9 +73,7 @@ NETWORKS = {"khr_example_alexnet.nnef", "khr_example_googlenet.nnef", "khr_examp
 @pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)
                                   if p.name in NETWORKS else p for p in DOCS],
                          ids=lambda p: p.name)
-def test_valid_document_compiles_runs_and_matches_the_reference(path):
-    if path.name in CHECK_ONLY:
-        pytest.skip("a custom primitive without a body: check-only")
+def test_valid_document_compiles_runs_and_matches_the_reference(path, shuffle_op):
     g = with_random_weights(load_nnef(path, None))
     feeds = random_inputs(g)
     want, got = run_both(g, feeds)
