@@ -34,7 +34,7 @@ from cvmc.frontend.nnef import load_nnef, parse_nnef
 from cvmc.frontend.quant import parse_quant
 from cvmc.frontend.tensorfile import HEADER_SIZE, read_tensor_bytes, tensor_bytes
 from cvmc.ir import Graph
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from tests.shared import HAVE_SHARED, SHARED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def _check_cvm(symbol: bytes, params: bytes) -> None:
             graph = read_cvm_model(Path(tmp) / "symbol.json")
         except CvmcError:
             return
-    infer_precision(graph)  # an accepted graph is consistent
+    retype(graph)  # an accepted graph is consistent
 
 
 @FAST

@@ -14,7 +14,7 @@ from cvmc.errors import CvmcError
 from cvmc.frontend.tensorfile import write_tensor
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops.common import data_precision
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 
 WIDE = [
     (np.array([0, 2**64 - 1], np.uint64), 8, "value 18446744073709551615 at index [1]"),
@@ -96,7 +96,7 @@ def test_graphs_built_in_python_are_checked_too(data, precision, words):
     g = Graph("g", [], ["y"], [Node("relu", ("w",), ("y",), {})], types, {"w": data})
     with pytest.raises(CvmcError, match="weight 'w': " + words.replace("[", r"\[")
                        .replace("]", r"\]")):
-        infer_precision(g)
+        retype(g)
 
 
 @pytest.mark.parametrize("value", [np.uint64(2**64 - 1), np.int64(-2**63), np.int64(2**40 + 5)])
