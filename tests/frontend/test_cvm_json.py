@@ -334,7 +334,7 @@ def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
     types = {"in": TensorType(X_SHAPE, "int32", 8), "w": TensorType(w.shape, "int32"),
              "c": TensorType((1, 3, 2, 2), "int32")}
     g = Graph("g", ["in"], ["c"], [Node("conv2d", ("in", "w"), ("c",), a)], types, {"w": w})
-    doc = json.loads(export_cvm(g, tmp_path)[0].read_text())
+    doc = json.loads(export_cvm(retype(g), tmp_path)[0].read_text())
     attrs = json.loads(doc["attrs"]["op_attrs"][1][2])
     assert attrs["strides"] == "(1, 1)" and attrs["channels"] == "3"
     assert attrs["kernel_size"] == "(3, 3)" and attrs["use_bias"] == "False"

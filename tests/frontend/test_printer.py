@@ -68,8 +68,8 @@ def test_printed_text_is_flat_nnef():
         "version 1.0;\n\ngraph Net( data ) -> ( out )\n{\n"
         "    data = external<integer>(shape = [1, 4], precision = 8);\n"
         "    w = variable<integer>(shape = [1, 4], label = 'w', precision = 4);\n"
-        "    k = constant<integer>(shape = [1, 2], value = [3, -2]);\n"
-        "    r = relu(data);\n    out = relu(r);\n}\n")
+        "    k = constant<integer>(shape = [1, 2], value = [3, -2], precision = 3);\n"
+        "    r = relu(data);\n    out = relu(r);\n}\n")  # typed: k's precision, |v| <= 3
     _roundtrip(g)
 
 
@@ -80,7 +80,7 @@ def test_roundtrip_with_weight_data_through_folder(tmp_path):
     (src / "graph.nnef").write_text(
         "version 1.0;\ngraph G( x ) -> ( y )\n{\n  x = external<integer>(shape = [3], "
         "precision = 8);\n  w = variable<integer>(shape = [3], label = 'p/w');\n"
-        "  y = add(x, w);\n}\n")
+        "  y = elemwise_add(x, w);\n}\n")
     (src / "p").mkdir()
     write_tensor(src / "p" / "w.dat", np.array([1, -2, 3], dtype=np.int32))
     g = load_nnef(src, None)
