@@ -42,13 +42,16 @@ def graph_texts(draw):
     if draw(st.booleans()):
         lines.append(f"c = constant<integer>(shape = {shape}, value = [{draw(st.integers(-9, 9))}]);")
         lines.append(f"w = variable<integer>(shape = {shape}, label = 'layer/w');")
-        lines.append(f"y = add(add({prev}, c), w);")
+        lines.append(f"y = elemwise_add(elemwise_add({prev}, c), w);")
         prev = "y"
     return ("version 1.0;\nextension KHR_enable_operator_expressions;\n"
             f"graph G( x ) -> ( {prev} )\n{{\n" + "\n".join(lines) + "\n}\n")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A drawn chain that mixes element kinds (cos of an integer tensor) does not type, and
+# loading refuses it: about three in four are drawn again.
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(graph_texts())
 def test_print_parse_roundtrip(text):
     try:
