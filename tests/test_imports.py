@@ -4,6 +4,7 @@ The layers, each importing only those below it:
 
     cvmc (the public API)
     cli
+    quantize          (float models to CVM integer models)
     builder
     frontend          codegen
          \\            lowering
@@ -35,7 +36,8 @@ BELOW = {
     "codegen": {"lowering", "passes", "reference", "ops", "ir", "errors"},
     "frontend": {"passes", "reference", "ops", "ir", "errors"},
     "builder": {"frontend", "passes", "reference", "ops", "ir", "errors"},
-    "cli": {"builder", "frontend", "codegen", "lowering", "passes", "reference", "ops", "ir",
+    "quantize": {"builder", "frontend", "passes", "reference", "ops", "ir", "errors"},
+    "cli": {"quantize", "builder", "frontend", "codegen", "lowering", "passes", "reference", "ops", "ir",
             "errors"},
 }
 

@@ -3,8 +3,8 @@
 Every user mistake surfaces as a CvmcError (or the runtime's ModelError) and is printed
 as one clear message with exit code 1, never as a traceback.
 
-One module per command (`check`, `ops`, `run`, `bench`, `convert`, `compile`, `export`);
-`common` holds what they share.
+One module per command (`check`, `ops`, `run`, `bench`, `eval`, `convert`, `compile`,
+`export`, `quantize`); `common` holds what they share.
 """
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from cvmc.cli.check import cmd_check
 from cvmc.cli.common import cuda_arch, positive, shape_arg
 from cvmc.cli.compile import cmd_compile
 from cvmc.cli.convert import cmd_convert
+from cvmc.cli.eval import cmd_eval
 from cvmc.cli.export import cmd_export
 from cvmc.cli.ops import cmd_ops
+from cvmc.cli.quantize import cmd_quantize
 from cvmc.cli.run import cmd_run
 from cvmc.errors import CvmcError
 
@@ -55,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output-dir", help="write each output to DIR/<name>.npy")
     sp.add_argument("--saturate", action="store_true",
                     help="clip inputs into their declared precision instead of rejecting them")
+    sp.add_argument("--dequantize", action="store_true",
+                    help="return the outputs of a quantized artifact as float32 reals "
+                         "(integer / scale)")
     sp.add_argument("--threads", type=positive, help="CPU threads (default: all cores)")
     sp.set_defaults(fn=cmd_run)
 
@@ -67,6 +72,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--warmup", type=positive, default=5, help="untimed runs first (default 5)")
     sp.add_argument("--json", metavar="FILE", help="also write the numbers as JSON")
     sp.set_defaults(fn=cmd_bench)
+
+    sp = sub.add_parser("eval", help="top-1 accuracy of a .cvmx artifact over a dataset, and "
+                        "agreement with another artifact")
+    sp.add_argument("model", metavar="ARTIFACT", help="a .cvmx artifact with one input")
+    sp.add_argument("--data", required=True, metavar="X.npy",
+                    help="N samples of the input without the batch dimension: [N, ...]; "
+                         "floats for a quantized artifact are quantized by its scale")
+    sp.add_argument("--labels", metavar="Y.npy", help="N integer class indices")
+    sp.add_argument("--compare", metavar="OTHER.cvmx",
+                    help="a second artifact: the share of samples with the same top-1")
+    sp.add_argument("--workers", type=positive, metavar="N",
+                    help="processes (with --ray: actors), one model and one thread each "
+                         "(default: one per CPU)")
+    sp.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                    help="run on Ray Data (the cluster at ADDRESS, else a local one); "
+                         "needs the extra cvmc[ray]")
+    sp.set_defaults(fn=cmd_eval)
 
     input_shape = {"action": "append", "default": [], "type": shape_arg,
                    "metavar": "NAME=D1,D2,...",
@@ -102,6 +124,44 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["cvm"], default="cvm")
     sp.add_argument("-o", "--output", required=True, help="output folder")
     sp.set_defaults(fn=cmd_export)
+
+
+    sp = sub.add_parser("quantize", help="quantize a float model (ONNX or NNEF) to a CVM "
+                        "integer NNEF folder, calibrated on sample inputs")
+    sp.add_argument("model", help="a float model: MODEL.onnx, or an NNEF file, folder or tar")
+    sp.add_argument("-o", "--output", required=True, metavar="DIR",
+                    help="the NNEF folder to write (graph.nnef, .dat files, quantization.json);"
+                         " must not exist or be empty")
+    sp.add_argument("--calib", action="append", default=[], required=True,
+                    metavar="NAME=FILE.npy",
+                    help="calibration samples of input NAME, shape [N, *input shape] "
+                         "(repeat per input)")
+    sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda"),
+                    default="absmax", help="threshold of each tensor: its largest |value| "
+                    "(default), a percentile of |value|, or MRT's |mean| + lambda * std")
+    sp.add_argument("--percentile", type=float, default=99.99, metavar="P",
+                    help="percentile of --calib-method percentile (default 99.99)")
+    sp.add_argument("--lambda", dest="lam", type=float, default=10.0, metavar="L",
+                    help="lambda of --calib-method lambda (default 10, MRT's)")
+    chan = sp.add_mutually_exclusive_group()
+    chan.add_argument("--per-channel", dest="per_channel", action="store_true",
+                      help="one weight scale per output channel of conv and dense")
+    chan.add_argument("--per-tensor", dest="per_channel", action="store_false",
+                      help="one weight scale per weight tensor (default)")
+    sp.add_argument("--bits", type=int, default=8, metavar="B", help="activation bits, 2..8 (default 8)")
+    sp.add_argument("--output-bits", type=int, default=8, metavar="B",
+                    help="bits of the model's outputs, 2..16 (default 8)")
+    sp.add_argument("--samples", type=positive, metavar="N",
+                    help="use at most the first N calibration samples (default: all)")
+    sp.add_argument("--report", action="store_true",
+                    help="print each layer's SQNR and max error against the float model")
+    sp.add_argument("--report-json", metavar="FILE", help="write that report as JSON too")
+    sp.add_argument("--dump-ir", metavar="DIR",
+                    help="write the graph after every quantizer pass to DIR")
+    sp.add_argument("--force", action="store_true",
+                    help="replace DIR if it holds a previous model (a graph.nnef)")
+    sp.add_argument("--input-shape", **input_shape)
+    sp.set_defaults(fn=cmd_quantize)
     return p
 
 

@@ -20,8 +20,9 @@ def fmt_shape(shape) -> str:
 MAX_INPUT_ELEMENTS = 1 << 30  # the compiler's tensor limit (CVM-Runtime's)
 
 
-def load_npy(name: str, file: str) -> np.ndarray:
-    """An integer .npy array, its header checked before anything is allocated."""
+def load_npy(what: str, file: str) -> np.ndarray:
+    """A .npy array (no pickles), its header checked before anything is allocated; `what`
+    names it in messages (`--input NAME`, `--data`)."""
     try:
         with open(file, "rb") as f:
             read_header = {(1, 0): np.lib.format.read_array_header_1_0,
@@ -32,12 +33,12 @@ def load_npy(name: str, file: str) -> np.ndarray:
             shape = read_header(f)[0]
             count = int(np.prod(shape, dtype=object))
             if count > MAX_INPUT_ELEMENTS:
-                raise CvmcError(f"--input {name}: '{file}' declares shape {list(shape)} "
+                raise CvmcError(f"{what}: '{file}' declares shape {list(shape)} "
                                 f"({count} elements, more than {MAX_INPUT_ELEMENTS})")
             f.seek(0)
             return np.load(f, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:  # missing, empty, truncated, not .npy
-        raise CvmcError(f"--input {name}: cannot read '{file}' as a .npy array "
+        raise CvmcError(f"{what}: cannot read '{file}' as a .npy array "
                         f"({str(e) or type(e).__name__})") from None
 
 
@@ -49,7 +50,7 @@ def read_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
             raise CvmcError(f"--input expects NAME=FILE.npy, got '{pair}'")
         if name in feeds:
             raise CvmcError(f"--input {name} is given twice")
-        feeds[name] = load_npy(name, file)
+        feeds[name] = load_npy(f"--input {name}", file)
     return feeds
 
 

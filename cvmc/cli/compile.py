@@ -13,6 +13,7 @@ from cvmc.cli.common import (
     is_onnx,
 )
 from cvmc.codegen import CompileResult, Quiet, compile_model, writable_file
+from cvmc.codegen.quantization import beside_model
 from cvmc.errors import CvmcError
 
 
@@ -68,7 +69,9 @@ def compile_checked_model(args) -> int:
     if args.stop_after:
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0
-    result = compile_model(graph, output, args.target, args.mcpu, args.arch, progress)
+    quantization = beside_model(args.model)
+    result = compile_model(graph, output, args.target, args.mcpu, args.arch, progress,
+                           quantization)
     extras = {"tir": result.tir, "plan": json.dumps(result.plan, indent=1),
               "source": result.source}
     for kind, path in emits.items():
@@ -105,4 +108,7 @@ def _print_summary(output: Path, result: CompileResult) -> None:
                 for b in plan["buffers"])
     console.print(f"  arena: {plan['arena']['bytes']} bytes for {total} bytes of "
                   f"intermediate tensors ({len(plan['buffers'])}, reused by liveness)")
+    scaled = [s["name"] for key in ("inputs", "outputs") for s in plan[key] if "scale" in s]
+    if scaled:
+        console.print(f"  scales (quantization.json): {', '.join(scaled)}")
     console.print(f"  compile time: {result.seconds:.2f} s")

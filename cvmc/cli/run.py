@@ -15,6 +15,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     """Run a compiled artifact (or, with --reference, a graph on the interpreter)."""
     feeds = read_inputs(args.input)
     if args.reference:
+        if args.dequantize:
+            raise CvmcError("--dequantize applies to an artifact (its plan records the "
+                            "scales), not with --reference")
         from cvmc.frontend import load_checked
         from cvmc.reference import reference_run
         graph = load_checked(args.model, quant=args.quant, params=args.params)
@@ -23,6 +26,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.quant or args.params:
             raise CvmcError("--quant/--params apply with --reference (to a model, not an artifact)")
         model = load_artifact(args)
-        outputs = model.run(feeds, saturate=args.saturate)
+        outputs = model.run(feeds, saturate=args.saturate, dequantize=args.dequantize)
     write_outputs(outputs, args.output_dir)
     return 0

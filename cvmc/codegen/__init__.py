@@ -1,7 +1,9 @@
 """Codegen: a checked graph -> fused kernels -> one compiled library -> a .cvmx artifact."""
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +38,16 @@ class Quiet:
 
 
 def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
-                  mcpu: str | None = None, arch: str = "sm_80", progress=None) -> CompileResult:
+                  mcpu: str | None = None, arch: str = "sm_80", progress=None,
+                  quantization: Mapping | str | os.PathLike | None = None) -> CompileResult:
     """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
     .cvmx file. (The pipeline is idempotent: a graph that has been through it already,
-    as `cvmc compile` does to dump it, is unchanged.)"""
+    as `cvmc compile` does to dump it, is unchanged.) `quantization`: the scales of a
+    quantized model (a quantization.json path or its object), recorded in the plan."""
     from cvmc_runtime import write_artifact
 
     from cvmc.codegen.build import build_cuda, build_llvm
+    from cvmc.codegen.quantization import check_quantization, record_scales
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
 
@@ -56,8 +61,11 @@ def compile_model(graph: Graph, output: str | Path, target: str = "llvm",
     start = time.perf_counter()
     with progress.stage("passes"):
         graph = run_pipeline(graph, target=target)
+    scales = None if quantization is None else check_quantization(quantization, graph)
     with progress.stage("lower", len(graph.nodes)):
         mod, _, plan = lower_graph(graph, target)
+    if scales:
+        record_scales(plan, scales)
     with progress.stage(f"schedule + build ({target})", len(mod.functions)) as stage:
         built = build_llvm(mod, mcpu, stage.advance, plan) if target == "llvm" \
             else build_cuda(mod, arch, stage.advance, plan)

@@ -98,14 +98,14 @@ def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
     onnx_path, out_dir = Path(onnx_path), Path(out_dir)
     tools = _import_tools()
     model, opset = _read_onnx(onnx_path, input_shapes or {})
-    _check_destination(out_dir, force, onnx_path)
+    check_destination(out_dir, force, onnx_path)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:
         folder = tmp / "nnef"  # made by mkdir: the user's umask, not mkdtemp's 0700
         folder.mkdir()
         _run_converter(tools, model, onnx_path, folder, opset, input_shapes)
-        _move_into_place(folder, out_dir)
+        move_into_place(folder, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
@@ -206,7 +206,7 @@ def _onnx_shape(dims) -> str:
                            for d in dims) + "]"
 
 
-def _check_destination(out_dir: Path, force: bool, source: Path) -> None:
+def check_destination(out_dir: Path, force: bool, source: Path) -> None:
     """`out_dir` is new, an empty folder, or (with --force) a previous model folder; never
     the folder of the source model (or of the file a link to it names) or an ancestor."""
     dest = out_dir.resolve()
@@ -228,7 +228,7 @@ def _check_destination(out_dir: Path, force: bool, source: Path) -> None:
                         f"graph.nnef), and this folder holds none")
 
 
-def _move_into_place(folder: Path, out_dir: Path) -> None:
+def move_into_place(folder: Path, out_dir: Path) -> None:
     """Rename the written folder to `out_dir` (an empty one is replaced); a previous model
     folder is moved into the temporary folder first, removed with it afterwards."""
     if out_dir.exists() and any(out_dir.iterdir()):

@@ -12,6 +12,8 @@ from cvmc_runtime.artifact import LIBRARY, read_artifact
 from cvmc_runtime.cpu import check_host_cpu
 from cvmc_runtime.library import check_library
 from cvmc_runtime.plan import tensor_bytes
+from cvmc_runtime.quant import dequantize as reals_of
+from cvmc_runtime.quant import quantize
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
 ALIGNMENT = 64  # AVX-512 kernels assume 64-byte aligned buffers and nothing checks it
@@ -92,15 +94,29 @@ class Model:
         for name, value in weights.items():
             self._buf.upload(name, value)
 
-    def run(self, feeds: Mapping[str, object], saturate: bool = False) -> dict[str, np.ndarray]:
-        """Check the inputs, call every kernel in order, return the outputs by name."""
-        if not isinstance(saturate, (bool, np.bool_)):
-            raise ModelError(f"saturate must be True or False, got {saturate!r:.40}")
+    def run(self, feeds: Mapping[str, object], saturate: bool = False,
+            dequantize: bool = False) -> dict[str, np.ndarray]:
+        """Check the inputs, call every kernel in order, return the outputs by name.
+
+        A float array for an input with a scale is quantized by `cvmc_runtime.quantize`;
+        `dequantize=True` returns every output with a scale as float32 reals (q / scale).
+        """
+        for flag, value in (("saturate", saturate), ("dequantize", dequantize)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise ModelError(f"{flag} must be True or False, got {value!r:.40}")
+        scaled = [s for s in self.outputs if s.scale is not None]
+        if dequantize and not scaled:
+            raise ModelError("dequantize: this artifact records no output scale (compile a "
+                             "quantized model folder holding quantization.json)")
+        feeds = _quantize_feeds(self.inputs, feeds)
         for name, value in check_inputs(self.inputs, feeds, saturate).items():
             self._buf.upload(name, value)
         for index in range(len(self._kernels)):
             self._call(index)
-        return {s.name: self._buf.download(s.name) for s in self.outputs}
+        outputs = {s.name: self._buf.download(s.name) for s in self.outputs}
+        for spec in scaled if dequantize else ():
+            outputs[spec.name] = reals_of(outputs[spec.name], spec.scale)
+        return outputs
 
     def _call(self, index: int) -> None:
         kernel, args = self._kernels[index]
@@ -138,6 +154,26 @@ class Model:
             self.run(feeds)
             runs.append(time.perf_counter() - start)
         return per_kernel, runs
+
+
+def _quantize_feeds(specs: list[TensorSpec], feeds: object) -> object:
+    """`feeds` with each float array given for an input with a scale quantized to its
+    precision; anything else as given, for check_inputs to check (an integer array for a
+    scaled input is taken as already quantized)."""
+    scaled = {s.name: s for s in specs if s.scale is not None}
+    if not scaled or not isinstance(feeds, Mapping):
+        return feeds
+    out = dict(feeds)
+    for name, spec in scaled.items():
+        if name not in feeds:
+            continue  # check_inputs names it
+        try:
+            value = np.asarray(feeds[name])
+        except (ValueError, TypeError):  # ragged lists: check_inputs names it
+            continue
+        if value.dtype.kind == "f":
+            out[name] = quantize(f"input '{name}'", value, spec.scale, spec.precision)
+    return out
 
 
 def set_num_threads(threads: int) -> None:

@@ -12,6 +12,7 @@ check the rank, shape, dtype and contiguity of each argument on every call.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,8 +31,9 @@ def _fail(message: str) -> ModelError:
     return ModelError(f"invalid plan: {message}")
 
 
-def _check_spec(where: str, spec: object) -> tuple[tuple[int, ...], str]:
-    """(shape, dtype) of one tensor declaration."""
+def _check_spec(where: str, spec: object, scaled: bool = False) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of one tensor declaration; `scaled`: it may carry a scale (a
+    quantized model's inputs and outputs)."""
     if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
         raise _fail(f"{where}: expected an object with a string 'name', got {spec!r:.80}")
     shape, dtype, precision = spec.get("shape"), spec.get("dtype"), spec.get("precision")
@@ -48,7 +50,22 @@ def _check_spec(where: str, spec: object) -> tuple[tuple[int, ...], str]:
         raise _fail(f"{where} '{spec['name']}': dtype must be one of {', '.join(DTYPES)}, "
                     f"with a precision in 1..32 for an integer dtype and none otherwise, got "
                     f"{dtype!r:.20} and {precision!r:.20}")
+    if "scale" in spec:
+        _check_scale(where, spec, scaled and integer)
     return tuple(shape), dtype
+
+
+def _check_scale(where: str, spec: Mapping, allowed: bool) -> None:
+    """A scale (real ~= integer / scale) is a finite JSON number > 0 on an integer input or
+    output: Model.run multiplies reals by it and divides outputs by it."""
+    scale = spec["scale"]
+    if not allowed:
+        raise _fail(f"{where} '{spec['name']}': only an integer input or output may have a "
+                    f"scale, got {scale!r:.40}")
+    # Compared, not converted: a JSON integer beyond float range must not overflow here.
+    if type(scale) not in (int, float) or not 0 < scale <= sys.float_info.max:
+        raise _fail(f"{where} '{spec['name']}': scale must be a finite number > 0, got "
+                    f"{scale!r:.40}")
 
 
 def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -64,7 +81,7 @@ def _tensors(plan: Mapping) -> dict[str, tuple[tuple[int, ...], str]]:
             raise _fail(f"'{key}' must be a list")
         listed = []
         for k, spec in enumerate(specs):
-            decl = _check_spec(f"{key}[{k}]", spec)
+            decl = _check_spec(f"{key}[{k}]", spec, key in ("inputs", "outputs"))
             if out.setdefault(spec["name"], decl) != decl:
                 raise _fail(f"tensor '{spec['name']}' is declared twice with different "
                             f"shapes or dtypes")

@@ -22,24 +22,27 @@ class ModelError(Exception):
 @dataclass(frozen=True)
 class TensorSpec:
     """Name, shape, storage dtype (int8/int32/float32/bool) and precision (integers only)
-    of a model input or output."""
+    of a model input or output, and the scale of a quantized model's integer tensor (real ~=
+    integer / scale; None when the artifact records none)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     precision: int | None
+    scale: float | None = None
 
     def to_json(self) -> dict:
-        """A JSON-serialisable dict."""
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
-                "precision": self.precision}
+        """A JSON-serialisable dict (with 'scale' only when there is one)."""
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
+             "precision": self.precision}
+        return d if self.scale is None else {**d, "scale": self.scale}
 
     @staticmethod
     def from_json(d: Mapping) -> TensorSpec:
         """Inverse of to_json."""
-        p = d["precision"]
+        p, scale = d["precision"], d.get("scale")
         return TensorSpec(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]),
-                          None if p is None else int(p))
+                          None if p is None else int(p), None if scale is None else float(scale))
 
 
 def precision_bound(precision: int) -> int:
@@ -57,7 +60,12 @@ def check_input(spec: TensorSpec, value: object, saturate: bool = False) -> np.n
     kinds, what = {"float32": ("f", "a float"), "bool": ("b", "a bool")}.get(
         spec.dtype, ("iu", "an integer"))
     if arr.dtype.kind not in kinds:
-        raise ModelError(f"input '{spec.name}': expected {what} array, got dtype {arr.dtype}")
+        # Only an input with a recorded scale (a quantized artifact) takes reals; Model.run
+        # quantizes them before they get here.
+        why = " (it has no scale to quantize reals with)" \
+            if arr.dtype.kind == "f" and spec.precision is not None else ""
+        raise ModelError(f"input '{spec.name}': expected {what} array, got dtype "
+                         f"{arr.dtype}{why}")
     if tuple(arr.shape) != spec.shape:
         raise ModelError(f"input '{spec.name}': expected shape {list(spec.shape)}, "
                          f"got {list(arr.shape)}")

@@ -1,0 +1,87 @@
+"""`cvmc quantize`: a float model (ONNX or NNEF) to a CVM integer NNEF folder plus
+quantization.json, calibrated on sample inputs (docs/quantize.md)."""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from cvmc_runtime import atomic_write_bytes
+from rich.table import Table
+
+from cvmc.cli.common import console, input_shapes, is_onnx, load_npy
+from cvmc.errors import CvmcError
+
+
+def _calib(pairs: list[str]) -> dict:
+    """--calib NAME=FILE.npy pairs -> {name: array}."""
+    samples = {}
+    for pair in pairs:
+        name, sep, file = pair.partition("=")
+        if not sep or not name or not file:
+            raise CvmcError(f"--calib expects NAME=FILE.npy, got '{pair}'")
+        if name in samples:
+            raise CvmcError(f"--calib {name} is given twice")
+        samples[name] = load_npy(f"--calib {name}", file)
+    return samples
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    """Quantize a float model: calibrate, rewrite, write DIR and quantization.json."""
+    from cvmc.frontend import load_checked
+    from cvmc.frontend.onnx_convert import check_destination, convert_onnx
+    from cvmc.frontend.printer import graph_dumper
+    from cvmc.quantize import Options, quantize_graph
+
+    if not 2 <= args.bits <= 8 or not 2 <= args.output_bits <= 16:
+        raise CvmcError(f"--bits must be in 2..8 (conv2d and dense take at most 8-bit data) "
+                        f"and --output-bits in 2..16, got {args.bits} and {args.output_bits}")
+    if not 0 < args.percentile <= 100:
+        raise CvmcError(f"--percentile must be in (0, 100], got {args.percentile}")
+    if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
+        raise CvmcError(f"--dump-ir {args.dump_ir}: exists and is not a folder")
+    check_destination(Path(args.output), args.force, Path(args.model))  # before the work
+    if args.report_json and not Path(args.report_json).absolute().parent.is_dir():
+        raise CvmcError(f"--report-json {args.report_json}: no such folder")
+    samples = _calib(args.calib)
+    options = Options(args.bits, args.output_bits, args.per_channel)
+    with tempfile.TemporaryDirectory(prefix="cvmc-quantize-") as tmp:
+        model = args.model
+        if is_onnx(model):
+            model = convert_onnx(model, Path(tmp) / "nnef", input_shapes=input_shapes(args))
+        elif args.input_shape:
+            raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")
+        graph = load_checked(model)
+        # Layers are read back from the source text, so quantize while the folder exists.
+        q = quantize_graph(graph, samples, options, args.calib_method, args.percentile,
+                           args.lam, args.samples,
+                           graph_dumper(args.dump_ir) if args.dump_ir else None)
+    from cvmc.quantize.writer import write_model
+    out = write_model(q, args.output, args.model, args.force)
+    ops = len(q.graph.nodes)
+    console.print(f"quantized {args.model} -> {out}: {ops} CVM ops, inputs "
+                  + ", ".join(f"{n} (scale {s:.6g}, {p} bits)" for n, (s, p) in q.inputs.items())
+                  + "; outputs " + ", ".join(f"{n} (scale {q.scales[n]:.6g})"
+                                             for n in q.graph.outputs))
+    if args.report or args.report_json:
+        _report(q, samples, args)
+    return 0
+
+
+def _report(q, samples: dict, args: argparse.Namespace) -> None:
+    """Per-layer SQNR and max error of the integer model against the float one."""
+    from cvmc.quantize.report import layer_report
+    count = min(next(iter(samples.values())).shape[0], args.samples or 1 << 62)
+    rows = layer_report(q, samples, count)
+    if args.report_json:
+        atomic_write_bytes(args.report_json, (json.dumps(
+            {"samples": count, "layers": rows}, indent=1) + "\n").encode())
+    if args.report:
+        table = Table(title=f"integer vs float, {count} calibration samples")
+        for col in ("layer", "op", "SQNR dB", "max |error|"):
+            table.add_column(col, justify="left" if col in ("layer", "op") else "right")
+        for r in rows:
+            table.add_row(r["layer"], r["op"], f"{r['sqnr_db']:.1f}", f"{r['max_abs_error']:.4g}")
+        console.print(table)
+

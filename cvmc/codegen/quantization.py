@@ -1,0 +1,95 @@
+"""The scales of a quantized model (`quantization.json`, as `cvmc quantize` writes it),
+checked against the graph and recorded on the plan's inputs and outputs.
+
+    {"inputs": {name: {"scale": s, "precision": p}}, "outputs": {name: {"scale": s}}}
+
+real ~= integer / scale. The runtime quantizes float inputs with these scales and
+dequantizes outputs (`Model.run(..., dequantize=True)`, `cvmc run --dequantize`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from cvmc.errors import CvmcError
+from cvmc.ir import Graph
+
+FILE_NAME = "quantization.json"
+MAX_BYTES = 16 << 20  # a few lines per input and output
+Scales = dict[str, dict[str, float]]  # {"inputs": {name: scale}, "outputs": {name: scale}}
+
+
+def beside_model(model: str | os.PathLike) -> Path | None:
+    """The quantization.json in a model folder or beside its `.nnef` graph file; None if
+    there is none (and for archives and CVM-Runtime JSON, which hold no such file)."""
+    model = Path(model)
+    folder = model if model.is_dir() else model.parent if model.suffix == ".nnef" else None
+    path = folder / FILE_NAME if folder is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def _read(path: Path) -> object:
+    """The JSON in `path`, size-checked first."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise CvmcError(f"{path}: larger than {MAX_BYTES} bytes; not a quantization file")
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise CvmcError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise CvmcError(f"{path}: not valid JSON ({e})") from None
+
+
+def check_quantization(source: Mapping | str | os.PathLike, graph: Graph) -> Scales:
+    """The scales of `source` (a quantization.json path or its parsed object), checked
+    against `graph` (typed): names are its inputs and outputs, each an integer tensor;
+    every scale a finite number > 0; an input's precision is its graph precision."""
+    where = "quantization" if isinstance(source, Mapping) else str(source)
+    doc = source if isinstance(source, Mapping) else _read(Path(source))
+
+    def fail(field: str, rule: str, got: object) -> CvmcError:
+        return CvmcError(f"{where}: {field} {rule}, got {got!r:.80}")
+
+    if not isinstance(doc, Mapping) or not set(doc) <= {"inputs", "outputs"}:
+        raise fail("the top level", "must be an object with 'inputs' and 'outputs'",
+                   doc if not isinstance(doc, Mapping) else sorted(doc))
+    scales: Scales = {}
+    for key, names, needed in (("inputs", graph.inputs, {"scale", "precision"}),
+                               ("outputs", graph.outputs, {"scale"})):
+        entries = doc.get(key, {})
+        if not isinstance(entries, Mapping):
+            raise fail(key, "must be an object mapping names to {scale, ...}", entries)
+        scales[key] = {}
+        for name, entry in entries.items():
+            field = f"{key}.{name}"
+            if name not in names:
+                raise fail(field, f"must name one of the graph's {key} "
+                           f"({', '.join(names)})", name)
+            allowed = needed | {"precision"}
+            if not isinstance(entry, Mapping) or not needed <= set(entry) <= allowed:
+                raise fail(field, f"must be an object with {' and '.join(sorted(needed))}",
+                           entry)
+            t = graph.types[name]
+            if t.precision is None:
+                raise fail(field, "must be an integer tensor to have a scale", t.dtype)
+            scale = entry["scale"]
+            # Compared, not converted: a JSON integer beyond float range must not overflow.
+            if type(scale) not in (int, float) or not 0 < scale <= sys.float_info.max:
+                raise fail(f"{field}.scale", "must be a finite number > 0", scale)
+            precision = entry.get("precision", t.precision)
+            if type(precision) is not int or precision != t.precision:
+                raise fail(f"{field}.precision", f"must be the graph's precision of "
+                           f"'{name}', {t.precision}", precision)
+            scales[key][name] = float(scale)
+    return scales
+
+
+def record_scales(plan: dict, scales: Scales) -> None:
+    """Write each scale onto its input or output declaration in `plan`."""
+    for key, by_name in scales.items():
+        for spec in plan[key]:
+            if spec["name"] in by_name:
+                spec["scale"] = by_name[spec["name"]]

@@ -1,0 +1,62 @@
+"""`cvmc quantize`: a float model to a deterministic CVM integer model (docs/quantize.md).
+
+The passes, in order (each one's graph is what `--dump-ir` writes):
+group-layers (compound fragments back to layers, those no rule covers split again), fold-batch-norm, fuse-elementwise, then
+calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`), then infer-precision (the
+proof that int32 never overflows).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cvmc.ir import Graph
+from cvmc.ops.infer import check_graph
+from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
+from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
+from cvmc.quantize.rewrite import Options, Rewriter, split_unruled
+
+__all__ = ["METHODS", "Options", "Quantized", "quantize_graph"]
+
+
+@dataclass
+class Quantized:
+    """The integer graph, the float layers it came from, and the scales that join them."""
+
+    graph: Graph
+    source: Layers  # the float model's layers as written (the report compares with them)
+    layers: Layers  # after the float rewrites: what was calibrated and quantized
+    scales: dict[str, float]  # float value name -> scale of the integer value of that name
+    inputs: dict[str, tuple[float, int]]  # input -> (scale, precision)
+
+    def manifest(self) -> dict:
+        """quantization.json: real ~= integer / scale."""
+        return {"inputs": {n: {"scale": s, "precision": p} for n, (s, p) in self.inputs.items()},
+                "outputs": {n: {"scale": float(self.scales[n])} for n in self.graph.outputs}}
+
+
+def quantize_graph(graph: Graph, samples: dict[str, np.ndarray], options: Options,
+                   method: str = "absmax", percentile: float = 99.99, lam: float = 10.0,
+                   max_samples: int | None = None,
+                   after_pass: Callable[[int, str, Graph], None] | None = None) -> Quantized:
+    """Quantize a checked float graph, calibrated on `samples` ({input: [N, *shape]})."""
+    def dump(index: int, name: str, g: Graph) -> None:
+        if after_pass is not None:
+            after_pass(index, name, g)
+    source = split_unruled(group_layers(graph))
+    dump(0, "group-layers", source.graph)
+    check_samples(source, samples)
+    layers = fold_batch_norm(source)
+    dump(1, "fold-batch-norm", layers.graph)
+    layers = fuse_elementwise(layers)
+    dump(2, "fuse-elementwise", layers.graph)
+    count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
+    stats = calibrate(layers, samples, count)
+    thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
+    int_graph, scales, inputs = Rewriter(layers, thresholds, options).run()
+    dump(3, "quantize", int_graph)
+    int_graph = check_graph(int_graph, True)
+    dump(4, "infer-precision", int_graph)
+    return Quantized(int_graph, source, layers, scales, inputs)

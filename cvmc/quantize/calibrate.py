@@ -1,0 +1,97 @@
+"""Calibration: every float tensor's statistics over all samples, and its threshold.
+
+The float graph runs on the reference interpreter, one sample at a time, so that every
+intermediate tensor is at hand (a compiled graph would have to export each one); it costs
+seconds for MNIST-sized nets, minutes for ImageNet ones (`--samples` bounds it). Unlike
+MRT (the last batch wins), every sample counts: absmax is the maximum over all of them,
+mean and std are over all their values, the percentile over a fixed-size even subsample.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cvmc.errors import CvmcError
+from cvmc.quantize.layers import Layers, run_float
+
+METHODS = ("absmax", "percentile", "lambda")
+_KEEP = 1 << 16  # values kept per tensor per sample for the percentile
+
+
+@dataclass
+class Stats:
+    """Running statistics of one tensor's values."""
+
+    absmax: float = 0.0
+    count: int = 0
+    total: float = 0.0
+    squares: float = 0.0
+    kept: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, v: np.ndarray) -> None:
+        """Take in one sample's values."""
+        v = np.abs(v.astype(np.float64).reshape(-1)) if v.size else np.zeros(1)
+        self.absmax = max(self.absmax, float(v.max()))
+        self.count += v.size
+        self.total += float(v.sum())
+        self.squares += float(np.square(v).sum())
+        step = max(1, v.size // _KEEP)
+        self.kept.append(v[::step])
+
+    def threshold(self, method: str, percentile: float, lam: float) -> float:
+        """The real value mapped to the largest integer: by absmax, the percentile of |x|,
+        or MRT's |mean| + lambda * std of |x| (never above absmax)."""
+        if method == "absmax":
+            t = self.absmax
+        elif method == "percentile":
+            t = float(np.percentile(np.concatenate(self.kept), percentile))
+        else:
+            mean = self.total / self.count
+            std = np.sqrt(max(self.squares / self.count - mean * mean, 0.0))
+            t = min(self.absmax, abs(mean) + lam * std)
+        # A tensor that is zero on every sample still needs a scale: any one will do.
+        return t if t > 0 else (self.absmax if self.absmax > 0 else 1.0)
+
+
+def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
+    """The number of samples, after checking names, shapes and values (one error each)."""
+    g = layers.graph
+    missing = [n for n in g.inputs if n not in samples]
+    if missing:
+        raise CvmcError(f"--calib: no samples for input '{missing[0]}' (inputs: "
+                        f"{', '.join(g.inputs)})")
+    extra = [n for n in samples if n not in g.inputs]
+    if extra:
+        raise CvmcError(f"--calib {extra[0]}: the model has no input '{extra[0]}' (inputs: "
+                        f"{', '.join(g.inputs)})")
+    counts = set()
+    for name, data in samples.items():
+        shape = tuple(g.types[name].shape)
+        if data.dtype.kind not in "fiu" or data.shape[1:] != shape:
+            raise CvmcError(f"--calib {name}: expected samples of shape [N, "
+                            f"{', '.join(map(str, shape))}] with real values, got "
+                            f"{list(data.shape)} {data.dtype}")
+        if data.shape[0] == 0:
+            raise CvmcError(f"--calib {name}: holds no samples (shape {list(data.shape)})")
+        bad = np.argwhere(~np.isfinite(data))
+        if bad.size:
+            raise CvmcError(f"--calib {name}: value at index {bad[0].tolist()} is "
+                            f"{data[tuple(bad[0])]}; calibration samples must be finite")
+        counts.add(data.shape[0])
+    if len(counts) > 1:
+        raise CvmcError(f"--calib: the inputs hold different numbers of samples "
+                        f"({', '.join(f'{n}: {samples[n].shape[0]}' for n in samples)})")
+    return counts.pop()
+
+
+def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
+    """Statistics of every input and layer output over the first `count` samples."""
+    g = layers.graph
+    names = [*g.inputs, *(n.name for n in g.nodes)]
+    stats = {name: Stats() for name in names}
+    for k in range(count):
+        env = run_float(layers, {n: samples[n][k] for n in g.inputs})
+        for name in names:
+            stats[name].add(env[name])
+    return stats

@@ -1,0 +1,428 @@
+"""The quantize pass: each float layer becomes CVM integer ops (built with GraphBuilder).
+
+Every integer tensor t stands for the real t / scale (symmetric, per tensor); a layer's
+result is requantized to its calibrated scale at the activation bits. The rules:
+- conv -> conv2d, matmul / linear -> dense (weights 8 bits, per tensor or per output
+  channel; bias at s_x * s_w clipped to the accumulator's precision), then requantize;
+- add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
+  common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
+  and a requantization;
+- concat: each input requantized to the output's scale;
+- avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
+  requantization (per position where 'ignore' borders change the count); mean / sum
+  reduce -> sum, the same way;
+- max pool -> max_pool2d; reshape / squeeze / unsqueeze -> reshape; transpose; nearest
+  upsampling (debox) -> upsampling: scale and precision pass through;
+- softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
+- any other layer that applies one real function to each element (sigmoid, tanh, exp,
+  clamp, ...): relu or clip when that is what it computes on the input's integer grid
+  (exact), else a cvm_lut of the function on that grid.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from cvmc_runtime import quantize
+
+from cvmc.builder import GraphBuilder, Var
+from cvmc.errors import CvmcError
+from cvmc.ir import Graph, Node
+from cvmc.ops import lookup
+from cvmc.ops.common import bitlen, prec_max
+from cvmc.ops.registry import Attrs
+from cvmc.quantize.fixedpoint import plan_requant
+from cvmc.quantize.layers import Layers, apply_elementwise, is_elementwise, unsupported
+
+WIDE = 16  # bits of the common scale that add / sub operands meet at
+
+
+@dataclass(frozen=True)
+class QTensor:
+    """An integer value of the graph being built and the scale it is at."""
+
+    var: Var
+    scale: float | np.ndarray
+
+    @property
+    def precision(self) -> int:
+        """Its inferred precision."""
+        return self.var.precision
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user chose: activation and output bits, per-channel weights."""
+
+    bits: int = 8
+    output_bits: int = 8
+    per_channel: bool = False
+
+
+class Rewriter:
+    """Builds the integer graph of a float layer graph, layer by layer."""
+
+    def __init__(self, layers: Layers, thresholds: dict[str, float], options: Options):
+        self.layers, self.g = layers, layers.graph
+        self.thr, self.opt = thresholds, options
+        self.b = GraphBuilder(self.g.name)
+        self.values: dict[str, QTensor] = {}
+
+    def scale(self, name: str, bits: int) -> float:
+        """The scale that maps `name`'s threshold to the largest `bits`-bit integer."""
+        return prec_max(bits) / self.thr[name]
+
+    def requant(self, t: QTensor, scale, bits: int) -> QTensor:
+        """`t` at another scale and `bits` bits (fixed point, `plan_requant`)."""
+        ratio = np.asarray(scale, np.float64) / np.asarray(t.scale, np.float64)
+        if ratio.size == 1 and float(ratio.reshape(-1)[0]) == 1.0 and t.precision <= bits:
+            return t
+        plan = plan_requant(ratio, t.precision, bits)
+        x = t.var
+        if plan.pre_shift:
+            x = self.b.cvm_right_shift(x, precision=plan.clip_precision,
+                                       shift_bit=plan.pre_shift)
+        elif plan.clip_precision < t.precision:
+            x = self.b.cvm_clip(x, precision=plan.clip_precision)
+        m = plan.multiplier
+        x = self.b.broadcast_mul(x, self.b.constant(m.reshape(m.shape or (1,)).astype(np.int32)))
+        x = self.b.cvm_right_shift(x, precision=bits, shift_bit=plan.shift)
+        return QTensor(x, scale)
+
+    def at_bits(self, name: str, bits: int) -> QTensor:
+        """Input `name` at no more than `bits` bits (requantized to its own scale if wider)."""
+        t = self.values[name]
+        return t if t.precision <= bits else self.requant(t, self.scale(name, bits), bits)
+
+    def out_bits(self, node: Node) -> int:
+        """The bits of a layer's result: the output bits for a model output."""
+        return self.opt.output_bits if node.name in self.g.outputs else self.opt.bits
+
+    def finish(self, node: Node, acc: QTensor) -> None:
+        """Requantize a wide result to the layer's calibrated scale."""
+        bits = self.out_bits(node)
+        self.values[node.name] = self.requant(acc, self.scale(node.name, bits), bits)
+
+    # ---- the rules ---------------------------------------------------------------------
+    def weights(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        """8-bit integer weights and their scales (one per `axis` entry, or one in all)."""
+        w = w.astype(np.float64)
+        others = tuple(a for a in range(w.ndim) if a != axis)
+        absmax = np.abs(w).max(axis=others, keepdims=True) if self.opt.per_channel \
+            else np.full([1] * w.ndim, np.abs(w).max())
+        scale = prec_max(8) / np.where(absmax > 0, absmax, 1.0)
+        return quantize("weight", w * scale, 1.0, 8), scale.reshape(-1)
+
+    def linear_layer(self, node: Node, x: str, w: np.ndarray, bias: np.ndarray | None,
+                     make) -> None:
+        """conv / dense: integer weights and bias, the op (`make`), a requantization."""
+        xq = self.at_bits(x, 8)
+        wq, ws = self.weights(w, 0)
+        k = int(np.prod(w.shape[1:]))
+        acc_prec = xq.precision + bitlen(int(np.abs(wq).max()) + 1) + 1 + bitlen(k)
+        acc_scale = xq.scale * ws
+        args = [xq.var, self.b.constant(wq.astype(np.int32))]
+        if bias is not None:
+            bq = quantize("bias", np.broadcast_to(bias.reshape(-1), (w.shape[0],))
+                          * acc_scale, 1.0, acc_prec)
+            args.append(self.b.constant(bq.astype(np.int32)))
+        shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 2)
+        y = make(*args)
+        self.finish(node, QTensor(y, acc_scale.reshape(shape) if ws.size > 1
+                                  else float(acc_scale[0])))
+
+    def padding(self, node: Node, pads, window, strides, dilation) -> list[int]:
+        """Symmetric per-side padding of the spatial axes (NNEF's [] is automatic: the
+        output shape's total, the smaller half first), or the unsupported error."""
+        ins = self.g.types[node.inputs[0]].shape[-len(window):]
+        outs = self.g.types[node.name].shape[-len(window):]
+        if not pads:
+            total = [max(0, (o - 1) * s + (k - 1) * d + 1 - i)
+                     for i, o, k, s, d in zip(ins, outs, window, strides, dilation)]
+            pads = [(t // 2, t - t // 2) for t in total]
+        pads = list(pads)[-len(window):]
+        if any(p != q for p, q in pads):
+            raise unsupported(node, f"padding {pads}: CVM pads both sides of an axis alike")
+        return [p for p, _ in pads]
+
+    def conv(self, node: Node) -> None:
+        """NNEF conv -> conv2d (zero padding, the same on both sides)."""
+        a = node.attrs
+        if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
+            raise unsupported(node, "the filter must be a weight")
+        w = self.g.constants[node.inputs[1]]
+        stride, dilation = list(a["stride"]) or [1, 1], list(a["dilation"]) or [1, 1]
+        padding = self.padding(node, a["padding"], w.shape[2:], stride, dilation)
+        if any(padding) and a.get("border") not in ("constant", None):
+            raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
+        bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
+        groups = a.get("groups", 1) or self.g.types[node.inputs[0]].shape[1]
+        attrs = {"padding": padding, "stride": stride, "dilation": dilation, "groups": groups}
+        self.linear_layer(node, node.inputs[0], w, bias,
+                          lambda *args: self.b.conv2d(*args, **attrs))
+
+    def matmul(self, node: Node) -> None:
+        """matmul by a weight -> dense without bias."""
+        self.dense(node, node, None)
+
+    def dense(self, node: Node, matmul: Node, bias: np.ndarray | None) -> None:
+        """matmul by a weight (+ a weight bias) -> dense."""
+        x, w = matmul.inputs
+        if w not in self.g.constants or matmul.attrs.get("transposeA") \
+                or self.g.types[x].ndim != 2:
+            raise unsupported(node, "only a rank-2 activation times a weight maps to dense")
+        w = self.g.constants[w]
+        w = w if matmul.attrs.get("transposeB") else w.T
+        self.linear_layer(node, x, w, bias, self.b.dense)
+
+    def linear(self, node: Node) -> None:
+        """A compound layer of matmul then add (NNEF linear): dense with bias."""
+        body = self.layers.bodies[node.name]
+        matmul = next(n for n in body if n.op == "matmul")
+        add = body[-1]
+        bias = next((self.g.constants[i] for i in add.inputs if i in self.g.constants), None)
+        self.dense(node, matmul, bias)
+
+    def operand(self, name: str, scale: float, bits: int) -> Var:
+        """An add / sub / concat operand at `scale`: a tensor requantized, a weight quantized."""
+        if name in self.g.constants:
+            return self.b.constant(quantize(name, self.g.constants[name], scale, bits)
+                                   .astype(np.int32))
+        return self.requant(self.values[name], scale, bits).var
+
+    def factor(self, name: str) -> QTensor:
+        """A mul operand: a tensor at the activation bits, or a weight at 8 bits."""
+        if name not in self.g.constants:
+            return self.at_bits(name, self.opt.bits)
+        scale = prec_max(8) / self.threshold_of(name)
+        w = quantize(name, self.g.constants[name], scale, 8).astype(np.int32)
+        return QTensor(self.b.constant(w), scale)
+
+    def threshold_of(self, name: str) -> float:
+        """A tensor's threshold, or a weight's absmax."""
+        if name in self.g.constants:
+            return float(np.abs(self.g.constants[name]).max()) or 1.0
+        return self.thr[name]
+
+    def binary(self, node: Node) -> None:
+        """add / sub / mul of two values (at least one a tensor)."""
+        a, b = node.inputs
+        same = self.g.types[a].shape == self.g.types[b].shape
+        if node.op == "mul":
+            qa, qb = self.factor(a), self.factor(b)
+            y = self.b.broadcast_mul(qa.var, qb.var)
+            return self.finish(node, QTensor(y, qa.scale * qb.scale))
+        scale = prec_max(WIDE) / max(self.threshold_of(a), self.threshold_of(b))
+        va, vb = self.operand(a, scale, WIDE), self.operand(b, scale, WIDE)
+        op = ("elemwise_" if same else "broadcast_") + node.op
+        self.finish(node, QTensor(getattr(self.b, op)(va, vb), scale))
+
+    def concat(self, node: Node) -> None:
+        """concat: every input at the output's scale."""
+        bits = self.out_bits(node)
+        scale = self.scale(node.name, bits)
+        parts = [self.operand(i, scale, bits) for i in node.inputs]
+        y = self.b.concatenate(parts, axis=node.attrs["axis"])
+        self.values[node.name] = QTensor(y, scale)
+
+    def pool_geometry(self, node: Node, attrs) -> tuple[list[int], list[int], list[int]]:
+        """(window, strides, padding) of a 2-D NCHW pool, or the unsupported error."""
+        size, stride = list(attrs["size"]), list(attrs["stride"]) or [1] * 4
+        dil = list(attrs["dilation"]) or [1] * 4
+        if len(size) != 4 or size[:2] != [1, 1] or stride[:2] != [1, 1] or set(dil) != {1} \
+                or any(p for pair in list(attrs["padding"])[:2] for p in pair):
+            raise unsupported(node, "only 2-D NCHW windows map to CVM pools")
+        return size[2:], stride[2:], self.padding(node, attrs["padding"], size[2:],
+                                                  stride[2:], dil[2:])
+
+    def avg_pool(self, node: Node) -> None:
+        """box (normalized: average pool) -> depthwise conv2d with unit weights, divided
+        in the requantization by each position's tap count."""
+        x = node.inputs[0]
+        window, strides, padding = self.pool_geometry(node, node.attrs)
+        if any(padding) and node.attrs.get("border") not in ("ignore", "constant"):
+            raise unsupported(node, f"border {node.attrs.get('border')!r}: only 'constant' "
+                                    f"(zeros) and 'ignore' average pools map to CVM")
+        xq = self.at_bits(x, 8)
+        channels = self.g.types[x].shape[1]
+        ones = self.b.constant(np.ones((channels, 1, *window), np.int32))
+        y = self.b.conv2d(xq.var, ones, padding=padding, stride=strides, groups=channels)
+        taps = np.prod(window)
+        if node.attrs.get("normalize") and node.attrs.get("border") == "ignore" and any(padding):
+            counts = lookup("box").run_reference(
+                [np.ones((1, 1, *self.g.types[x].shape[2:]))],
+                Attrs({**node.attrs, "normalize": False}))[0]
+            taps = counts
+        elif not node.attrs.get("normalize"):
+            taps = 1
+        self.finish(node, QTensor(y, xq.scale * np.asarray(taps, np.float64)))
+
+    def sum_reduce(self, node: Node) -> None:
+        """sum_reduce (normalized: mean_reduce, global pooling) -> sum, then the division by
+        the element count inside the requantization."""
+        x = node.inputs[0]
+        xq = self.at_bits(x, self.opt.bits)
+        axes = list(node.attrs["axes"])
+        count = self.g.types[x].size // self.g.types[node.name].size
+        y = self.b.sum(xq.var, axes=axes, keepdims=True)
+        self.finish(node, QTensor(y, xq.scale * (count if node.attrs.get("normalize") else 1)))
+
+    def max_pool(self, node: Node) -> None:
+        """max_pool (argmax_pool + sample) -> max_pool2d."""
+        pool = next(n for n in self.layers.bodies[node.name] if n.op == "argmax_pool")
+        window, strides, padding = self.pool_geometry(node, pool.attrs)
+        if any(padding) and pool.attrs.get("border") not in ("ignore", "-infinity"):
+            raise unsupported(node, f"border {pool.attrs.get('border')!r}: max_pool2d's "
+                                    f"padding takes no part ('ignore')")
+        t = self.values[node.inputs[0]]
+        y = self.b.max_pool2d(t.var, pool_size=window, strides=strides, padding=padding)
+        self.values[node.name] = QTensor(y, t.scale)
+
+    def movement(self, node: Node) -> None:
+        """reshape, squeeze, unsqueeze, transpose, nearest upsampling: the scale passes."""
+        t = self.values[node.inputs[0]]
+        if node.op == "nnef.transpose":
+            axes = list(node.attrs["axes"])
+            rank = self.g.types[node.name].ndim
+            y = self.b.nnef_transpose(t.var, axes=axes + list(range(len(axes), rank)))
+        elif node.op == "debox":
+            factor = set(node.attrs["size"][2:]) | set(node.attrs["stride"][2:])
+            if len(factor) != 1 or list(node.attrs["size"])[:2] != [1, 1] or any(
+                    p for pair in node.attrs["padding"] for p in pair):
+                raise unsupported(node, "only equal nearest-neighbour factors map to "
+                                        "upsampling")
+            y = self.b.upsampling(t.var, scale=factor.pop())
+        else:
+            y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
+        self.values[node.name] = QTensor(y, t.scale)
+
+    def softmax(self, node: Node) -> None:
+        """softmax: e = LUT(x - max) = round(exp(.) * 2^14), then round(out_max * e / sum e)
+        as one integer divide (half up); the result's scale is out_max."""
+        axes = list(next(n for n in self.layers.bodies[node.name] if n.op == "max_reduce")
+                    .attrs["axes"])
+        bits = self.out_bits(node)
+        xq = self.at_bits(node.inputs[0], self.opt.bits)
+        span = 2 * prec_max(xq.precision)
+        z = self.b.broadcast_sub(xq.var, self.b.nnef_max(xq.var, axes=axes, keepdims=True))
+        idx = self.b.broadcast_add(z, self.b.constant(np.array([span], np.int32)))
+        table = np.round(np.exp((np.arange(span + 1) - span) / xq.scale) * 2 ** 14)
+        e = self.b.cvm_lut(idx, self.b.constant(table.astype(np.int32)))
+        total = self.b.sum(e, axes=axes, keepdims=True)
+        two_top = self.b.constant(np.array([2 * prec_max(bits)], np.int32))
+        num = self.b.broadcast_add(self.b.broadcast_mul(e, two_top), total)
+        den = self.b.broadcast_mul(total, self.b.constant(np.array([2], np.int32)))
+        y = self.b.cvm_clip(self.b.broadcast_div(num, den), precision=bits)
+        self.values[node.name] = QTensor(y, float(prec_max(bits)))
+
+    def elementwise(self, node: Node) -> None:
+        """One real function per element: relu / clip when exact on the input grid, else a
+        cvm_lut of the function, quantized to the layer's scale."""
+        (x,) = self.layers.activations_of(node)
+        xq = self.at_bits(x, self.opt.bits)
+        top = prec_max(xq.precision)
+        grid = np.arange(-top, top + 1)
+        f = apply_elementwise(self.layers, node, grid / xq.scale)
+        if not np.isfinite(f).all():
+            raise unsupported(node, "the function is not finite on the input's range")
+        low, high = f.min(), f.max()
+        if np.allclose(f, np.clip(grid / xq.scale, low, high), rtol=1e-6, atol=1e-9 / xq.scale):
+            lo, hi = int(np.round(low * xq.scale)), int(np.round(high * xq.scale))
+            y = self.b.relu(xq.var) if lo == 0 and hi == top else \
+                xq.var if (lo, hi) == (-top, top) else self.b.clip(xq.var, a_min=lo, a_max=hi)
+            self.values[node.name] = QTensor(y, xq.scale)
+            return
+        bits = self.out_bits(node)
+        scale = self.scale(node.name, bits)
+        idx = self.b.broadcast_add(xq.var, self.b.constant(np.array([top], np.int32)))
+        table = quantize(node.name, f, scale, bits).astype(np.int32)
+        self.values[node.name] = QTensor(self.b.cvm_lut(idx, self.b.constant(table)), scale)
+
+    def layer(self, node: Node) -> None:
+        """Quantize one layer by its rule (`rule_of`)."""
+        rule = rule_of(self.layers, node)
+        if rule is None:
+            body = [n.op for n in self.layers.bodies.get(node.name, [node])]
+            raise unsupported(node, f"no quantization rule for it (its primitives: "
+                                    f"{', '.join(body)}); see docs/quantize.md")
+        getattr(self, rule)(node)
+
+    def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]]]:
+        """The integer graph, each float value's scale, and the inputs' (scale, precision)."""
+        g, bits = self.g, self.opt.bits
+        inputs = {}
+        for name in g.inputs:
+            if g.types[name].dtype != "float32":
+                raise CvmcError(f"input '{name}' is {g.types[name].dtype}: cvmc quantize "
+                                f"takes float models")
+            var = self.b.input(name, g.types[name].shape, "int8", precision=bits)
+            self.values[name] = QTensor(var, self.scale(name, bits))
+            inputs[name] = (self.values[name].scale, bits)
+        for node in g.nodes:
+            self.layer(node)
+        outs = []
+        for name in g.outputs:
+            t = self.values[name]
+            if t.precision > self.opt.output_bits or np.ndim(t.scale):
+                t = self.requant(t, self.scale(name, self.opt.output_bits), self.opt.output_bits)
+                self.values[name] = t
+            outs.append(t.var)
+        graph = self.b.build(outputs=outs)
+        names = {t.var.name: f for f, t in self.values.items()}
+        return (rename(graph, names), {f: t.scale for f, t in self.values.items()
+                                       if np.ndim(t.scale) == 0}, inputs)
+
+
+def rename(graph: Graph, names: dict[str, str]) -> Graph:
+    """Give built values the float names they stand for (the first name each, where free)."""
+    taken = set(graph.values())
+    mapping = {}
+    for old, new in names.items():
+        if old != new and new not in taken and new not in mapping.values():
+            mapping[old] = new
+            taken.add(new)
+    if not mapping:
+        return graph
+
+    def m(name: str) -> str:
+        return mapping.get(name, name)
+    nodes = [Node(n.op, tuple(map(m, n.inputs)), tuple(map(m, n.outputs)), n.attrs, n.span)
+             for n in graph.nodes]
+    return graph.replace(inputs=[m(i) for i in graph.inputs],
+                         outputs=[m(o) for o in graph.outputs], nodes=nodes,
+                         types={m(k): v for k, v in graph.types.items()})
+
+
+_RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
+          ("concat",): "concat", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
+          ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
+          ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
+          ("nnef.transpose",): "movement", ("debox",): "movement",
+          ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
+
+
+def rule_of(layers: Layers, node: Node) -> str | None:
+    """The Rewriter method that quantizes a layer, by the primitives it is made of."""
+    body = tuple(n.op for n in layers.bodies.get(node.name, [node]))
+    if body in _RULES:
+        return _RULES[body]
+    if is_elementwise(layers, node):
+        return "elementwise"
+    if body in (("add",), ("sub",), ("mul",)) and layers.activations_of(node):
+        return "binary"
+    return None
+
+
+def split_unruled(layers: Layers) -> Layers:
+    """A compound layer that no rule covers (a user's own fragment: conv then relu) goes
+    back to its primitives, each then a layer of its own."""
+    nodes, bodies = [], dict(layers.bodies)
+    for node in layers.graph.nodes:
+        if node.name in bodies and rule_of(layers, node) is None:
+            nodes.extend(bodies.pop(node.name))
+        else:
+            nodes.append(node)
+    if len(nodes) == len(layers.graph.nodes):
+        return layers
+    return Layers(layers.graph.replace(nodes=nodes), bodies)
+

@@ -1,0 +1,41 @@
+"""Write a quantized model: an NNEF folder (graph.nnef, one .dat per weight) and
+quantization.json, all into a temporary folder beside DIR that is then renamed into place
+(as `cvmc convert` does), so a failed or interrupted run leaves no partial folder."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from cvmc.frontend.onnx_convert import check_destination, move_into_place
+from cvmc.frontend.printer import print_graph
+from cvmc.frontend.tensorfile import tensor_bytes
+from cvmc.quantize import Quantized
+
+_INLINE = 16  # weights with at most this many elements stay inline constants in the text
+
+
+def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bool) -> Path:
+    """Write `q` as the model folder `out_dir` (new, empty, or with `force` a previous
+    model folder; never the folder of `source`)."""
+    out_dir = Path(out_dir)
+    check_destination(out_dir, force, Path(source))
+    graph = q.graph.replace()
+    graph.labels = {w: w for w in graph.constants if np.size(graph.constants[w]) > _INLINE}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    try:
+        folder = tmp / "model"
+        folder.mkdir()
+        (folder / "graph.nnef").write_text(print_graph(graph))
+        for name, label in graph.labels.items():
+            data = graph.constants[name].astype(graph.types[name].dtype)
+            (folder / f"{label}.dat").write_bytes(tensor_bytes(data))
+        (folder / "quantization.json").write_text(json.dumps(q.manifest(), indent=1) + "\n")
+        move_into_place(folder, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir

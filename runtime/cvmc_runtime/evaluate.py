@@ -1,0 +1,182 @@
+"""Top-1 predictions of an artifact over a dataset: in this process, in local worker
+processes, or on a Ray cluster through Ray Data (`cvmc eval`).
+
+The artifact has one input whose first dimension is its compiled batch size B; the
+dataset holds N samples of that input without the batch dimension, [N, *input shape[1:]].
+It is cut into batches of B, the last one padded with zeros and its padding dropped; a
+sample's prediction is the argmax of its row of the first output (its first occurrence,
+as NumPy's). Float data for an input with a scale is quantized by `cvmc_runtime.quantize`
+(as `Model.run` does). Each worker loads the artifact once and runs one kernel thread, so
+that W workers use W cores; the predictions do not depend on W.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from cvmc_runtime.model import Model, load, set_num_threads
+from cvmc_runtime.signature import ModelError
+
+RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'cvmc[ray]'"
+
+
+def batch_size(model: Model, samples: tuple[int, ...] | None = None) -> int:
+    """The compiled batch size B of a model with one input whose first output starts with
+    B; with `samples` (a dataset's shape), also checks that it holds inputs for it."""
+    if len(model.inputs) != 1:
+        raise ModelError(f"evaluation needs a model with one input, this one has "
+                         f"{len(model.inputs)}: {', '.join(s.name for s in model.inputs)}")
+    spec, first = model.inputs[0], model.outputs[0]
+    if not spec.shape or first.shape[:1] != spec.shape[:1]:
+        raise ModelError(f"evaluation needs the first output's first dimension to be the "
+                         f"batch size: input '{spec.name}' is {list(spec.shape)}, output "
+                         f"'{first.name}' is {list(first.shape)}")
+    if samples is not None and (not samples or tuple(samples[1:]) != spec.shape[1:]):
+        raise ModelError(f"data of shape {list(samples)} does not hold samples of input "
+                         f"'{spec.name}' {list(spec.shape)}: expected [N, "
+                         f"{', '.join(str(d) for d in spec.shape[1:])}] (N samples, without "
+                         f"the batch dimension {spec.shape[0]})")
+    return spec.shape[0]
+
+
+def predict_batches(model: Model, data: np.ndarray) -> np.ndarray:
+    """int64 top-1 class of every sample in `data` ([n, *sample shape], any n)."""
+    size = batch_size(model, data.shape)
+    name, first = model.inputs[0].name, model.outputs[0].name
+    predictions = []
+    for start in range(0, len(data), size):
+        batch = data[start:start + size]
+        count = len(batch)
+        if count < size:
+            batch = np.concatenate([batch, np.zeros((size - count, *batch.shape[1:]),
+                                                    batch.dtype)])
+        out = model.run({name: batch})[first]
+        predictions.append(np.argmax(out.reshape(size, -1), axis=1)[:count])
+    return np.concatenate(predictions) if predictions else np.zeros(0, np.int64)
+
+
+_worker_model: Model | None = None  # the model a local worker process loaded
+
+
+def _start_worker(path: str) -> None:
+    global _worker_model
+    set_num_threads(1)
+    _worker_model = load(path)
+
+
+def _worker_predict(data: np.ndarray) -> np.ndarray:
+    assert _worker_model is not None, "worker not started"
+    return predict_batches(_worker_model, data)
+
+
+def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.ndarray:
+    """Top-1 class of every sample in `data`, computed by `workers` local processes (one
+    loaded model and one kernel thread each; workers=1: in this process, all threads)."""
+    if type(workers) is not int or workers < 1:
+        raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
+    model = load(path)
+    size = batch_size(model, data.shape)
+    batches = -(-len(data) // size)
+    workers = min(workers, batches)
+    if workers <= 1:
+        return predict_batches(model, data)
+    del model
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+    from multiprocessing import get_context
+
+    # Spawn, not fork: a forked child of a process running OpenMP kernels may deadlock.
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
+                               initializer=_start_worker, initargs=(os.fspath(path),))
+    try:
+        with _workers_ignore_interrupts():
+            results = pool.map(_worker_predict, _pieces(data, size, workers))  # spawns them
+        return np.concatenate(list(results))
+    except BrokenProcessPool as e:  # a worker killed (out of memory) or failing to start
+        raise ModelError(f"{path}: a worker process died ({e})") from None
+    finally:
+        # On an error or an interrupt, pieces not yet started are dropped, not computed.
+        pool.shutdown(cancel_futures=True)
+
+
+@contextmanager
+def _workers_ignore_interrupts():
+    """SIGINT ignored while worker processes start, which inherit that through exec:
+    Ctrl-C reaches the whole process group, and the parent alone must handle it (stop the
+    pool, exit 130), not every worker with a traceback."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers, and only it gets SIGINT
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _pieces(data: np.ndarray, size: int, workers: int) -> list[np.ndarray]:
+    """`data` cut into pieces of whole batches of `size`, about four per worker (so that
+    the load balances), in order."""
+    batches = max(1, -(-len(data) // size))
+    step = -(-batches // (4 * workers)) * size
+    return [data[start:start + step] for start in range(0, max(len(data), 1), step)]
+
+
+class RayPredictor:
+    """Ray Data's callable class: one loaded model per actor, one kernel thread."""
+
+    def __init__(self, artifact: bytes):
+        set_num_threads(1)
+        # The artifact travels as bytes (a cluster's nodes need not share files); the
+        # model holds everything it needs once loaded, so its temporary file goes at once.
+        with tempfile.TemporaryDirectory(prefix="cvmc-eval-") as tmp:
+            path = Path(tmp) / "model.cvmx"
+            path.write_bytes(artifact)
+            self.model = load(path)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Predictions of one batch of the dataset's `data` column."""
+        return {"prediction": predict_batches(self.model, batch["data"])}
+
+
+def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None = None,
+                address: str | None = None) -> np.ndarray:
+    """Top-1 class of every sample in `data` on Ray Data: `map_batches` over batches of the
+    compiled batch size, `workers` actors (default: one per CPU of the cluster), on the
+    cluster at `address` (None: the one this process has joined, or a new local one)."""
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise ModelError(RAY_MISSING) from None
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
+    size = batch_size(load(path), data.shape)
+    if not len(data):
+        return np.zeros(0, np.int64)
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=False, include_dashboard=False,
+                 logging_level=logging.ERROR)
+    for logger in ("ray", "ray.data"):  # Ray Data's progress lines
+        logging.getLogger(logger).setLevel(logging.ERROR)
+    if workers is None:
+        workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    workers = min(workers, -(-len(data) // size))  # an actor without a batch only costs
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # predictions in the data's order
+    context.enable_progress_bars = False
+    # One block per piece (whole batches, a few per actor, so that every actor gets work).
+    dataset = ray.data.from_numpy(_pieces(data, size, workers)).map_batches(
+        RayPredictor, fn_constructor_kwargs={"artifact": Path(path).read_bytes()},
+        batch_size=size, batch_format="numpy", num_cpus=1,
+        compute=ray.data.ActorPoolStrategy(size=workers))
+    parts = [b["prediction"] for b in dataset.iter_batches(batch_size=None,
+                                                             batch_format="numpy")]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)

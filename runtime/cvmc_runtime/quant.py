@@ -1,0 +1,55 @@
+"""The one rule that turns real numbers into CVM integers, and back.
+
+A quantized model's integer tensor q stands for the real q / scale (symmetric, no zero
+point, as CVM's quantizer MRT does). A real input x becomes
+
+    q = clip(round_half_away_from_zero(x * scale), -(2^(p-1) - 1), 2^(p-1) - 1)
+
+computed in float64, so that the product of a float32 input and a float64 scale is exact to
+0.5 ulp of float64 and the rounding is the same on every machine. `cvmc quantize` (the
+calibration samples, the report), `cvmc run`, `Model.run` and the reference interpreter all
+call `quantize`; nobody writes the rule again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cvmc_runtime.signature import ModelError, precision_bound
+
+
+def round_half_away(v: np.ndarray) -> np.ndarray:
+    """Round float64 values to the nearest integer, halves away from zero (exactly: the
+    fractional part v - trunc(v) of a float64 is exact, so no 0.49999999999999994 + 0.5
+    rounds up)."""
+    whole = np.trunc(v)
+    return whole + np.sign(v) * (np.abs(v - whole) >= 0.5)
+
+
+def check_scale(name: str, scale: float) -> float:
+    """A scale is a finite positive number; anything else is a ModelError naming `name`."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+            not np.isfinite(scale) or scale <= 0:
+        raise ModelError(f"{name}: the scale must be a finite number > 0, got {scale!r}")
+    return float(scale)
+
+
+def quantize(name: str, x, scale: float, precision: int) -> np.ndarray:
+    """Real array x -> int32 CVM integers of `precision` bits by the rule above. NaN is an
+    error naming the input and the first index; +-inf saturates like any large value."""
+    scale = check_scale(name, scale)
+    bound = precision_bound(precision)
+    v = np.asarray(x, dtype=np.float64)
+    if v.dtype.kind not in "fiu":
+        raise ModelError(f"{name}: expected a real-valued array to quantize, got {v.dtype}")
+    nan = np.isnan(v)
+    if nan.any():
+        raise ModelError(f"{name}: NaN at index {tuple(int(i) for i in np.argwhere(nan)[0])} "
+                         "cannot be quantized")
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = round_half_away(v * scale)
+    return np.clip(q, -bound, bound).astype(np.int32)
+
+
+def dequantize(q: np.ndarray, scale: float) -> np.ndarray:
+    """CVM integers -> the float32 reals they stand for, q / scale."""
+    return (np.asarray(q, dtype=np.float64) / scale).astype(np.float32)
