@@ -48,8 +48,8 @@ from cvmc.frontend.semantics import GraphBuilder as _Evaluator
 from cvmc.frontend.syntax import KEYWORDS, Source
 from cvmc.ir import Graph, TensorType
 from cvmc.ops import all_ops, lookup
-from cvmc.ops.common import data_precision, integer_data_error
-from cvmc.ops.infer import infer_node
+from cvmc.ops.common import integer_data_error
+from cvmc.ops.infer import infer_node, retype, source_type
 from cvmc.ops.registry import REQUIRED
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -101,8 +101,8 @@ class GraphBuilder:
         self._eval = _Evaluator(Source("", f"<GraphBuilder {name}>"), {}, None)
         self._scope = Scope()
         self._inputs: list[str] = []
-        # types with inferred precisions (the graph's own types leave them to the passes,
-        # as the text frontend does)
+        # types with inferred precisions as each call adds its nodes, to reject a bad call
+        # where it is made (`build` types the whole graph again, with `retype`)
         self._inferred: dict[str, TensorType] = {}
         self._producers: dict[str, Any] = {}
 
@@ -300,8 +300,7 @@ class GraphBuilder:
 
     # ---- the result ------------------------------------------------------------------------
     def build(self, outputs: Sequence[Var]) -> Graph:
-        """The graph computing `outputs` (the text frontend's Graph: shapes and dtypes
-        inferred, precisions left to the pass pipeline)."""
+        """The graph computing `outputs`, typed as the text frontend's is."""
         if isinstance(outputs, Var):
             outputs = [outputs]
         names = [self._name_of(v, "output") for v in outputs]
@@ -314,7 +313,7 @@ class GraphBuilder:
         graph = Graph(self.name, list(self._inputs), names, list(e.nodes), dict(e.types),
                       dict(e.constants))
         graph.verify()
-        return graph
+        return retype(graph)
 
     # ---- everything else the text accepts ------------------------------------------------
     def __getattr__(self, attr: str):
@@ -375,11 +374,8 @@ class GraphBuilder:
         """The inferred type of a value (inputs and weights: from their declaration and
         data, as precision inference gives them)."""
         if name not in self._inferred:
-            t = self._eval.types[name]
-            if t.is_integer:
-                data = self._eval.constants.get(name)
-                t = t.with_precision(t.precision or data_precision(data))
-            self._inferred[name] = t
+            self._inferred[name] = source_type(self._eval.types[name],
+                                               self._eval.constants.get(name))
         return self._inferred[name]
 
     def _operand(self, v: Any) -> Any:

@@ -17,7 +17,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import convert_np, prec_max
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import require_typed
 from cvmc.ops.registry import Attrs
 
 # The most element operations one node may cost the interpreter (NumPy materialises
@@ -40,10 +40,10 @@ def output_specs(graph: Graph) -> list[TensorSpec]:
 def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
                   saturate: bool = False) -> dict[str, np.ndarray]:
     """Run `graph` on `inputs` (checked against the signature); returns outputs by name."""
-    # Inferred even when every precision is set: that checks element kinds and weight data
-    # (before the int64 cast) as `cvmc check` and `compile` do, so the interpreter runs
-    # nothing they refuse; an op it cannot run is refused here, before any other runs.
-    graph = infer_precision(graph)
+    # Graphs are typed (`retype`: element kinds and weight data checked as every loader
+    # does); one without weight data or with an op it cannot run is refused here, before
+    # any op runs.
+    require_typed(graph)
     env = {k: stored(v, graph.types[k]) for k, v in
            [*check_inputs(input_specs(graph), inputs, saturate).items(),
             *graph.constants.items()]}

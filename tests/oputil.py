@@ -8,7 +8,7 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.ops.registry import Attrs
 from cvmc.reference import reference_run
 
@@ -38,7 +38,7 @@ def one_op_graph(op: str, inputs: list[tuple[np.ndarray, int | None]],
               for n, (arr, _) in zip(names, inputs) if n.startswith("w")}
     g = Graph("test", [n for n in names if n.startswith("x")], list(outs),
               [Node(d.name, tuple(names), outs, dict(a))], types, consts)
-    return infer_precision(g)
+    return retype(g)
 
 
 def _dtype_of(arr: np.ndarray) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import cvmc
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "small_cnn"
 
@@ -49,7 +49,7 @@ def test_weights_files_match_the_generator(graph):
 
 
 def test_precisions_are_inferred_and_in_range(graph):
-    typed = infer_precision(graph)
+    typed = retype(graph)
     precs = {name: typed.types[name].precision for name in typed.values()}
     assert all(1 <= p <= 32 for p in precs.values()), precs
     by_op = {n.op: typed.types[n.outputs[0]].precision for n in typed.nodes}

@@ -76,10 +76,10 @@ def test_fusion_splits_a_long_elementwise_chain():
     """An element-wise chain fuses into kernels of at most MAX_GROUP_NODES nodes, in order:
     TVM's build time grows exponentially with the depth of one inlined chain (20 relus:
     minutes)."""
-    from cvmc.ops.infer import infer_precision
+    from cvmc.ops.infer import retype
     from cvmc.passes.fusion import MAX_GROUP_NODES, fuse_groups
 
-    g = infer_precision(parse_nnef(chain(40), "chain.nnef"))
+    g = retype(parse_nnef(chain(40), "chain.nnef"))
     groups = fuse_groups(g)
     assert [len(gr.nodes) for gr in groups] == [8, 8, 8, 8, 8, 1] and MAX_GROUP_NODES == 8
     assert [n.name for gr in groups for n in gr.nodes] == [n.name for n in g.nodes]
@@ -93,10 +93,10 @@ def test_identical_kernels_are_built_once(tmp_path):
 
     from cvmc.codegen import compile_model
     from cvmc.lowering.lower import lower_graph
-    from cvmc.ops.infer import infer_precision
+    from cvmc.ops.infer import retype
     from cvmc.passes.target import Target
 
-    g = infer_precision(parse_nnef(chain(40), "chain.nnef"))
+    g = retype(parse_nnef(chain(40), "chain.nnef"))
     mod, groups, plan = lower_graph(g, Target.make())
     symbols = [k["symbol"] for k in plan["kernels"]]
     assert len(groups) == 6 and len(mod.functions) == 2

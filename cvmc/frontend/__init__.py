@@ -20,8 +20,9 @@ def _is_cvm_json(path: Path) -> bool:
 
 
 def load_graph(path: str | Path, quant: str | Path | None = None,
-               params: str | Path | None = None) -> Graph:
-    """Read a model: an NNEF document / folder / tar(.gz), or a CVM-Runtime graph JSON."""
+               params: str | Path | None = None, need_data: bool = False) -> Graph:
+    """Read a model: an NNEF document / folder / tar(.gz), or a CVM-Runtime graph JSON,
+    typed (`cvmc.ops.infer.retype`; `need_data`: a weight without data is an error)."""
     path = Path(path)
     if not path.exists():
         raise CvmcError(f"{path}: no such file or folder")
@@ -37,19 +38,20 @@ def load_graph(path: str | Path, quant: str | Path | None = None,
         raise CvmcError("--params applies to CVM-Runtime JSON models; NNEF weights are "
                         "variable() .dat files next to the graph")
     from cvmc.frontend.nnef import load_nnef
-    return load_nnef(path, quant)
+    return load_nnef(path, quant, need_data)
 
 
 def load_checked(path: str | Path, quant: str | Path | None = None,
                  params: str | Path | None = None, need_data: bool = True) -> Graph:
-    """Read a model and check it (`check_graph`): every command's one way in, so that none
-    accepts a model another refuses. `need_data=False` (`cvmc check`): absent weight data
-    is one warning, and what can be checked without it is."""
-    from cvmc.ops.infer import check_graph, missing_data
+    """Read a model, typed (which checks it): every command's one way in, so that none
+    accepts a model another refuses. `need_data=False` (`cvmc check`: NNEF makes weight
+    data optional, spec 5.1): absent weight data is one warning, and what can be checked
+    without it is."""
+    from cvmc.ops.infer import missing_data
 
-    graph = load_graph(path, quant=quant, params=params)
+    graph = load_graph(path, quant=quant, params=params, need_data=need_data)
     missing, inferable = missing_data(graph)
-    if missing and not need_data:
+    if missing:
         files = ", ".join(f"'{graph.labels[w]}.dat'" for w in missing[:4])
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         unknown = "" if inferable else "; integer weights without a declared precision " \
@@ -57,4 +59,4 @@ def load_checked(path: str | Path, quant: str | Path | None = None,
         warnings.warn(f"{len(missing)} weight data file(s) not found beside the graph "
                       f"({files}{more}): checked structure, shapes and types only{unknown}; "
                       f"compile and run need the values", stacklevel=2)
-    return check_graph(graph, need_data)
+    return graph

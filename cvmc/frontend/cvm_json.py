@@ -29,7 +29,7 @@ from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import OpDef, lookup
 from cvmc.ops.common import integer_data_error
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import require_typed, retype
 from cvmc.ops.registry import Attrs, suggest
 
 VERSIONS = ("cvm_1.0.0", "cvm_1.1.0")
@@ -186,7 +186,7 @@ class _Importer:
                           f"pass the weights with --params FILE", stacklevel=2)
         self._check_arg_nodes()
         graph = Graph(self.name, inputs, outputs, nodes, self.types, constants)
-        return self._check_precisions(infer_precision(graph))
+        return self._check_precisions(retype(graph))
 
     def _value_names(self, i: int, name: str) -> list[str]:
         n_out = self.row_ptr[i + 1] - self.row_ptr[i]
@@ -460,8 +460,7 @@ def _storage_ids(graph: Graph, order: list[str]) -> list[int]:
 def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
     """The CVM-Runtime JSON document and params arrays for a graph."""
     _check_exportable(graph)
-    if any(graph.types[v].precision is None for v in graph.values()):
-        graph = infer_precision(graph)
+    require_typed(graph)
     graph = _widen_where_conditions(graph)
     rename = {graph.inputs[0]: "data"} if "data" not in graph.types else {}
     nodes, entries, op_attrs = [], {}, []

@@ -20,29 +20,34 @@ from cvmc.frontend.fragments import Fragment, declare, stdlib
 from cvmc.frontend.semantics import GraphBuilder, Scope
 from cvmc.frontend.syntax import Source, literal_value, parse_text
 from cvmc.ir import Graph, TensorType
+from cvmc.ops.infer import retype
 
 FRAGMENTS_EXT = "KHR_enable_fragment_definitions"
 EXPRESSIONS_EXT = "KHR_enable_operator_expressions"
 PRECISION_SPEC = "cvm_precision_spec"
 
 
-def load_nnef(path: Path, quant: Path | None) -> Graph:
-    """Read an NNEF model: a .nnef file, a folder with graph.nnef, or a .tar/.tar.gz/.tgz."""
+def load_nnef(path: Path, quant: Path | None, need_data: bool = False) -> Graph:
+    """Read an NNEF model: a .nnef file, a folder with graph.nnef, or a .tar/.tar.gz/.tgz
+    (`need_data`: a variable whose .dat file is absent is an error)."""
     with open_model(Path(path), Path(quant) if quant is not None else None) as model:
         return parse_nnef(model.graph_text, model.graph_name, model, model.quant_text,
-                          model.quant_name)
+                          model.quant_name, need_data)
 
 
 def parse_nnef(text: str, filename: str = "<string>", weights: ModelSource | None = None,
-               quant_text: str | None = None, quant_name: str | None = None) -> Graph:
-    """Parse and check an NNEF document; `weights` supplies variable data (none: no data)."""
+               quant_text: str | None = None, quant_name: str | None = None,
+               need_data: bool = False) -> Graph:
+    """Parse, check and type an NNEF document; `weights` supplies variable data (none: no
+    data)."""
     source = Source(text, filename)
     with _collector_paused():
         tree = parse_text(source)
         graph = _Document(source, tree).build(weights)
     if quant_text is not None:
         _apply_quant(graph, quant_text, quant_name or "graph.quant")
-    return graph
+    # typed last: graph.quant's cvm_precision_spec declares input and weight precisions
+    return retype(graph, need_data)
 
 
 @contextlib.contextmanager

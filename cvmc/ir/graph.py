@@ -5,7 +5,9 @@ inputs are listed in `Graph.inputs`, weights carry their data in `Graph.constant
 A `variable` is also listed in `Graph.labels` (its .dat label); one whose data file is
 absent (a graph shipped without weights) is in `labels` but not in `constants`: it can be
 shape-checked, and anything that needs its values reports the missing file.
-Every value name (input, weight, node output) has a `TensorType` in `Graph.types`.
+Every value name (input, weight, node output) has a `TensorType` in `Graph.types`, and
+every loader returns the graph typed (`Graph.typed`): each integer tensor has its
+precision. The op rules type it, in one place: `cvmc.ops.infer.retype`.
 Passes treat a Graph as immutable: they build a new one (`Graph.replace`).
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from cvmc.errors import SourceSpan
 
 INT_DTYPES = ("int8", "int32")
+DTYPES = (*INT_DTYPES, "float32", "bool")
 
 
 def storage_dtype(precision: int) -> str:
@@ -32,7 +35,8 @@ class TensorType:
     """Shape, element type and (for integer tensors) CVM precision in bits, 1..32.
 
     dtype is one of int8, int32 (CVM integer tensors), float32 (NNEF `scalar`) or
-    bool (NNEF `logical`). precision is None until inferred and for non-integer types.
+    bool (NNEF `logical`). precision is None for non-integer types, and for integer ones
+    until the graph is typed (`cvmc.ops.infer.retype`).
     """
 
     shape: tuple[int, ...]
@@ -103,6 +107,13 @@ class Graph:
     # The kernel partition the fusion pass chose: node names (first outputs) per kernel, in
     # execution order; empty until the pass has run.
     kernels: list[list[str]] = field(default_factory=list)
+    # True once `cvmc.ops.infer.retype` has typed the graph: every integer tensor has its
+    # precision. It stays False where precisions may be unknown (None), so that the graph
+    # can be checked but neither compiled nor run: it was loaded without the data of an
+    # integer weight that declares no precision (CVM takes a weight's precision from its
+    # values, so none can be known downstream of it); such a graph keeps the types its
+    # frontend declared.
+    typed: bool = False
 
     def replace(self, **changes: Any) -> Graph:
         """A shallow copy with some fields replaced (containers are copied)."""
@@ -145,11 +156,14 @@ class Graph:
             return NotImplemented
         return (self.inputs == other.inputs and self.outputs == other.outputs
                 and self.nodes == other.nodes and self.types == other.types
+                and self.typed == other.typed
                 and self.constants.keys() == other.constants.keys()
                 and all(np.array_equal(v, other.constants[k]) for k, v in self.constants.items()))
 
     def verify(self) -> None:
-        """Check structural invariants (internal; a failure is a cvmc bug)."""
+        """Check structural invariants and that every value is typed (internal; a failure
+        is a cvmc bug). That the types agree with the op rules is `cvmc.ops.infer.verify`
+        (the registry lies above this layer)."""
         defined = set(self.inputs) | set(self.weights())
         for n in self.nodes:
             for i in n.inputs:
@@ -157,10 +171,30 @@ class Graph:
             for o in n.outputs:
                 assert o not in defined, f"value {o!r} assigned twice"
                 defined.add(o)
-        for name in list(self.outputs) + list(defined):
+        for name in self.outputs:
             assert name in defined, f"output {name!r} is not defined"
-            assert name in self.types, f"value {name!r} has no type"
+        assert set(self.types) == defined, \
+            f"types of values the graph does not define: {sorted(set(self.types) - defined)}, " \
+            f"values without a type: {sorted(defined - set(self.types))}"
+        for name, t in self.types.items():
+            _verify_type(name, t, self.typed)
         if self.kernels:
             order = [n.name for n in self.nodes]
             assert [name for k in self.kernels for name in k] == order, \
                 "the kernels must hold every node once, in order"
+
+
+def _verify_type(name: str, t: TensorType, typed: bool) -> None:
+    """A whole type: a shape of dims, a known dtype; an integer one's precision in 1..32
+    with its storage dtype (None only in a graph that is not `typed`), no other's."""
+    assert isinstance(t.shape, tuple) and all(isinstance(d, int) and d >= 0 for d in t.shape), \
+        f"value {name!r}: shape {t.shape!r} is not a tuple of dims"
+    assert t.dtype in DTYPES, f"value {name!r}: unknown dtype {t.dtype!r}"
+    if not t.is_integer:
+        assert t.precision is None, f"value {name!r}: a {t.dtype} tensor has a precision"
+    elif typed or t.precision is not None:
+        assert t.precision is not None, f"value {name!r}: integer tensor without a precision"
+        assert 1 <= t.precision <= 32, f"value {name!r}: precision {t.precision} not in 1..32"
+        assert not typed or t.dtype == storage_dtype(t.precision), \
+            f"value {name!r}: precision {t.precision} is stored as " \
+            f"{storage_dtype(t.precision)}, not {t.dtype}"

@@ -1,8 +1,9 @@
 """Type and precision inference: the static proof that int32 arithmetic never overflows.
 
-It applies each op's rules over a whole graph: the pass pipeline's first pass, the check
-every command makes (`check_graph`), and what the reference interpreter relies on (so it
-sits here, below them, with the rules it applies).
+It applies each op's rules over a whole graph (`retype`): every loader types its graph
+with it and every pass that changes nodes retypes with it, so that a Graph is always
+typed; the pass pipeline and the reference interpreter rely on that (`require_typed`), and
+`verify` checks it. It sits here, below them, with the rules it applies.
 
 Every integer tensor gets a precision in 1..32 from its op's rule
 (cvm-semantics.md); a result outside that range rejects the graph with the chain of ops
@@ -34,44 +35,72 @@ def check_weight_data(name: str, data, precision: int | None) -> None:
         raise CvmcError(f"weight '{name}': {problem}")
 
 
-def infer_precision(graph: Graph, need_data: bool = True) -> Graph:
-    """Return the graph with every tensor's precision (and storage dtype) inferred:
-    integer tensors get a precision, scalar (float32) and logical (bool) tensors none.
-    Without `need_data`, a weight without data keeps its declared type (see `missing_data`)."""
-    types = dict(graph.types)
-    for name in graph.inputs:
-        t = types[name]
-        # An integer input without a declared precision (a standard NNEF document's
-        # `external<integer>`, e.g. gather indices) may hold any int32: precision 32.
-        types[name] = t.with_precision(t.precision or 32) if t.is_integer else t
+def retype(graph: Graph, need_data: bool = True) -> Graph:
+    """The graph typed by the op rules: every node output's shape, element type and
+    (integer) precision, from its inputs' types; inputs and weights keep their declared
+    types, with a precision where an integer one declares none (an input: 32, a weight:
+    its data's). The one place the rules type a graph: every loader and every pass that
+    adds or changes nodes returns its graph through it. Without `need_data` a weight
+    without data keeps its declared type, and where its precision is unknown the graph is
+    not `typed` (see `Graph.typed`): it keeps its declared types, node shapes inferred."""
     for name in graph.weights():
-        if name not in graph.constants:
-            if not need_data:
-                continue
-            raise CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was "
-                            f"not found beside the graph; compiling needs the values",
-                            graph.spans.get(name))
-        data, t = graph.constants[name], types[name]
-        if t.is_integer:
-            # The frontends check values as they read them (with file positions); graphs
-            # built in Python reach this check only.
-            check_weight_data(name, data, t.precision)
-            types[name] = t.with_precision(t.precision or data_precision(data))
+        if name not in graph.constants and need_data:
+            raise _missing_data_error(graph, name)
+    typed = missing_data(graph)[1]
+    types = {v: _source(graph, v) if typed else graph.types[v]
+             for v in [*graph.inputs, *graph.weights()]}
     producers = graph.producers()
     for node in graph.nodes:
-        infer_node(node, types, producers)
-    return graph.replace(types=types)
+        types.update((o, graph.types.get(o)) for o in node.outputs)  # declared result kinds
+        if typed:
+            infer_node(node, types, producers)
+        else:
+            types.update(zip(node.outputs, _node_types(node, types, None)))
+    return graph.replace(types=types, typed=typed)
 
 
-def check_graph(graph: Graph, need_data: bool = True) -> Graph:
-    """The graph as every command and the interpreter accept it: precisions inferred, which
-    checks every op's element kinds and int32 bounds.
-    Without `need_data` (`cvmc check`: NNEF makes weight data optional, spec 5.1) weights
-    whose data is absent keep their declared types; precisions are left uninferred where
-    an integer one among them declares none (`missing_data`)."""
-    if need_data:
-        return infer_precision(graph)
-    return infer_precision(graph, need_data=False) if missing_data(graph)[1] else graph
+def _source(graph: Graph, name: str) -> TensorType:
+    """The type of input or weight `name`; a weight's data is checked against it."""
+    t = graph.types[name]
+    if name in graph.inputs:
+        return source_type(t, None)
+    if name not in graph.constants:  # its declared precision (`missing_data` found one)
+        return t.with_precision(t.precision) if t.is_integer else t
+    if t.is_integer:
+        # The frontends check values as they read them (with file positions); graphs
+        # built in Python reach this check only.
+        check_weight_data(name, graph.constants[name], t.precision)
+    return source_type(t, graph.constants[name])
+
+
+def source_type(t: TensorType, data) -> TensorType:
+    """An input's (`data` None) or weight's type: an integer one without a declared
+    precision takes its data's, or 32 for an input (a standard NNEF document's
+    `external<integer>`, e.g. gather indices, may hold any int32)."""
+    if not t.is_integer:
+        return t
+    return t.with_precision(t.precision or (32 if data is None else data_precision(data)))
+
+
+def require_typed(graph: Graph) -> Graph:
+    """`graph`, if it can be compiled and run; else the CvmcError that says why not: a
+    weight without its data."""
+    for name in graph.weights():
+        if name not in graph.constants:
+            raise _missing_data_error(graph, name)
+    assert graph.typed, f"graph {graph.name!r} was not typed (cvmc.ops.infer.retype)"
+    return graph
+
+
+def verify(graph: Graph) -> None:
+    """`Graph.verify`, and that its types are the ones the op rules give (internal: a
+    pass that changes nodes without `retype` fails here)."""
+    graph.verify()
+    again = retype(graph, need_data=False)
+    wrong = [v for v in graph.types if graph.types[v] != again.types[v]]
+    assert graph.typed == again.typed and not wrong, \
+        f"graph {graph.name!r}: types differ from the op rules' at {wrong[:4]}: " \
+        f"{[(graph.types[v], again.types[v]) for v in wrong[:4]]}"
 
 
 def missing_data(graph: Graph) -> tuple[list[str], bool]:
@@ -82,23 +111,19 @@ def missing_data(graph: Graph) -> tuple[list[str], bool]:
                         for w in missing)
 
 
+def _missing_data_error(graph: Graph, name: str) -> CvmcError:
+    return CvmcError(f"weight '{name}': its data file '{graph.labels[name]}.dat' was not "
+                     f"found beside the graph; compiling needs the values",
+                     graph.spans.get(name))
+
+
 def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
-    """Add the types of `node`'s outputs to `types`, which holds its inputs' (inferred)
-    types; `producers` (value -> node) names the ops that grew a precision too far.
+    """Add the types of `node`'s outputs to `types`, which holds its inputs' types and its
+    outputs' declared ones (the element kind a cast converts to; None: not declared);
+    `producers` (value -> node) names the ops that grew a precision too far.
     `cvmc.GraphBuilder` calls it per node, to reject a bad call where it is made."""
     opdef = lookup(node.op)
-    try:
-        ins = [types[i] for i in node.inputs]
-        if opdef.integer_op:
-            _check_integer_inputs(node, ins)
-            precs = opdef.infer_precisions(ins, Attrs(node.attrs))
-            outs = [TensorType(types[o].shape, "int32", p) for o, p in
-                    zip(node.outputs, precs)]
-        else:
-            outs = _typed_results(opdef, node, ins, [types[o] for o in node.outputs])
-    except OpRuleError as e:
-        raise CvmcError(f"{node.op} '{node.name}': {e.message.removeprefix(node.op + ': ')}",
-                        node.span) from None
+    outs = _node_types(node, types, opdef)
     for out, t in zip(node.outputs, outs):
         if t.is_integer and not 1 <= t.precision <= 32:
             chain = _growth_chain(node, types, producers, t.precision)
@@ -107,6 +132,27 @@ def infer_node(node, types: dict[str, TensorType], producers: dict) -> None:
                             f"{t.precision} bits{rule}, outside 1..32 (int32 could "
                             f"overflow); grown by {chain}", node.span)
         types[out] = t.with_precision(t.precision) if t.is_integer else t
+
+
+def _node_types(node, types: dict[str, TensorType], opdef) -> list[TensorType]:
+    """The result types of `node` by its op's rules (`opdef`; None: shapes only, each with
+    its declared dtype). An OpRuleError becomes a CvmcError located at the node."""
+    try:
+        ins = [types[i] for i in node.inputs]
+        if opdef is not None and opdef.integer_op:
+            _check_integer_inputs(node, ins)
+        shapes = lookup(node.op).infer_shapes(ins, Attrs(node.attrs))
+        declared = [TensorType(s, t.dtype if t else "int32")
+                    for s, t in zip(shapes, (types.get(o) for o in node.outputs))]
+        if opdef is None:
+            return declared
+        if not opdef.integer_op:
+            return _typed_results(opdef, node, ins, declared)
+        precs = opdef.infer_precisions(ins, Attrs(node.attrs))
+        return [TensorType(t.shape, "int32", p) for t, p in zip(declared, precs)]
+    except OpRuleError as e:
+        raise CvmcError(f"{node.op} '{node.name}': {e.message.removeprefix(node.op + ': ')}",
+                        node.span) from None
 
 
 def _check_integer_inputs(node, ins: list[TensorType]) -> None:

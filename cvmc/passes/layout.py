@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from cvmc.ir import Graph, Node, TensorType
+from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIGHT_LAYOUT
 from cvmc.ops.registry import Attrs, Fusion
 from cvmc.passes.target import Target
@@ -50,23 +50,20 @@ def pack_conv_weights(graph: Graph, target: Target) -> Graph:
     """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
     (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes (where
     `target` packs dense: llvm). The pipeline runs it for llvm and cuda."""
-    types, nodes = dict(graph.types), []
+    types, nodes = graph.types, []
     taken = set(graph.values())
 
     def add(op: str, inputs: tuple[str, ...], attrs: dict, output: str, span=None) -> str:
-        """Append `output = op(inputs, attrs)` (attributes normalized, shape inferred)."""
-        d = lookup(op)
-        attrs = dict(d.normalize_attrs(attrs))
-        shape = d.infer_shapes([types[i] for i in inputs], Attrs(attrs))[0]
-        types[output] = TensorType(shape, "int32")
+        """Append `output = op(inputs, attrs)` (attributes normalized; typed by `retype`)."""
+        attrs = dict(lookup(op).normalize_attrs(attrs))
         nodes.append(Node(op, inputs, (output,), attrs, span=span))
         return output
 
     def fresh(stem: str) -> str:
         return _fresh(stem, taken)
 
-    def packed_conv(x: str, w: str, bias: list[str], attrs: dict, out: str, span) -> None:
-        oc = types[w].shape[0]
+    def packed_conv(x: str, w: str, oc: int, bias: list[str], attrs: dict, out: str,
+                    span) -> None:
         packed = add("layout_transform", (w,), {"src_layout": "OIHW",
                                                  "dst_layout": WEIGHT_LAYOUT}, fresh(f"{w}_packed"))
         sums = add("sum", (w,), {"axes": [1, 2, 3]}, fresh(f"{w}_sum"))
@@ -81,7 +78,7 @@ def pack_conv_weights(graph: Graph, target: Target) -> Graph:
             continue
         (x, w, *bias), a, out = node.inputs, Attrs(node.attrs), node.outputs[0]
         if node.op == "conv2d":
-            packed_conv(x, w, bias, {"padding": a.padding, "stride": a.stride,
+            packed_conv(x, w, types[w].shape[0], bias, {"padding": a.padding, "stride": a.stride,
                                      "dilation": a.dilation, "groups": a.groups}, out,
                         node.span)
             continue
@@ -89,9 +86,9 @@ def pack_conv_weights(graph: Graph, target: Target) -> Graph:
         x4 = add("reshape", (x,), {"target_shape": [m, k, 1, 1]}, fresh(f"{x}_nchw"))
         w4 = add("reshape", (w,), {"target_shape": [n, k, 1, 1]}, fresh(f"{w}_oihw"))
         y4 = fresh(f"{out}_nchw")
-        packed_conv(x4, w4, bias, {}, y4, node.span)
+        packed_conv(x4, w4, n, bias, {}, y4, node.span)
         add("reshape", (y4,), {"target_shape": [m, n]}, out, node.span)
-    return infer_precision(graph.replace(nodes=nodes, types=types))
+    return retype(graph.replace(nodes=nodes))
 
 
 def _elementwise(node: Node, types) -> bool:
@@ -175,9 +172,9 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
         nodes.append(Node(n.op, inputs, outs, attrs, span=n.span))
         nodes += [transform(o, o in seeds, n.span) for o in n.outputs
                   if o in blocked and name[o] != o]
-    renamed = {v: name[v] for v in blocked}
-    return infer_precision(graph.replace(nodes=nodes,
-                                         types=_infer_shapes(graph, nodes, renamed)))
+    # a renamed value's new name declares its element type; `retype` gives its shape
+    types = {**graph.types, **{name[v]: graph.types[v] for v in blocked}}
+    return retype(graph.replace(nodes=nodes, types=types))
 
 
 def _fresh(stem: str, taken: set[str]) -> str:
@@ -188,17 +185,3 @@ def _fresh(stem: str, taken: set[str]) -> str:
         name = f"{stem}_{k}"
     taken.add(name)
     return name
-
-
-def _infer_shapes(graph: Graph, nodes: list[Node], renamed: dict[str, str]
-                  ) -> dict[str, TensorType]:
-    """Value types with every node output's shape inferred again, in order; a renamed
-    value's new name takes its dtype (precisions are inferred afterwards)."""
-    known = set(graph.inputs) | set(graph.weights())
-    types = {k: v for k, v in graph.types.items() if k in known}
-    dtypes = {k: v.dtype for k, v in graph.types.items()}
-    dtypes.update({new: dtypes[old] for old, new in renamed.items()})
-    for n in nodes:
-        shapes = lookup(n.op).infer_shapes([types[i] for i in n.inputs], Attrs(n.attrs))
-        types.update({o: TensorType(shape, dtypes[o]) for o, shape in zip(n.outputs, shapes)})
-    return types

@@ -1,23 +1,30 @@
 """The pass pipeline: every Graph -> Graph pass, in order, with why it is there."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
+# Whether each pass's result is checked against the op rules (`cvmc.ops.infer.verify`)
+# too, not only structurally: the tests set it (CVMC_VERIFY_TYPES=1); compiling does not
+# pay for it.
+VERIFY_TYPES = os.environ.get("CVMC_VERIFY_TYPES") == "1"
+
 # (name, pass, targets): a pass with targets runs only when compiling for one of their
 # kinds (`cvmc check` and the reference interpreter see the graph as written) and is
 # given the Target: `fn(graph, target)`.
 PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
-    # Shapes are inferred as the frontend builds the graph; precisions need the whole
-    # graph (weights' data), and prove int32 never overflows.
-    ("infer-precision", infer_precision, ()),
+    # Every loader types its graph (`retype`: precisions prove int32 never overflows);
+    # this refuses one that cannot be compiled (weights without data, an op cvmc checks
+    # only). Named for what it did when it inferred them: --stop-after and --dump-ir name it.
+    ("infer-precision", require_typed, ()),
     # Conv kernels want packed weights (OIHW16o4i: 4 input channels of an output channel
     # in one 32-bit word, for VNNI's `vpdpbusd` and CUDA's `dp4a`) and a precomputed
     # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
@@ -55,7 +62,10 @@ def run_pipeline(graph: Graph, stop_after: str | None = None,
         if targets and (target is None or target.kind not in targets):
             continue
         graph = fn(graph, target) if targets else fn(graph)
-        graph.verify()
+        if VERIFY_TYPES:
+            verify(graph)
+        else:
+            graph.verify()
         if after_pass is not None:
             after_pass(index, name, graph)
         if name == stop_after:

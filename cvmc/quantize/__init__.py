@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cvmc.ir import Graph
-from cvmc.ops.infer import check_graph
+from cvmc.ops.infer import retype
 from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
 from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
 from cvmc.quantize.rewrite import Options, Rewriter, split_unruled
@@ -63,6 +63,6 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
         thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
     int_graph, scales, inputs = rewriter(layers, thresholds, options).run()
     dump(3, "quantize", int_graph)
-    int_graph = check_graph(int_graph, True)
+    int_graph = retype(int_graph)
     dump(4, "infer-precision", int_graph)
     return Quantized(int_graph, source, layers, scales, inputs)

@@ -207,7 +207,7 @@ def test_duplicate_archive_members_are_ambiguous(tmp_path: Path) -> None:
 
 def test_missing_dat_is_located_at_the_variable(tmp_path: Path) -> None:
     from cvmc.frontend.nnef import load_nnef
-    from cvmc.ops.infer import infer_precision
+    from cvmc.ops.infer import retype
 
     (tmp_path / "graph.nnef").write_text(
         "version 1.0;\ngraph G( x ) -> ( y )\n{\n"
@@ -215,7 +215,7 @@ def test_missing_dat_is_located_at_the_variable(tmp_path: Path) -> None:
         "    w = variable<integer>(shape = [2], label = 'w');\n"
         "    y = elemwise_add(x, w);\n}\n")
     with pytest.raises(CvmcError) as e:
-        infer_precision(load_nnef(tmp_path, None))
+        retype(load_nnef(tmp_path, None))
     assert str(e.value).startswith(f"{tmp_path / 'graph.nnef'}:5:9: error: weight 'w': its "
                                    f"data file 'w.dat' was not found")
 

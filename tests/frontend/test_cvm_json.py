@@ -20,7 +20,7 @@ from cvmc.frontend.cvm_json import (
 from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import all_ops, lookup
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.reference import reference_run
 from tests.codegen.op_cases import X_SHAPE, exports, weight
 from tests.frontend.test_cvm_params import pack_array, pack_params
@@ -234,7 +234,7 @@ def _all_ops_graph() -> Graph:
             types[out] = TensorType(shape, "int32")
         nodes.append(Node(d.name, tuple(ins), outs, dict(a)))
     outputs = [o for n in nodes for o in n.outputs]
-    return Graph("all_ops", ["x"], outputs, nodes, types, consts)
+    return retype(Graph("all_ops", ["x"], outputs, nodes, types, consts))
 
 
 def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
@@ -250,7 +250,7 @@ def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
     assert {"axis"} <= keys["sum"] and {"stride"} <= keys["slice"] and "strides" in keys["conv2d"]
     assert "shape" in keys["reshape"] and "axis" in keys["squeeze"]
     back = load_graph(paths[0], params=paths[1])
-    expected = infer_precision(graph)
+    expected = graph
     assert back.inputs == ["data"] and back.outputs == expected.outputs
     assert back.nodes == [Node(n.op, tuple("data" if i == "x" else i for i in n.inputs),
                                n.outputs, n.attrs) for n in expected.nodes]
@@ -276,7 +276,7 @@ def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
     types = {"in": TensorType(X_SHAPE, "int32", 8), "w": TensorType(w.shape, "int32"),
              "c": TensorType((1, 3, 2, 2), "int32")}
     g = Graph("g", ["in"], ["c"], [Node("conv2d", ("in", "w"), ("c",), a)], types, {"w": w})
-    doc = json.loads(export_cvm(g, tmp_path)[0].read_text())
+    doc = json.loads(export_cvm(retype(g), tmp_path)[0].read_text())
     attrs = json.loads(doc["attrs"]["op_attrs"][1][2])
     assert attrs["strides"] == "(1, 1)" and attrs["channels"] == "3"
     assert attrs["kernel_size"] == "(3, 3)" and attrs["use_bias"] == "False"
@@ -304,7 +304,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "small_cnn"
 def test_example_model_round_trips_and_compiles_from_cvm_files(tmp_path, capsys):
     """Export the bundled example, import it back, then compile and run the imported model:
     same ops, attributes, weights, precisions, and the same bits as the original."""
-    original = infer_precision(load_graph(EXAMPLE))
+    original = retype(load_graph(EXAMPLE))
     out = tmp_path / "cvm"
     assert main(["export", str(EXAMPLE), "--format", "cvm", "-o", str(out)]) == 0
     imported = load_graph(out / "symbol.json", params=out / "params")
@@ -401,7 +401,7 @@ def _where_graph() -> Graph:
              "y": TensorType((2, 3), "int32"), "o": TensorType((2, 3), "int32")}
     consts = {"c": np.array([[1, 0, 1], [0, 0, 1]], np.int32),
               "y": np.array([[2000, -2000, 7], [1, 2, 3]], np.int32)}
-    return infer_precision(Graph("w", ["x"], ["o"], [Node("where", ("c", "x", "y"), ("o",), {})],
+    return retype(Graph("w", ["x"], ["o"], [Node("where", ("c", "x", "y"), ("o",), {})],
                                  types, consts))
 
 

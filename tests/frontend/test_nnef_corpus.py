@@ -132,7 +132,7 @@ def test_weights_load_from_dat_files(tmp_path):
     from cvmc.frontend.tensorfile import write_tensor
     (tmp_path / "graph.nnef").write_text(
         "version 1.0;\ngraph G(x) -> (y) {\n  x = external<integer>(shape = [2], precision = 8);"
-        "\n  w = variable<integer>(shape = [2], label = 'w');\n  y = add(x, w);\n}\n")
+        "\n  w = variable<integer>(shape = [2], label = 'w');\n  y = elemwise_add(x, w);\n}\n")
     write_tensor(tmp_path / "w.dat", np.array([3, -4], dtype=np.int32))
     g = load_nnef(tmp_path, None)
     assert np.array_equal(g.constants["w"], [3, -4]) and g.labels == {"w": "w"}
@@ -149,7 +149,8 @@ def test_a_name_shared_by_a_cvm_op_takes_the_nnef_reading_on_scalar_tensors():
                    "i = external<integer>(shape = [2], precision = 8); y = relu(x); j = relu(i);"
                    " a = abs(x); b = abs(i); }")
     ops = {n.outputs[0]: n.op for n in g.nodes}
-    assert [g.types[v].dtype for v in ("y", "j", "a", "b")] == ["float32", "int32"] * 2
+    # typed: j and b have precision 8, stored as int8
+    assert [g.types[v].dtype for v in ("y", "j", "a", "b")] == ["float32", "int8"] * 2
     assert (ops["j"], ops["a"], ops["b"]) == ("relu", "nnef.abs", "abs")
     assert ops["y"] == "select"  # relu(x) = max(x, 0.0) = select(x > 0.0, x, 0.0)
     with pytest.raises(CvmcError, match="cvm_clip.*tensor<integer>"):

@@ -220,13 +220,13 @@ def test_bom_and_every_line_ending_locate_errors(newline):
 
 
 def test_integer_arithmetic_suggests_the_cvm_op():
-    from cvmc.ops.infer import infer_precision
+    from cvmc.ops.infer import retype
 
     text = ("version 1.0;\nextension KHR_enable_operator_expressions;\ngraph G(x) -> (y)\n{\n"
             "    x = external<integer>(shape = [2], precision = 8);\n    y = x + x;\n}\n")
     with pytest.raises(CvmcError, match="on integer tensors use elemwise_add .* or "
                                         "broadcast_add") as e:
-        infer_precision(parse_nnef(text, "add.nnef"))
+        retype(parse_nnef(text, "add.nnef"))
     assert e.value.span.line == 6
 
 

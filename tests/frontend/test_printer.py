@@ -42,13 +42,16 @@ def graph_texts(draw):
     if draw(st.booleans()):
         lines.append(f"c = constant<integer>(shape = {shape}, value = [{draw(st.integers(-9, 9))}]);")
         lines.append(f"w = variable<integer>(shape = {shape}, label = 'layer/w');")
-        lines.append(f"y = add(add({prev}, c), w);")
+        lines.append(f"y = elemwise_add(elemwise_add({prev}, c), w);")
         prev = "y"
     return ("version 1.0;\nextension KHR_enable_operator_expressions;\n"
             f"graph G( x ) -> ( {prev} )\n{{\n" + "\n".join(lines) + "\n}\n")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# A drawn chain that mixes element kinds (cos of an integer tensor) does not type, and
+# loading refuses it: about three in four are drawn again.
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(graph_texts())
 def test_print_parse_roundtrip(text):
     try:
@@ -68,8 +71,8 @@ def test_printed_text_is_flat_nnef():
         "version 1.0;\n\ngraph Net( data ) -> ( out )\n{\n"
         "    data = external<integer>(shape = [1, 4], precision = 8);\n"
         "    w = variable<integer>(shape = [1, 4], label = 'w', precision = 4);\n"
-        "    k = constant<integer>(shape = [1, 2], value = [3, -2]);\n"
-        "    r = relu(data);\n    out = relu(r);\n}\n")
+        "    k = constant<integer>(shape = [1, 2], value = [3, -2], precision = 3);\n"
+        "    r = relu(data);\n    out = relu(r);\n}\n")  # typed: k's precision, |v| <= 3
     _roundtrip(g)
 
 
@@ -80,7 +83,7 @@ def test_roundtrip_with_weight_data_through_folder(tmp_path):
     (src / "graph.nnef").write_text(
         "version 1.0;\ngraph G( x ) -> ( y )\n{\n  x = external<integer>(shape = [3], "
         "precision = 8);\n  w = variable<integer>(shape = [3], label = 'p/w');\n"
-        "  y = add(x, w);\n}\n")
+        "  y = elemwise_add(x, w);\n}\n")
     (src / "p").mkdir()
     write_tensor(src / "p" / "w.dat", np.array([1, -2, 3], dtype=np.int32))
     g = load_nnef(src, None)

@@ -8,7 +8,7 @@ import pytest
 from cvmc.codegen import compile_model
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.lower import lower_graph, lower_node
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.passes.fusion import fuse_groups, fuse_kernels
 from cvmc.passes.target import Target
 from cvmc.reference import reference_run
@@ -30,7 +30,7 @@ def graph(inputs: dict[str, tuple], nodes: list[tuple], outputs: list[str],
         types[out] = TensorType(d.infer_shapes([types[i] for i in ins], a)[0])
         graph_nodes.append(Node(op, tuple(ins), (out,), dict(a)))
     consts = {n: a for n, (a, _) in weights.items()}
-    return infer_precision(Graph("g", list(inputs), outputs, graph_nodes, types, consts))
+    return retype(Graph("g", list(inputs), outputs, graph_nodes, types, consts))
 
 
 def cnn() -> Graph:
@@ -112,7 +112,7 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
     text = (tmp_path / "05-fuse-kernels.nnef").read_text()
     assert "    # kernel 3: abs, elemwise_add\n    d = abs(z);\n    e = elemwise_add(c, d);" \
         in text
-    assert infer_precision(parse_nnef(text, "dump.nnef")) == diamond()
+    assert retype(parse_nnef(text, "dump.nnef")) == diamond()
     assert print_graph(diamond()).count("# kernel") == 0
 
 

@@ -24,7 +24,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.x86 import avx2_tile_shape, column_lanes, tile_shape
 from cvmc.ops import lookup
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
 from cvmc.passes.target import Target
 from cvmc.reference import reference_run
@@ -86,7 +86,7 @@ def conv_graph(x_shape, w_shape, attrs, bias: bool, epilogue: bool, seed: int = 
         (shape,) = d.infer_shapes([types[i] for i in inputs], a)
         types[out] = TensorType(shape, "int32")
         nodes.append(Node(op, inputs, (out,), dict(a)))
-    return infer_precision(Graph("conv", ["x"], [nodes[-1].outputs[0]], nodes, types, consts))
+    return retype(Graph("conv", ["x"], [nodes[-1].outputs[0]], nodes, types, consts))
 
 
 def compiled_vs_reference(graph: Graph, mcpu: str | None = None,

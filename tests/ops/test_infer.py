@@ -5,7 +5,7 @@ import pytest
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops.common import bitlen, data_precision, numprec
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 
 
 @pytest.mark.parametrize("n, want", [(0, 0), (1, 1), (8, 4), (9, 4), (576, 10), (2**31, 32)])
@@ -38,26 +38,26 @@ def relu_graph(input_prec=8, weight=None):
 
 
 def test_storage_dtype_follows_precision():
-    g = infer_precision(relu_graph(8))
+    g = retype(relu_graph(8))
     assert g.types["y"] == TensorType((2, 3), "int8", 8)
-    g = infer_precision(relu_graph(9))
+    g = retype(relu_graph(9))
     assert g.types["y"] == TensorType((2, 3), "int32", 9)
 
 
 def test_weight_precision_inferred_from_data():
-    g = infer_precision(relu_graph(8, weight=np.full((2, 3), 300)))
+    g = retype(relu_graph(8, weight=np.full((2, 3), 300)))
     assert g.types["w"].precision == 10 and g.types["y"].precision == 10
 
 
 def test_input_without_precision_may_hold_any_int32():
-    assert infer_precision(relu_graph(None)).types["x"] == TensorType((2, 3), "int32", 32)
+    assert retype(relu_graph(None)).types["x"] == TensorType((2, 3), "int32", 32)
 
 
 def test_weight_without_data_is_rejected():
     g = relu_graph(8)
     g = g.replace(labels={"w": "conv/w"}, types={**g.types, "w": TensorType((2, 3))})
     with pytest.raises(CvmcError, match=r"weight 'w': its data file 'conv/w.dat' was not found"):
-        infer_precision(g)
+        retype(g)
 
 
 def test_cvm_op_on_a_float_tensor_is_rejected_by_name():
@@ -65,7 +65,7 @@ def test_cvm_op_on_a_float_tensor_is_rejected_by_name():
     g.types["x"] = TensorType((2, 3), "float32")
     with pytest.raises(CvmcError, match="relu 'y': input 'x' is float32, not an integer "
                                         "tensor"):
-        infer_precision(g)
+        retype(g)
 
 
 def test_typed_op_checks_kinds_and_types_its_results():
@@ -78,7 +78,7 @@ def test_typed_op_checks_kinds_and_types_its_results():
         names = [f"x{k}" for k in range(len(ins))]
         g = Graph("g", names, ["y"], [Node(op, tuple(names), ("y",), {})],
                   {**dict(zip(names, ins)), "y": out})
-        return infer_precision(g).types["y"]
+        return retype(g).types["y"]
 
     assert infer("add", [f, f]) == f
     assert infer("lt", [f, f]) == b

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.reference import reference_run
 
 SHAPE = (2, 3, 4)
@@ -85,7 +85,7 @@ def input_data(draw, p):
 def test_values_stay_inside_inferred_precisions(data):
     graph = data.draw(graphs())
     try:
-        graph = infer_precision(graph)
+        graph = retype(graph)
     except CvmcError:
         return
     x = data.draw(input_data(graph.types["x"].precision))

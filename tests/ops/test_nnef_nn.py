@@ -428,7 +428,7 @@ def test_reflect_within_one_reflection_is_accepted():
 
 
 def test_argmax_pool_window_bound():
-    from cvmc.ops.infer import infer_precision
+    from cvmc.ops.infer import retype
 
     text = """version 1.0;
 graph g( x ) -> ( y )
@@ -439,7 +439,7 @@ graph g( x ) -> ( y )
 """
     with pytest.raises(CvmcError, match="a window of 1073741824 taps is more than cvmc "
                                         "supports \\(2\\^29\\)"):
-        infer_precision(parse_nnef(text, "g.nnef"))
+        retype(parse_nnef(text, "g.nnef"))
 
 
 # ---- compiled ------------------------------------------------------------------------------

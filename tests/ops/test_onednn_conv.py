@@ -26,7 +26,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.conv_nd import conv_nd_reference
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.ops.onednn import NAME, auto_pads
 from cvmc.ops.registry import Attrs
 from cvmc.reference import reference_run
@@ -417,7 +417,7 @@ def _multi_conv_graph(combos) -> tuple[Graph, dict[str, np.ndarray]]:
         types[f"d{idx}"] = TensorType(out, dtype)
         nodes.append(Node(NAME, names, (f"d{idx}",), dict(a)))
     g = Graph("benchdnn", list(feeds), [n.outputs[0] for n in nodes], nodes, types, consts)
-    return infer_precision(g), feeds
+    return retype(g), feeds
 
 
 def _check_sweep(combos) -> None:

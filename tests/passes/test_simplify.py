@@ -2,7 +2,7 @@
 import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
-from cvmc.ops.infer import infer_precision
+from cvmc.ops.infer import retype
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 
@@ -18,7 +18,7 @@ def graph():
 
 
 def test_fold_constants_evaluates_weight_only_nodes():
-    g = fold_constants(infer_precision(graph()))
+    g = fold_constants(retype(graph()))
     assert [n.name for n in g.nodes] == ["b", "dead"]
     assert np.array_equal(g.constants["a"], [0, 0, 7])  # relu by hand
     assert g.constants["a"].dtype == np.int8
@@ -29,14 +29,14 @@ def test_fold_constants_evaluates_nodes_without_inputs():
     g = Graph("g", [], ["c", "d"], [Node("cinn.const_scalar", (), ("c",), {"value": 0.1}),
                                     Node("cinn.const_scalar", (), ("d",), {"value": -3})],
               {"c": t, "d": TensorType((), "int32")})
-    g = fold_constants(infer_precision(g))
+    g = fold_constants(retype(g))
     assert not g.nodes
     assert g.constants["c"] == np.float32(0.1) and g.constants["c"].dtype == np.float32
     assert g.constants["d"] == -3 and g.constants["d"].dtype == np.int8  # precision 3
 
 
 def test_dead_code_removes_unused_nodes_and_weights():
-    g = eliminate_dead_code(fold_constants(infer_precision(graph())))
+    g = eliminate_dead_code(fold_constants(retype(graph())))
     assert [n.name for n in g.nodes] == ["b"]
     assert "dead" not in g.types and "w" not in g.constants and "w" not in g.labels
     assert g.inputs == ["x"]
@@ -44,7 +44,7 @@ def test_dead_code_removes_unused_nodes_and_weights():
 
 
 def test_pipeline_stop_after():
-    g = run_pipeline(graph(), stop_after="infer-precision")
+    g = run_pipeline(retype(graph()), stop_after="infer-precision")
     assert len(g.nodes) == 3 and g.types["b"].precision == 8
 
 
@@ -56,7 +56,7 @@ def test_folding_a_float_subgraph_keeps_its_fraction():
 
     g = parse_nnef("version 1.0;\ngraph G(x) -> (y) { x = external(shape = [2]); "
                    "c = mul(0.75, 2.5); y = add(x, c); }")
-    folded = fold_constants(infer_precision(g))
+    folded = fold_constants(retype(g))
     assert [n.op for n in folded.nodes] == ["add"]
     c = folded.constants["c"]
     assert c.dtype == np.float32 and c == np.float32(1.875)
@@ -71,7 +71,7 @@ def test_fold_constants_keeps_float_and_bool_weights():
              Node("gt", ("v", "s"), ("c",))]
     g = Graph("g", [], ["r", "c"], nodes, types,
               {"v": np.array([0.5, 2.25], np.float32), "e": np.array(0.25, np.float32)})
-    g = fold_constants(infer_precision(g))
+    g = fold_constants(retype(g))
     assert not g.nodes
     want = (np.array([0.5, 2.25]) + 0.25) ** 0.25  # float64, then rounded once
     assert g.constants["r"].dtype == np.float32
