@@ -51,9 +51,9 @@ from quantize_data import (
 from run import _markdown, _versions, machine, median_ms, tvm_threads
 
 SEED = 20
-DET_CALIB, DET_TEST = 32, 16  # 416x416 images: 2 MB each
+DET_CALIB, DET_TEST = 32, 8  # 416x416 images: 2 MB each
 IMAGENET_CALIB, IMAGENET_TEST = 32, 8  # random weights: speed and SQNR only
-CLS_TEST = 512
+CLS_TEST = 256
 TARGET_DROP = 0.3  # issue 19: MNIST top-1 drop at most 0.3 points
 TARGET_SQNR = 25.0  # issue 19: a real model's output SQNR at least 25 dB
 

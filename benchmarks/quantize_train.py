@@ -56,7 +56,7 @@ class MnistCnn(nn.Module):
 
 class MnistBranchy(nn.Module):
     """stem -> avg-pool -> residual block (add) -> concat(relu branch, sigmoid branch) ->
-    conv -> avg-pool -> global average pool -> dense: every rewrite issue 19 names for the
+    avg-pool -> conv -> global average pool -> dense: every rewrite issue 19 names for the
     MNIST targets."""
 
     def __init__(self) -> None:
@@ -73,8 +73,11 @@ class MnistBranchy(nn.Module):
         x = F.avg_pool2d(F.relu(self.stem(x)), 2)  # 14x14
         x = F.relu(x + self.res2(F.relu(self.res1(x))))
         x = torch.cat([F.relu(self.relu_branch(x)), torch.sigmoid(self.sigmoid_branch(x))], 1)
-        x = F.avg_pool2d(F.relu(self.mix(x)), 2)  # 7x7
+        x = F.relu(self.mix(F.avg_pool2d(x, 2)))  # 7x7
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+MNIST_MODELS = {"mnist_cnn": MnistCnn, "mnist_branchy": MnistBranchy}
 
 
 def shifted(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -93,7 +96,7 @@ def top1(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """Float top-1 accuracy in percent."""
     model.eval()
     with torch.no_grad():
-        return float((model(x).argmax(1) == y).float().mean()) * 100
+        return float((model(x).argmax(1) == y).double().mean()) * 100
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int,
@@ -104,7 +107,8 @@ def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int,
     steps = epochs * ((len(x) + batch - 1) // batch)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=steps)
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        print(f"  epoch {epoch + 1}/{epochs}", flush=True)
         model.train()
         order = torch.randperm(len(x), generator=generator)
         for start in range(0, len(x), batch):
@@ -127,14 +131,15 @@ def export(model: nn.Module, shape: tuple[int, ...], path: Path) -> None:
     write_atomic(path, buffer.getvalue())
 
 
-def train_mnist(cache: Path, epochs: int) -> dict[str, dict]:
-    """Train the two MNIST CNNs, export them; their float accuracy by name."""
+def train_mnist(cache: Path, epochs: int, names: list[str]) -> dict[str, dict]:
+    """Train the MNIST CNNs of `names`, export them; their float accuracy by name."""
     data = mnist(cache)
     x, y = torch.from_numpy(mnist_float(data.train_x)), torch.from_numpy(data.train_y)
     tx, ty = torch.from_numpy(mnist_float(data.test_x)), torch.from_numpy(data.test_y)
     record = {}
-    for name, net in [("mnist_cnn", MnistCnn()), ("mnist_branchy", MnistBranchy())]:
+    for name in names:
         torch.manual_seed(SEED)
+        net = MNIST_MODELS[name]()
         start = time.perf_counter()
         net = train(net, x, y, epochs, SEED)
         record[name] = {"float_top1": top1(net, tx, ty), "train_top1": top1(net, x, y),
@@ -161,24 +166,34 @@ def build_imagenet(cache: Path) -> dict[str, dict]:
     return record
 
 
+def remember(cache: Path, entries: dict[str, dict]) -> None:
+    """Merge `entries` into models/train.json, read again just before writing (another run
+    may have added its models meanwhile)."""
+    path = cache / "models" / "train.json"
+    record = json.loads(path.read_text()) if path.exists() else {}
+    write_atomic(path, (json.dumps({**record, **entries}, indent=1) + "\n").encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train the MNIST CNNs and/or build the torchvision networks; record them in
     models/train.json (merged with what an earlier run recorded)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cache", type=Path, default=CACHE, help=f"default {CACHE}")
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--only", choices=["mnist", "imagenet"],
-                        help="one of the two parts (default: both)")
+    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--only", nargs="+", choices=[*MNIST_MODELS, "imagenet"],
+                        help="these models only (imagenet: ResNet-18 and MobileNet-v2; "
+                             "default: all)")
     args = parser.parse_args(argv)
     torch.use_deterministic_algorithms(True)
-    path = args.cache / "models" / "train.json"
-    record = json.loads(path.read_text()) if path.exists() else {}
-    if args.only != "imagenet":
-        record.update(train_mnist(args.cache, args.epochs))
-        write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
-    if args.only != "mnist":
-        record.update(build_imagenet(args.cache))
-        write_atomic(path, (json.dumps(record, indent=1) + "\n").encode())
+    # One thread: small convs gain little from more, and on a shared machine the intra-op
+    # threads of torch wait for each other far longer than they compute.
+    torch.set_num_threads(1)
+    only = args.only or [*MNIST_MODELS, "imagenet"]
+    trained = [name for name in MNIST_MODELS if name in only]
+    if trained:
+        remember(args.cache, train_mnist(args.cache, args.epochs, trained))
+    if "imagenet" in only:
+        remember(args.cache, build_imagenet(args.cache))
     return 0
 
 
