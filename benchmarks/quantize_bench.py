@@ -236,6 +236,13 @@ def cvmc(*args: str) -> None:
         raise BenchError(f"cvmc {args[0]}: {lines[-1] if lines else f'exit {done.returncode}'}")
 
 
+def cvmc_source() -> str:
+    """The folder of the cvmc package the command line runs (which checkout is measured)."""
+    done = subprocess.run([sys.executable, "-c", "import cvmc; print(cvmc.__file__)"],
+                          check=False, capture_output=True, text=True)
+    return str(Path(done.stdout.strip()).parent.parent) if done.returncode == 0 else "none"
+
+
 def quantize_missing() -> str:
     """'' when this cvmc has the `quantize` command; else why not."""
     done = subprocess.run([sys.executable, "-m", "cvmc.cli", "quantize", "--help"],
@@ -425,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     setup = {"date": datetime.date.today().isoformat(), "machine": machine(),
              "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-             "threads": args.threads, "repeat": args.repeat, **_versions()}
+             "threads": args.threads, "repeat": args.repeat, "cvmc": cvmc_source(),
+             **_versions()}
     print(" ".join(f"{k}={v}" for k, v in setup.items()))
     missing = "" if args.no_cvmc else quantize_missing()
     if missing:
