@@ -291,7 +291,7 @@ def cvmc_int8(case: Case, tmp: Path) -> tuple[Callable[[np.ndarray], np.ndarray]
 # ---------------------------------------------------------------- the benchmark
 
 def measure(case: Case, threads: int, repeat: int, with_cvmc: bool, missing: str,
-            tmp: Path) -> Result:
+            tmp: Path, cvmc_float_too: bool = True) -> Result:
     """Every runtime on one case: outputs on the test samples, then the timing."""
     result = Result(case.name, case.data)
     runs: dict[str, Callable[[np.ndarray], np.ndarray]] = {}
@@ -302,11 +302,12 @@ def measure(case: Case, threads: int, repeat: int, with_cvmc: bool, missing: str
         notes = ort_quantize(case.onnx, case.calib, per_channel, path)
         result.notes += [n for n in notes if n not in result.notes]
         runs[label] = ort_run(ort_session(path, threads))
-    if with_cvmc:
+    if with_cvmc and cvmc_float_too:
         try:
             runs["cvmc float"] = cvmc_float(case, tmp)
         except BenchError as e:
             result.notes.append(str(e))
+    if with_cvmc:
         if missing:
             result.notes.append(missing)
         else:
@@ -423,6 +424,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=CACHE, help=f"default {CACHE}")
     parser.add_argument("--no-cvmc", action="store_true",
                         help="only the ONNX Runtime rows (no cvmc compile or quantize)")
+    parser.add_argument("--no-cvmc-float", action="store_true",
+                        help="no cvmc float rows (its float kernels compile slowly)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     return parser.parse_args(argv)
 
@@ -447,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
             for case in selected:
                 print(f"{case.name}: {case.data} ...", flush=True)
                 results.append(measure(case, args.threads, args.repeat, not args.no_cvmc,
-                                       missing, Path(tmp)))
+                                       missing, Path(tmp), not args.no_cvmc_float))
                 for note in results[-1].notes:
                     if note != missing:
                         print(f"  {note}")
