@@ -42,15 +42,16 @@ def load_npy(what: str, file: str) -> np.ndarray:
                         f"({str(e) or type(e).__name__})") from None
 
 
-def read_inputs(pairs: list[str]) -> dict[str, np.ndarray]:
+def read_inputs(pairs: list[str], flag: str = "--input") -> dict[str, np.ndarray]:
+    """`flag NAME=FILE.npy` pairs -> {name: array}; each name once."""
     feeds = {}
     for pair in pairs:
         name, sep, file = pair.partition("=")
         if not sep or not name or not file:
-            raise CvmcError(f"--input expects NAME=FILE.npy, got '{pair}'")
+            raise CvmcError(f"{flag} expects NAME=FILE.npy, got '{pair}'")
         if name in feeds:
-            raise CvmcError(f"--input {name} is given twice")
-        feeds[name] = load_npy(f"--input {name}", file)
+            raise CvmcError(f"{flag} {name} is given twice")
+        feeds[name] = load_npy(f"{flag} {name}", file)
     return feeds
 
 

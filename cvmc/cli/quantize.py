@@ -10,21 +10,8 @@ from pathlib import Path
 from cvmc_runtime import atomic_write_bytes
 from rich.table import Table
 
-from cvmc.cli.common import console, input_shapes, is_onnx, load_npy
+from cvmc.cli.common import console, input_shapes, is_onnx, read_inputs
 from cvmc.errors import CvmcError
-
-
-def _calib(pairs: list[str]) -> dict:
-    """--calib NAME=FILE.npy pairs -> {name: array}."""
-    samples = {}
-    for pair in pairs:
-        name, sep, file = pair.partition("=")
-        if not sep or not name or not file:
-            raise CvmcError(f"--calib expects NAME=FILE.npy, got '{pair}'")
-        if name in samples:
-            raise CvmcError(f"--calib {name} is given twice")
-        samples[name] = load_npy(f"--calib {name}", file)
-    return samples
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -46,7 +33,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     check_destination(Path(args.output), args.force, Path(args.model))  # before the work
     if args.report_json and not Path(args.report_json).absolute().parent.is_dir():
         raise CvmcError(f"--report-json {args.report_json}: no such folder")
-    samples = _calib(args.calib)
+    samples = read_inputs(args.calib, "--calib")
     options = Options(args.bits, args.output_bits, args.per_channel)
     with tempfile.TemporaryDirectory(prefix="cvmc-quantize-") as tmp:
         model = args.model
