@@ -11,7 +11,7 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
   reduce -> sum, the same way;
-- max pool -> max_pool2d; reshape / squeeze / unsqueeze -> reshape; transpose; nearest
+- max pool -> max_pool2d; reshape / squeeze / unsqueeze -> reshape; transpose; slice; nearest
   upsampling (debox) -> upsampling: scale and precision pass through;
 - softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
 - any other layer that applies one real function to each element (sigmoid, tanh, exp,
@@ -279,12 +279,17 @@ class Rewriter:
         self.values[node.name] = QTensor(y, t.scale)
 
     def movement(self, node: Node) -> None:
-        """reshape, squeeze, unsqueeze, transpose, nearest upsampling: the scale passes."""
+        """reshape, squeeze, unsqueeze, transpose, slice, nearest upsampling: the scale
+        passes."""
         t = self.values[node.inputs[0]]
         if node.op == "nnef.transpose":
             axes = list(node.attrs["axes"])
             rank = self.g.types[node.name].ndim
             y = self.b.nnef_transpose(t.var, axes=axes + list(range(len(axes), rank)))
+        elif node.op == "nnef.slice":
+            y = self.b.nnef_slice(t.var, **{k: list(node.attrs[k]) for k in
+                                            ("axes", "begin", "end", "stride")
+                                            if k in node.attrs})
         elif node.op == "debox":
             factor = set(node.attrs["size"][2:]) | set(node.attrs["stride"][2:])
             if len(factor) != 1 or list(node.attrs["size"])[:2] != [1, 1] or any(
@@ -397,7 +402,8 @@ _RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
           ("concat",): "concat", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
           ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
           ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
-          ("nnef.transpose",): "movement", ("debox",): "movement",
+          ("nnef.transpose",): "movement", ("nnef.slice",): "movement",
+          ("debox",): "movement",
           ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
 
 

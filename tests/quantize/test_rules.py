@@ -153,7 +153,8 @@ def test_average_pools(tmp_path, call):
     "relu(x)", "clamp(x, -0.5, 1.25)",
     "max_pool(x, size = [1, 1, 2, 2], padding = [(0, 0), (0, 0), (0, 0), (0, 0)])",
     "reshape(x, shape = [1, 12, 3])", "transpose(x, axes = [0, 2, 3, 1])",
-    "nearest_upsample(x, factor = [2, 2])"])
+    "nearest_upsample(x, factor = [2, 2])",
+    "slice(x, axes = [1, 3], begin = [1, 0], end = [3, 2])"])
 def test_passed_through(tmp_path, call):
     g = _model(tmp_path, f"    y = {call};", {"x": (1, 4, 3, 3)}, {})
     xs = RNG.standard_normal((8, 1, 4, 3, 3)).astype(np.float32)
