@@ -28,7 +28,8 @@ def _run(plan, y: np.ndarray, out_precision: int) -> np.ndarray:
 
 @pytest.mark.parametrize("ratio,pin,pout", [
     (1 / 3000.0, 27, 8), (0.0137, 20, 8), (1.0 / 9, 12, 8), (258.3, 8, 16),
-    (0.75, 9, 8), (1 / 65536.0 * 1.37, 31, 8), (np.array([0.002, 0.0011, 0.0007]), 24, 8)])
+    (0.75, 9, 8), (1 / 65536.0 * 1.37, 31, 8), (np.array([0.002, 0.0011, 0.0007]), 24, 8),
+    (1.3035810929236272e-4, 8, 8), (1e-7, 8, 8)])  # a concat branch far finer than its output
 def test_plan_is_overflow_free_and_within_its_bound(ratio, pin, pout):
     plan = plan_requant(ratio, pin, pout)
     m = plan.multiplier
