@@ -30,6 +30,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.common import bitlen, prec_max
+from cvmc.ops.nnef_std import slice_starts
 from cvmc.ops.registry import Attrs
 from cvmc.quantize.fixedpoint import plan_requant
 from cvmc.quantize.layers import Layers, apply_elementwise, is_elementwise, unsupported
@@ -286,10 +287,16 @@ class Rewriter:
             axes = list(node.attrs["axes"])
             rank = self.g.types[node.name].ndim
             y = self.b.nnef_transpose(t.var, axes=axes + list(range(len(axes), rank)))
-        elif node.op == "nnef.slice":
-            y = self.b.nnef_slice(t.var, **{k: list(node.attrs[k]) for k in
-                                            ("axes", "begin", "end", "stride")
-                                            if k in node.attrs})
+        elif node.op == "nnef.slice":  # CVM's slice: every axis, its first and end index
+            a = Attrs(node.attrs)
+            stride = dict(zip(a.axes, a.stride or [1] * len(a.axes)))
+            if any(s < 0 for s in stride.values()):
+                raise unsupported(node, "a negative stride has no CVM slice form here")
+            begin = slice_starts(self.g.types[node.inputs[0]].shape, a)
+            steps = [stride.get(k, 1) for k in range(len(begin))]
+            end = [b + s * (n - 1) + 1 for b, s, n in
+                   zip(begin, steps, self.g.types[node.name].shape)]
+            y = self.b.nnef_slice(t.var, begin=begin, end=end, strides=steps)  # text `slice`
         elif node.op == "debox":
             factor = set(node.attrs["size"][2:]) | set(node.attrs["stride"][2:])
             if len(factor) != 1 or list(node.attrs["size"])[:2] != [1, 1] or any(
