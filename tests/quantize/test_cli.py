@@ -73,14 +73,18 @@ def test_check_and_export_accept_it(quantized, capsys):
         assert np.array_equal(got[cvm.outputs[0]], want[out])
 
 
-def test_llvm_is_bit_exact_with_the_reference(quantized):
+@pytest.mark.parametrize("target", ["llvm", "cuda"])
+def test_compiled_is_bit_exact_with_the_reference(quantized, target):
     import cvmc_runtime
+    from cvmc_runtime.model import cuda_available
 
     import cvmc
     tmp, out, samples = quantized
     graph = load_graph(tmp / "q")
-    cvmc.compile(graph, str(tmp / "q.cvmx"), target="llvm")
-    model = cvmc_runtime.load(str(tmp / "q.cvmx"))
+    cvmc.compile(graph, str(tmp / f"q-{target}.cvmx"), target=target)  # CUDA: nvcc builds it
+    if target == "cuda" and not cuda_available():
+        pytest.skip("built for CUDA by nvcc; no CUDA GPU here to run it")
+    model = cvmc_runtime.load(str(tmp / f"q-{target}.cvmx"))
     scale = json.loads((tmp / "q" / "quantization.json").read_text())["inputs"]["x"]["scale"]
     for x in samples[:6]:
         xi = quantize("x", x, scale, 8).astype(np.int8)
