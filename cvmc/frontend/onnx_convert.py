@@ -60,6 +60,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cvmc.errors import CvmcError
+from cvmc.frontend.onnx_rewrite import rewrite
 from cvmc.frontend.syntax import KEYWORDS
 
 MISSING = "cvmc convert needs the Khronos NNEF-Tools: pip install 'cvmc[convert]'"
@@ -249,7 +250,7 @@ def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path,
         generate_fragments=False, annotate_shapes=False, compression=None)
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
     try:
-        graph = _read_graph(tools.reader, model, onnx_path.parent, shapes)
+        graph = _read_graph(tools.reader, model, onnx_path.parent, shapes, opset)
         graph = tools.convert.get_optimizer("onnx")(graph, only_required=True)
         _adjust(graph, opset)
         graph.sort()
@@ -267,15 +268,17 @@ def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path,
                         f"({type(e).__name__}: {e})") from None
 
 
-def _read_graph(reader, model, model_folder: Path, shapes: dict | None):
+def _read_graph(reader, model, model_folder: Path, shapes: dict | None, opset: int):
     """NNEF-Tools' ONNX reader (its `Reader.__call__`, without the simplifier) on the checked
-    `model`, whose external data (bounded by `_check_tensors`) is loaded first."""
+    `model`, whose external data (bounded by `_check_tensors`) is loaded first, rewritten by
+    `onnx_rewrite.rewrite` (ops the converter lacks, shape computations)."""
     import onnx
 
     onnx.load_external_data_for_model(model, str(model_folder))
-    reader._add_value_info_for_constants(model)
     if shapes:
         reader._set_input_shapes(model.graph, shapes)
+    rewrite(model, opset)  # after the input shapes: shape computations fold from them
+    reader._add_value_info_for_constants(model)
     return reader.onnx_model_to_graph(reader.infer_shapes(model))
 
 

@@ -376,10 +376,10 @@ def test_compiled_model_matches_onnx_runtime(tmp_path, name, capsys):
         np.testing.assert_allclose(ref[out], value, rtol=1e-4, atol=1e-5, err_msg=out)
 
 
-@pytest.mark.parametrize("attr, value", [("direction", "reverse"), ("clip", 3.0)])
+@pytest.mark.parametrize("attr, value", [("input_forget", 1), ("clip", 3.0)])
 def test_lstm_variants_the_converter_does_not_model_are_refused(tmp_path, attr, value):
-    """The converter's lstm_step fragment runs forward, unclipped: anything else would be
-    another model."""
+    """The converter's lstm_step fragment is unclipped, its gates uncoupled: anything else
+    would be another model (reverse runs are unrolled, tests/frontend/test_onnx_coverage.py)."""
     model = MODELS["lstm"]()
     lstm_node = next(n for n in model.graph.node if n.op_type == "LSTM")
     lstm_node.attribute.append(helper.make_attribute(attr, value))
