@@ -7,12 +7,21 @@ argparse namespace and prints its errors instead of raising them, so cvmc calls 
 same three steps itself and gets the converter's exceptions). Not `--optimize`: its NNEF
 optimizer crashes under NumPy >= 2.4 (`np.reshape(newshape=)`) when it merges a batch
 normalization into a convolution, and cvmc's own passes do such rewrites. Not
-`--fold-constants`: that needs onnx-simplifier, another native package.
+`--fold-constants`: that needs onnx-simplifier, another native package; cvmc folds the
+shape computations itself (`onnx_rewrite`).
 
 Before anything else, cvmc reads the model without its external data and checks what it
 declares: the opset (OPSETS), every tensor's size against its dims and type, external data
 files inside the model's folder, and the whole model against MAX_ONNX_BYTES. Only then is
 the external data loaded and the model given to the converter's reader.
+
+Before the converter's reader types the graph, `onnx_rewrite.rewrite` rewrites the
+ModelProto (its module docstring lists each rewrite, with the reason): shape computations
+(Shape, Size and what computes from them, ConstantOfShape, Range) are folded into
+initializers; LayerNormalization, HardSigmoid, HardSwish, GRU, and the LSTMs the
+converter's `lstm_loop` cannot express (Y used, reverse or bidirectional, no initial
+state, sequence_lens, other activations) are decomposed into ops it converts; Reshape's
+`allowzero = 1` is dropped where the shape holds no 0.
 
 NNEF-Tools reads the ONNX graph without its opset, and some of its rules are those of one
 opset only. Before converting, cvmc therefore adjusts the converter's input graph where
@@ -39,9 +48,10 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
 - nearest `Resize` must pick the same source pixels as NNEF's nearest up/down-sampling
   (the converter ignores `nearest_mode` and the coordinate mode): otherwise refused;
 - `Round` converts with a warning: NNEF rounds halves up, ONNX to even;
-- `LSTM`: the gate blocks of W, R, B are reordered from ONNX's (i, o, f, c) to the
-  (i, f, c, o) that the converter's `lstm_step` fragment splits (it copies them as they
-  are: a silently wrong model); what that fragment does not model is refused;
+- `LSTM` left to the converter: the gate blocks of W, R, B are reordered from ONNX's
+  (i, o, f, c) to the (i, f, c, o) that the converter's `lstm_step` fragment splits (it
+  copies them as they are: a silently wrong model); what that fragment does not model is
+  refused;
 - input and output names that are not NNEF identifiers after the converter's own
   renaming (a leading digit, a keyword, two names made equal) are renamed.
 """

@@ -69,10 +69,10 @@ def _fold_constants(model) -> None:
     if not any(n.op_type in _SHAPE_SOURCES + _FOLD_ALWAYS for n in graph.node):
         return
     folded_any = False
+    derived: set[str] = set()  # values computed from a Shape (initializers once folded)
     while True:
         shapes = _static_shapes(model)
         values = _constants(model)
-        derived: set[str] = set()  # values computed from a Shape
         folded = []
         for node in graph.node:
             if _fold_node(node, shapes, values, derived, model.opset_import):
@@ -80,8 +80,7 @@ def _fold_constants(model) -> None:
         if not folded:
             break
         folded_any = True
-        used = {i for n in graph.node if not any(n is f for f in folded) for i in n.input}
-        used |= {o.name for o in graph.output}
+        used = _used(graph, skip=folded)
         for node in folded:
             graph.node.remove(node)
             graph.initializer.extend(numpy_helper.from_array(values[o], o)
@@ -137,7 +136,7 @@ def _evaluate(node, values: dict, opsets) -> dict[str, np.ndarray]:
 
 def _drop_dead_constants(graph) -> None:
     """Remove Constant nodes and initializers that only folded nodes read."""
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    used = _used(graph)
     dead = [n for n in graph.node if n.op_type == "Constant" and n.output[0] not in used]
     for node in dead:
         graph.node.remove(node)
@@ -260,8 +259,9 @@ def _layer_normalization(e: _Emitter, node, shapes: dict, values: dict) -> bool:
         raise CvmcError(f"LayerNormalization '{_label(node)}': stash_type = "
                         f"{attrs['stash_type']} is not supported (cvmc computes in float32, "
                         f"stash_type 1)")
+    used = _used(e.graph)
     for k, what in ((1, "Mean"), (2, "InvStdDev")):
-        if len(node.output) > k and node.output[k]:
+        if len(node.output) > k and node.output[k] in used:
             raise CvmcError(f"LayerNormalization '{_label(node)}': its output {what} is not "
                             f"supported (only Y)")
     rank = len(_shape(node, shapes, 0))
@@ -399,10 +399,9 @@ def _converter_runs_lstm(node, graph) -> bool:
     (clip, input_forget, peepholes) onnx_convert refuses on that path."""
     attrs = _attributes(node)
     inputs = [*node.input, *[""] * (7 - len(node.input))]
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     return (attrs.get("direction", "forward") == "forward" and "activations" not in attrs
             and not inputs[4] and bool(inputs[5]) and bool(inputs[6])
-            and (not node.output[0] or node.output[0] not in used))
+            and node.output[0] not in _used(graph))
 
 
 def _recurrent(node, shapes: dict, values: dict, gates: int, activations: tuple[str, ...],
@@ -517,6 +516,13 @@ def _constant_input(node, values: dict, k: int) -> np.ndarray:
         raise CvmcError(f"{node.op_type} '{_label(node)}': its input {k} "
                         f"('{node.input[k]}') must be a constant")
     return values[node.input[k]]
+
+
+def _used(graph, skip=()) -> set[str]:
+    """The names the graph's nodes (except those in `skip`) read, and its outputs."""
+    skipped = {id(n) for n in skip}
+    used = {i for n in graph.node if id(n) not in skipped for i in n.input if i}
+    return used | {o.name for o in graph.output}
 
 
 def _all_names(graph) -> set[str]:

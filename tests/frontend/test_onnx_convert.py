@@ -613,7 +613,7 @@ def _pad18():
     (_bn(14, training_mode=1), "BatchNormalization 'y': training_mode = 1, but NNEF-Tools"),
     (_bn(7, (2, 2), spatial=0), "BatchNormalization 'y': spatial = 0, but NNEF-Tools"),
     (_model([helper.make_node("Reshape", ["x", "s"], ["y"], allowzero=1)], {"x": [2, 2]},
-            {"y": [4]}, [numpy_helper.from_array(np.array([4], np.int64), "s")], opset=14),
+            {"y": [4]}, [numpy_helper.from_array(np.array([0, -1], np.int64), "s")], opset=14),
      "Reshape 'y': allowzero = 1, but NNEF-Tools"),
     (_resize18(antialias=1), "Resize 'y': antialias = 1, but NNEF-Tools"),
     (_resize18(axes=[2, 3]), "Resize 'y': axes = [2, 3], but NNEF-Tools"),
