@@ -2,7 +2,8 @@
 
 The converter has no rule for some ops that exported models contain, and cannot convert
 shapes computed in the graph. Each rewrite below replaces such nodes, in the ModelProto,
-by ONNX ops the converter converts (`rewrite` runs them in this order):
+by ONNX ops the converter converts (`rewrite` folds first, which may make the shapes the
+others need static, then rewrites node by node):
 - `_fold_constants`: Shape / Size of statically shaped tensors, and every node computing
   only from them and from constants (Gather, Concat, Unsqueeze, Slice, Cast, Equal,
   Where, ...), plus ConstantOfShape and Range of constants, become initializers: what

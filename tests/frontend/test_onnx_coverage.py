@@ -135,6 +135,12 @@ def test_layer_normalization_refusals(tmp_path, change, message):
         _convert(tmp_path, model)
 
 
+def test_layer_normalization_with_an_unused_mean_output(tmp_path):
+    model = _layer_norm()
+    model.graph.node[0].output.extend(["mean", "inv_std"])
+    _check(tmp_path, model)
+
+
 # ---- HardSigmoid, HardSwish --------------------------------------------------------------
 @pytest.mark.parametrize("opset", [9, 14, 17])
 def test_hard_sigmoid_and_hard_swish(tmp_path, opset):
