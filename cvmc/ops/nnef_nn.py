@@ -641,25 +641,24 @@ def _sample_lower(xs, a):
 
 def _extended_stage(x, dims: Sequence[Dim], fill: float):
     """The extended input over the positions a window reads (position + p along each axis),
-    `fill` outside the input, as a materialised stage: the reduction then reads it without
-    a bounds test and vectorises. None when every read is inside the input."""
-    from cvmc.ops.te import MATERIALIZE, shape_of, te
+    `fill` outside the input, as a materialised stage (its load under a branch): the
+    reduction then reads it without a bounds test and vectorises. None when every read is
+    inside the input."""
+    from cvmc.ops.te import MATERIALIZE, te, tirx
 
     reach = [dim.reach(False) for dim in dims]
     if all(lo >= 0 and hi < dim.X for (lo, hi), dim in zip(reach, dims)):
         return None
 
     def element(*e):
-        loads, inside = [], []
-        for dim, pos, (lo, hi) in zip(dims, e, reach):
-            load, ok = te_index(pos + lo, dim.X, "constant", 0 <= lo and hi < dim.X)
-            loads.append(load)
-            inside += [ok] if ok is not None else []
-        return _select(_all(inside), x(*loads), _f32(fill))
+        inside = [t for pos, (lo, hi), dim in zip(e, reach, dims)
+                  for need, t in ((lo < 0, pos + lo >= 0), (hi >= dim.X, pos + lo < dim.X))
+                  if need]
+        return tirx.if_then_else(tirx.all(*inside), x(*[pos + lo for pos, (lo, _) in
+                                                       zip(e, reach)]), _f32(fill))
 
-    extent = [hi - lo + 1 for lo, hi in reach]
-    assert len(extent) == len(shape_of(x))
-    return te.compute(extent, element, name="max_window_pad", attrs={MATERIALIZE: 1})
+    return te.compute([hi - lo + 1 for lo, hi in reach], element, name="max_window_pad",
+                      attrs={MATERIALIZE: 1})
 
 
 def _max_window_lower(xs, a):
