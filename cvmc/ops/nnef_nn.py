@@ -681,7 +681,7 @@ def _max_window_lower(xs, a):
         return _select(_all(inside), x(*loads), _f32(outside))
 
     if not axes:  # a window of one tap
-        return te.compute(out, tap, name="max_window")
+        return te.compute(out, lambda *i: tap(i), name="max_window")
     first_max = te.comm_reducer(
         lambda acc, v: tirx.Select(tirx.Or(v > acc, tirx.And(
             tirx.isnan(v), tirx.Not(tirx.isnan(acc)))), v, acc),
