@@ -46,8 +46,8 @@ _SELECTS = {"gt": "nnef.select_max", "lt": "nnef.select_min"}
 
 
 def simplify_float(graph: Graph, _target: object = None) -> Graph:
-    """(A compile pass: `_target` unused.) Rewrite the stdlib's float compounds into single ops of the same bits, where their
-    intermediate values have no other use: max / min (a comparison and a select, which
+    """Rewrite the stdlib's float compounds into single ops of the same bits, where their
+    intermediate values have no other use (a compile pass; `_target` is unused): max / min (a comparison and a select, which
     read x twice and so never fused into x's producer) -> select_max / select_min,
     clamp (min then max) -> select_clamp, max_pool (argmax_pool, then sample at its index)
     -> max_window. The replaced nodes are left for dead-code elimination."""
