@@ -169,3 +169,33 @@ def test_max_window_reference_is_the_fragment_and_a_plain_max_elsewhere():
                 for k in range(2):
                     want[:, :, i] = np.maximum(want[:, :, i], padded[:, :, 2 * i + j, k:k + 7])
         assert np.array_equal(op.run_reference([x], a)[0], want), border
+
+
+def test_relu6_is_an_epilogue_of_a_float_conv(tmp_path):
+    """relu then clamp (relu6) after an out-elementwise float conv join its kernel; on
+    integer-valued data the conv is exact, so the result equals the reference bit for bit."""
+    import cvmc_runtime
+
+    from cvmc.codegen import compile_model
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.reference import reference_run
+
+    graph = parse_nnef("""version 1.0;
+graph G( x, w ) -> ( y )
+{
+    x = external(shape = [1, 4, 6, 6]);
+    w = external(shape = [4, 4, 3, 3]);
+    c = cinn.conv(x, w, paddings = [1, 1]);
+    r = relu(c);
+    y = clamp(r, 0.0, 6.0);
+}""")
+    plan = compile_model(graph, tmp_path / "m.cvmx").plan
+    assert [k["ops"] for k in plan["kernels"]] == [
+        ["cinn.conv", "nnef.select_max", "nnef.select_clamp"]]
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.integers(-2, 3, (1, 4, 6, 6)).astype(np.float32),
+             "w": rng.integers(-1, 2, (4, 4, 3, 3)).astype(np.float32)}
+    want = reference_run(graph, feeds)["y"]
+    got = cvmc_runtime.load(tmp_path / "m.cvmx").run(feeds)["y"]
+    assert np.array_equal(want.view(np.int32), got.view(np.int32))
+    assert 0 < np.count_nonzero(want) < want.size and want.max() == 6.0  # both ends clip
