@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise
+from cvmc.lowering.pool import schedule_max_window
 from cvmc.lowering.schedule import (
     cuda_target,
     schedule_cpu,
@@ -46,6 +47,8 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),
+    # NNEF max_pool (the simplify pass's max_window): columns in lanes, window unrolled.
+    ScheduleRule("cpu-max-window", "nnef.max_window", (), schedule_max_window),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]

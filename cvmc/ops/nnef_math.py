@@ -162,3 +162,28 @@ elementwise("cast", "any -> ?", lambda x: x.copy(), lambda x: x, inputs=("input"
             outputs=("output",))
 elementwise("select", "logical, ?, ? -> ?", np.where, te_select,
             inputs=("condition", "true_value", "false_value"), outputs=("output",))
+
+# ---- cvmc's own: the stdlib's min, max and clamp as single element-wise ops ---------------
+# The stdlib writes max(x, y) = select(x > y, x, y), min with <, and clamp(x, a, b) =
+# max(min(x, b), a); the compile pipeline's `simplify` pass rewrites those selects into
+# these (one node each, so the chain fuses into its producer). Their formulas are the
+# selects themselves, bit for bit: a NaN x gives y (max, min) and b then a (clamp); of
+# equal zeros y is taken.
+
+
+def _np_clamp(x, a, b):
+    low = np.where(x < b, x, b)
+    return np.where(low > a, low, a)
+
+
+def _te_clamp(t, x, a, b):
+    low = t.Select(x < b, x, b)
+    return t.Select(low > a, low, a)
+
+
+elementwise("nnef.select_max", _ARITHMETIC, lambda x, y: np.where(x > y, x, y),
+            lambda x, y: te_select(x > y, x, y))
+elementwise("nnef.select_min", _ARITHMETIC, lambda x, y: np.where(x < y, x, y),
+            lambda x, y: te_select(x < y, x, y))
+elementwise("nnef.select_clamp", "scalar, scalar, scalar -> scalar", _np_clamp,
+            te_fn(_te_clamp), inputs=("x", "a", "b"), outputs=("y",))

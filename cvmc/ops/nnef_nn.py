@@ -99,6 +99,10 @@ declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
 # (alexnet uses 'ignore') to sample through max_pool_with_index.
 declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar",
         (_SIZE, *window_attrs(BORDERS)))
+# cvmc's own: the stdlib's max_pool (sample at argmax_pool's index) as one window reduction;
+# the compile pipeline's `simplify` pass writes it where the index has no other use.
+declare("nnef.max_window", box_shape, ("input",), "scalar -> scalar",
+        (_SIZE, *window_attrs(BORDERS)))
 declare("desample", desample_shape, ("input", "index"), "scalar, integer -> scalar",
         (_SIZE, *window_attrs(("constant",)), _OUTPUT_SHAPE))
 
@@ -272,6 +276,11 @@ def _sample_reference(xs, a):
             values = np.where(inside, values, _outside_value(a.border))
         result = np.where(flat == t, values, result)
     return result
+
+
+def _max_window_reference(xs, a):
+    """The stdlib's max_pool literally: sample at argmax_pool's index."""
+    return _sample_reference([xs[0], _argmax_pool_reference(xs, a)], a)
 
 
 def _desample_reference(xs, a):
@@ -630,6 +639,56 @@ def _sample_lower(xs, a):
     return te.compute(out, body, name="sample")
 
 
+def _extended_stage(x, dims: Sequence[Dim], fill: float):
+    """The extended input over the positions a window reads (position + p along each axis),
+    `fill` outside the input, as a materialised stage (its load under a branch): the
+    reduction then reads it without a bounds test and vectorises. None when every read is
+    inside the input."""
+    from cvmc.ops.te import MATERIALIZE, te, tirx
+
+    reach = [dim.reach(False) for dim in dims]
+    if all(lo >= 0 and hi < dim.X for (lo, hi), dim in zip(reach, dims)):
+        return None
+
+    def element(*e):
+        inside = [t for pos, (lo, hi), dim in zip(e, reach, dims)
+                  for need, t in ((lo < 0, pos + lo >= 0), (hi >= dim.X, pos + lo < dim.X))
+                  if need]
+        return tirx.if_then_else(tirx.all(*inside), x(*[pos + lo for pos, (lo, _) in
+                                                       zip(e, reach)]), _f32(fill))
+
+    return te.compute([hi - lo + 1 for lo, hi in reach], element, name="max_window_pad",
+                      attrs={MATERIALIZE: 1})
+
+
+def _max_window_lower(xs, a):
+    """A max over the window taps in row-major order: a tap replaces the running value
+    when it is larger or a NaN (the first NaN stays), so ties keep the first tap and a
+    NaN wins, as argmax_pool's index picks; 'ignore' reads -inf outside, which never wins
+    (a window with no input element gives -inf, as sample reads there)."""
+    from cvmc.ops.te import shape_of, te, tirx
+
+    (x,) = xs
+    out, dims = _geometry("max_window", a, [shape_of(x)], a.size, box_shape, False, 0)
+    taps, axes = _reduce_axes(dims, "rk")
+    outside = _outside_value(a.border)
+    padded = _extended_stage(x, dims, outside) if a.border in ("constant", "ignore") else None
+
+    def tap(i):
+        if padded is not None:  # position i * s + j * d - p, stored at + p
+            return padded(*[k * dim.s + j * dim.d for k, j, dim in zip(i, taps, dims)])
+        loads, _, inside = _te_positions(dims, i, taps, a.border, False)
+        return _select(_all(inside), x(*loads), _f32(outside))
+
+    if not axes:  # a window of one tap
+        return te.compute(out, lambda *i: tap(i), name="max_window")
+    first_max = te.comm_reducer(
+        lambda acc, v: tirx.Select(tirx.Or(v > acc, tirx.And(
+            tirx.isnan(v), tirx.Not(tirx.isnan(acc)))), v, acc),
+        lambda t: tirx.const(-math.inf, t))
+    return te.compute(out, lambda *i: first_max(tap(i), axis=axes), name="max_window")
+
+
 def _desample_lower(xs, a):
     from cvmc.ops.te import shape_of, te
 
@@ -820,7 +879,7 @@ def _index_precision(ins, a) -> int:
 
 
 # Operations per output element: the reference interpreter bounds a node's work by them.
-for _name in ("box", "debox", "argmax_pool", "sample", "desample"):
+for _name in ("box", "debox", "argmax_pool", "sample", "desample", "nnef.max_window"):
     lookup(_name).cost(lambda ins, outs, a: math.prod(a.size))  # window taps
 for _reverse, _name in ((False, "conv"), (True, "deconv")):
     lookup(_name).cost(lambda ins, outs, a: math.prod(ins[1].shape[1:]))  # C/G x taps
@@ -837,6 +896,8 @@ lookup("argmax_pool").lower(_argmax_pool_lower)
 lookup("argmax_pool").precision(_index_precision)
 lookup("sample").reference(_sample_reference)
 lookup("sample").lower(_sample_lower)
+lookup("nnef.max_window").reference(_max_window_reference)
+lookup("nnef.max_window").lower(_max_window_lower)
 lookup("desample").reference(_desample_reference)
 lookup("desample").lower(_desample_lower)
 lookup("multilinear_upsample").reference(_upsample_reference)

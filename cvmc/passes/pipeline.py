@@ -9,7 +9,7 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
-from cvmc.passes.simplify import eliminate_dead_code, fold_constants
+from cvmc.passes.simplify import eliminate_dead_code, fold_constants, simplify_float
 from cvmc.passes.target import Target
 
 # Whether each pass's result is checked against the op rules (`cvmc.ops.infer.verify`)
@@ -32,6 +32,10 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
     ("fold-constants", fold_constants, ()),
+    # The stdlib's float max / min / clamp / max_pool, expanded by the frontend into
+    # comparisons, selects, argmax_pool and sample, become one op each (same bits), so
+    # they fuse into their producers and max pooling is one window reduction.
+    ("simplify", simplify_float, ("llvm", "cuda")),
     # Nodes (and weights) that no output depends on are dropped.
     ("eliminate-dead-code", eliminate_dead_code, ()),
     # Activations between two packed convs stay in the kernels' NCHW16c layout (each

@@ -475,6 +475,47 @@ NNEF_CASES += [
                             (np.array([[0]]), 2)], {"output_size": [1], "method": "aligned"},
            terms=2 + 3, magnitude=(0,)),
 ]
+
+
+def _zeros_and_specials(shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, None]:
+    """Floats from {-0, +0, +-1, +-inf, NaN}: windows of equal zeros of both signs (the
+    first tap wins), NaN (it wins) and infinities."""
+    levels = np.array([-0.0, 0.0, -0.0, 0.0, 1.0, -1.0, np.inf, -np.inf, np.nan], np.float32)
+    return np.random.default_rng(seed).choice(levels, shape), None
+
+
+_POOL_3X3_S2 = {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2],
+                "padding": [(0, 0), (0, 0), (1, 1), (1, 1)]}
+# max_window (the stdlib's max_pool as one reduction): its reference is argmax_pool then
+# sample; the kernels take the cpu-max-window row (NCHW, window on rows and columns) or,
+# for any other window, the default one
+NNEF_CASES += [
+    OpCase("nnef.max_window", [_zeros_and_specials((1, 3, 9, 16), 93)],
+           {**_POOL_3X3_S2, "border": "ignore"}),
+    OpCase("nnef.max_window", [_zeros_and_specials((2, 2, 7, 9), 94)], _POOL_3X3_S2),
+    OpCase("nnef.max_window", [(-np.abs(frand((1, 2, 6, 6), 95)[0]), None)],
+           {**_POOL_3X3_S2, "stride": [1, 1, 1, 1]}),  # negative: the 0 border wins
+    # windows wholly in the padding: -inf ('ignore'), 0 ('constant')
+    *[OpCase("nnef.max_window", [_ties((1, 2, 4, 5), 96)],
+             {"size": [1, 1, 2, 2], "border": border,
+              "padding": [(0, 0), (0, 0), (2, 2), (3, 2)]}) for border in ("ignore", "constant")],
+    OpCase("nnef.max_window", [_ties((1, 2, 6, 7), 97)],
+           {"size": [1, 1, 2, 3], "dilation": [1, 1, 2, 1], "border": "reflect",
+            "padding": [(0, 0), (0, 0), (1, 0), (1, 1)]}),
+    OpCase("nnef.max_window", [_zeros_and_specials((2, 3, 5, 6), 98)],
+           {"size": [2, 1, 3, 2], "border": "replicate"}),  # a window over the batch too
+    OpCase("nnef.max_window", [frand((1, 2, 5, 5), 99)], {"size": [1, 1, 1, 1]}),
+    OpCase("nnef.max_window", [_ties((1, 2, 7, 7), 100)], {"size": [1, 1, 7, 7],
+                                                           "padding": []}),  # global
+    # the stdlib's max, min, clamp as one op each: NaN, infinities and zeros of both signs
+    *[OpCase(name, [EDGES, (EDGES[0][::-1].copy(), None)])
+      for name in ("nnef.select_max", "nnef.select_min")],
+    OpCase("nnef.select_max", [frand((2, 3, 4), 101), (np.array([0.0], np.float32), None)]),
+    OpCase("nnef.select_clamp", [EDGES, (np.array([-0.0], np.float32), None),
+                                 (np.array([6.0], np.float32), None)]),
+    OpCase("nnef.select_clamp", [frand((2, 3, 4), 102), frand((2, 3), 103),
+                                 frand((2, 1), 104)]),
+]
 CASES += NNEF_CASES
 
 

@@ -1,5 +1,6 @@
 """Constant folding and dead-code elimination on small hand-built graphs."""
 import numpy as np
+import pytest
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops.infer import retype
@@ -77,3 +78,124 @@ def test_fold_constants_keeps_float_and_bool_weights():
     assert g.constants["r"].dtype == np.float32
     assert np.array_equal(g.constants["r"], want.astype(np.float32))
     assert g.constants["c"].dtype == np.bool_ and not g.constants["c"].any()
+
+
+# ---- simplify_float: the stdlib's max / min / clamp / max_pool as single ops -------------
+_FLOAT_DOC = """version 1.0;
+graph G( x ) -> ( y, z )
+{{
+    x = external(shape = [1, 3, 9, 12]);
+    r = relu(x);
+    c = clamp(r, 0.0, 6.0);
+    y = max_pool(c, size = [1, 1, 3, 3], stride = [1, 1, 2, 2],
+                 padding = [(0, 0), (0, 0), (1, 1), (1, 1)], border = '{border}');
+    z = min(x, 2.0);
+}}"""
+
+
+def _specials(shape, seed):
+    """Random small floats with NaN, infinities and zeros of both signs mixed in."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-4, 9, shape).astype(np.float32)
+    levels = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 6.0], np.float32)
+    spots = rng.random(shape) < 0.3
+    x[spots] = rng.choice(levels, int(spots.sum()))
+    return x
+
+
+@pytest.mark.parametrize("border", ["ignore", "constant"])
+def test_relu_clamp_max_pool_compile_to_three_kernels_of_the_same_bits(border, tmp_path):
+    """relu and clamp fuse into one kernel (they were 3 unfused select kernels), max_pool is
+    one max_window kernel on its own schedule row (it was argmax_pool + sample), min one
+    kernel; the outputs keep the bits of the stdlib's expansion run by the reference
+    interpreter (the document as written: comparisons, selects, argmax_pool, sample)."""
+    import cvmc_runtime
+
+    from cvmc.codegen import compile_model
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.reference import reference_run
+
+    graph = parse_nnef(_FLOAT_DOC.format(border=border))
+    assert {"select", "argmax_pool", "sample"} <= {n.op for n in graph.nodes}
+    plan = compile_model(graph, tmp_path / "m.cvmx").plan
+    assert [(k["ops"], k["schedule"]) for k in plan["kernels"]] == [
+        (["nnef.select_max", "nnef.select_clamp"], "cpu-default"),
+        (["nnef.max_window"], "cpu-max-window"),
+        (["nnef.select_min"], "cpu-default")]
+    x = _specials((1, 3, 9, 12), 5)
+    want = reference_run(graph, {"x": x})
+    got = cvmc_runtime.load(tmp_path / "m.cvmx").run({"x": x})
+    for name in ("y", "z"):
+        same = want[name].view(np.int32) == got[name].view(np.int32)
+        assert (same | (np.isnan(want[name]) & np.isnan(got[name]))).all(), name
+
+
+def test_rewrite_keeps_values_used_elsewhere():
+    """A comparison read twice, a max_pool index that is an output and a select of
+    different constants (0 and -0) stay as they are."""
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.passes.simplify import simplify_float
+
+    g = retype(parse_nnef("""version 1.0;
+graph G( x ) -> ( a, b, m, k, c )
+{
+    x = external(shape = [1, 1, 4, 4]);
+    t = gt(x, 1.0);
+    a = select(t, x, 1.0);
+    b = select(t, 2.0, x);
+    m, k = max_pool_with_index(x, size = [1, 1, 2, 2]);
+    v = gt(x, 0.0);
+    c = select(v, x, -0.0);
+}"""))
+    assert [n.op for n in simplify_float(g).nodes] == [n.op for n in g.nodes]
+
+
+def test_max_window_reference_is_the_fragment_and_a_plain_max_elsewhere():
+    """max_window's reference (argmax_pool then sample) against NumPy's max over the
+    window on data without NaN or zeros (where every reading of max agrees), with the
+    'ignore' border as -inf and the 'constant' border as 0."""
+    from cvmc.ops import lookup
+
+    x = np.random.default_rng(3).uniform(-5, -1, (2, 3, 6, 7))  # negative: the 0 border wins
+    attrs = {"size": [1, 1, 3, 2], "stride": [1, 1, 2, 1],
+             "padding": [(0, 0), (0, 0), (1, 1), (0, 1)], "dilation": []}
+    op = lookup("nnef.max_window")
+    for border, fill in (("ignore", -np.inf), ("constant", 0.0)):
+        a = op.normalize_attrs({**attrs, "border": border})
+        padded = np.pad(x, [(0, 0), (0, 0), (1, 1), (0, 1)], constant_values=fill)
+        want = np.full((2, 3, 3, 7), -np.inf)
+        for i in range(3):
+            for j in range(3):
+                for k in range(2):
+                    want[:, :, i] = np.maximum(want[:, :, i], padded[:, :, 2 * i + j, k:k + 7])
+        assert np.array_equal(op.run_reference([x], a)[0], want), border
+
+
+def test_relu6_is_an_epilogue_of_a_float_conv(tmp_path):
+    """relu then clamp (relu6) after an out-elementwise float conv join its kernel; on
+    integer-valued data the conv is exact, so the result equals the reference bit for bit."""
+    import cvmc_runtime
+
+    from cvmc.codegen import compile_model
+    from cvmc.frontend.nnef import parse_nnef
+    from cvmc.reference import reference_run
+
+    graph = parse_nnef("""version 1.0;
+graph G( x, w ) -> ( y )
+{
+    x = external(shape = [1, 4, 6, 6]);
+    w = external(shape = [4, 4, 3, 3]);
+    c = cinn.conv(x, w, paddings = [1, 1]);
+    r = relu(c);
+    y = clamp(r, 0.0, 6.0);
+}""")
+    plan = compile_model(graph, tmp_path / "m.cvmx").plan
+    assert [k["ops"] for k in plan["kernels"]] == [
+        ["cinn.conv", "nnef.select_max", "nnef.select_clamp"]]
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.integers(-2, 3, (1, 4, 6, 6)).astype(np.float32),
+             "w": rng.integers(-1, 2, (4, 4, 3, 3)).astype(np.float32)}
+    want = reference_run(graph, feeds)["y"]
+    got = cvmc_runtime.load(tmp_path / "m.cvmx").run(feeds)["y"]
+    assert np.array_equal(want.view(np.int32), got.view(np.int32))
+    assert 0 < np.count_nonzero(want) < want.size and want.max() == 6.0  # both ends clip

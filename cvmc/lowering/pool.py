@@ -1,0 +1,49 @@
+"""CPU schedule of the max window reduction (`nnef.max_window`, NNEF's max_pool): output
+columns in vector lanes, the window unrolled, parallel over (batch, channel) planes.
+
+The reduction runs its taps in row-major order in every lane (the order its result
+depends on: of equal zeros the first tap wins), so the bits do not depend on the vector
+width or the thread count. A padded ('constant' / 'ignore' border) input is extended per
+plane, in cache, just before the plane's reduction: a fill, then the interior copied
+without a bounds test.
+"""
+from __future__ import annotations
+
+from cvmc.lowering.schedule import inline_all, largest_divisor
+from cvmc.ops.te import MATERIALIZE
+
+_LANES = 8  # float32 lanes of one AVX2 register
+
+
+def schedule_max_window(sch, func_name: str) -> None:
+    """Schedule a max_window kernel over an NCHW tensor whose window covers rows and
+    columns only; ValueError for any other (the table then tries its next row)."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    inline_all(sch, func_name)
+    root = sch.get_sblock("root", func_name=func_name)
+    blocks = sch.get_child_blocks(root)
+    pads = [b for b in blocks if MATERIALIZE in sch.get(b).annotations]
+    pool = [b for b in blocks if sch.get(b).name_hint == "max_window"]
+    if len(pool) != 1 or len(blocks) != len(pads) + 1:
+        raise ValueError(f"{func_name}: not one max_window block")
+    (pool,) = pool
+    loops = sch.get_loops(pool)
+    if len(sch.get(pool).iter_vars) != 6 or len(loops) != 6:
+        raise ValueError(f"{func_name}: not an NCHW window over rows and columns")
+    n, c, _, w, ry, rx = loops
+    plane = sch.fuse(n, c)
+    sch.parallel(plane)
+    column, lane = sch.split(w, [None, largest_divisor(int(sch.get(w).extent), _LANES)])
+    sch.reorder(column, ry, rx, lane)
+    sch.unroll(ry)
+    sch.unroll(rx)
+    sch.vectorize(lane)
+    init = sch.decompose_reduction(pool, ry)
+    sch.vectorize(sch.get_loops(init)[-1])
+    for pad in pads:
+        sch.compute_at(pad, plane)
+        try:
+            sch.decompose_padding(pad, sch.get_loops(pad)[1])
+        except ScheduleError:  # none found: the bounds test stays, slower but correct
+            pass
