@@ -9,6 +9,7 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
+from cvmc.passes.matmul_weights import untranspose_matmul_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
@@ -30,6 +31,9 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
     # below).
     ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
+    # A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
+    # so that the CPU kernel reads weight rows along its vector of output columns.
+    ("untranspose-matmul-weights", untranspose_matmul_weights, ("llvm",)),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
     ("fold-constants", fold_constants, ()),
     # Nodes (and weights) that no output depends on are dropped.
