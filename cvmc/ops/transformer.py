@@ -1,0 +1,86 @@
+"""Transformer ops that the `fuse-transformer` pass (`cvmc.passes.transformer`) makes of the
+chains exporters write, so that each runs as one kernel instead of many. Their reference
+rules are the chains they replace, step by step (each step rounded to float32, as the
+reference interpreter rounds each op of the chain).
+
+layer_norm(x, axes, epsilon): the decomposed layer normalization of PyTorch's exports
+(ONNX opset < 17) as NNEF-Tools writes it,
+
+    mean = mean_reduce(x, axes);  d = x - mean;  var = mean_reduce(d^2, axes)
+    y = d / sqrt(var + epsilon)
+
+(`pow(., 2.0)` or `sqr` for d^2, `pow(., 0.5)` or `sqrt` for the root). The scale and shift
+that follow stay element-wise ops: the fusion pass puts them under this kernel.
+
+Accuracy (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)): the kernel sums
+in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
+as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm + 2u|d|) / s + |y| (dv / (2(v +
+eps)) + 4u), s = sqrt(v + eps). The same bits at any thread count: a row is one thread's.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cvmc.ops.nnef_std import reduce_shape
+from cvmc.ops.registry import Attr, Fusion, op
+
+_F32 = np.float32
+
+layer_norm = op("layer_norm", family="transformer", seeds=("cvmc",), inputs=("input",),
+                outputs=("output",), types="scalar -> scalar",
+                attrs=(Attr("axes", "ints"), Attr("epsilon", "scalar")),
+                # where every |x - mean| >= mean(|x|) / 2 (the bound below; K <= 8)
+                ulp=64,
+                # the scale and shift after it run under its kernel
+                fusion=Fusion.OUT_ELEMWISE)
+
+
+@layer_norm.shape
+def _layer_norm_shape(ins, a):
+    reduce_shape("layer_norm", [tuple(ins[0].shape)], a)  # checks the axes
+    return tuple(ins[0].shape)
+
+
+@layer_norm.reference
+def _layer_norm_reference(xs, a):
+    x, axes = xs[0], tuple(a.axes)
+    count = math.prod(x.shape[k] for k in axes)
+    mean = (np.sum(x, axis=axes, keepdims=True) / count).astype(_F32)
+    d = (x - mean).astype(_F32).astype(np.float64)
+    var = (np.sum((d * d).astype(_F32), axis=axes, keepdims=True, dtype=np.float64)
+           / count).astype(_F32)
+    s = np.power((var + np.float64(_F32(a.epsilon))).astype(_F32).astype(np.float64), 0.5) \
+        .astype(_F32)
+    return d / s
+
+
+@layer_norm.arith
+def _layer_norm_arith(ins, outs, a):
+    """Per element: sum, subtract, square, sum, divide (GOPS)."""
+    return 5
+
+
+@layer_norm.lower
+def _layer_norm_lower(xs, a):
+    from cvmc.ops.reduce import te_reduce
+    from cvmc.ops.te import shape_of, te, tirx
+
+    x, axes = xs[0], tuple(a.axes)
+    shape = shape_of(x)
+    count = tirx.const(float(math.prod(shape[k] for k in axes)), "float32")
+
+    def at_row(t, i):
+        """`t` (reduced, keepdims) at the row of element index `i`."""
+        return t(*[0 if k in axes else v for k, v in enumerate(i)])
+
+    total = te_reduce(x, axes, True, te.sum, "layer_norm_sum")
+    mean = te.compute(total.shape, lambda *i: total(*i) / count, name="layer_norm_mean")
+    d = te.compute(x.shape, lambda *i: x(*i) - at_row(mean, i), name="layer_norm_centered")
+    squares = te.compute(x.shape, lambda *i: d(*i) * d(*i), name="layer_norm_square")
+    var = te_reduce(squares, axes, True, te.sum, "layer_norm_var")
+    eps = tirx.const(float(_F32(a.epsilon)), "float32")
+    root = te.compute(var.shape, lambda *i: tirx.sqrt(var(*i) / count + eps),
+                      name="layer_norm_root")
+    return te.compute(x.shape, lambda *i: d(*i) / at_row(root, i), name="layer_norm")
