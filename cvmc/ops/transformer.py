@@ -12,6 +12,12 @@ layer_norm(x, axes, epsilon): the decomposed layer normalization of PyTorch's ex
 (`pow(., 2.0)` or `sqr` for d^2, `pow(., 0.5)` or `sqrt` for the root). The scale and shift
 that follow stay element-wise ops: the fusion pass puts them under this kernel.
 
+fused_softmax(x, axes): NNEF's softmax fragment once expanded (max_reduce, sub, exp,
+sum_reduce, div; the stdlib name `softmax` stays the fragment's), one kernel instead of four.
+Bound: the max and x - max are exact, exp is the C library's expf (4 ULP, as NNEF's exp), the
+sum of K positive terms in a fixed order, one division: |y - y_ref| <= gamma(K + 2 + 8) |y|
+(docs/float.md's softmax bound).
+
 Accuracy (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)): the kernel sums
 in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
 as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm + 2u|d|) / s + |y| (dv / (2(v +
@@ -71,16 +77,58 @@ def _layer_norm_lower(xs, a):
     shape = shape_of(x)
     count = tirx.const(float(math.prod(shape[k] for k in axes)), "float32")
 
-    def at_row(t, i):
-        """`t` (reduced, keepdims) at the row of element index `i`."""
-        return t(*[0 if k in axes else v for k, v in enumerate(i)])
-
     total = te_reduce(x, axes, True, te.sum, "layer_norm_sum")
     mean = te.compute(total.shape, lambda *i: total(*i) / count, name="layer_norm_mean")
-    d = te.compute(x.shape, lambda *i: x(*i) - at_row(mean, i), name="layer_norm_centered")
+    d = te.compute(x.shape, lambda *i: x(*i) - _at_row(mean, axes, i),
+                   name="layer_norm_centered")
     squares = te.compute(x.shape, lambda *i: d(*i) * d(*i), name="layer_norm_square")
     var = te_reduce(squares, axes, True, te.sum, "layer_norm_var")
     eps = tirx.const(float(_F32(a.epsilon)), "float32")
     root = te.compute(var.shape, lambda *i: tirx.sqrt(var(*i) / count + eps),
                       name="layer_norm_root")
-    return te.compute(x.shape, lambda *i: d(*i) / at_row(root, i), name="layer_norm")
+    return te.compute(x.shape, lambda *i: d(*i) / _at_row(root, axes, i), name="layer_norm")
+
+
+fused_softmax = op("fused_softmax", family="transformer", seeds=("cvmc",), inputs=("x",),
+                   outputs=("y",), types="scalar -> scalar", attrs=(Attr("axes", "ints"),),
+                   # gamma(K + 10) |y| in ULP (one ULP >= u |y| / 2) for K <= 8 (the OpCase)
+                   ulp=40)
+
+
+@fused_softmax.shape
+def _softmax_shape(ins, a):
+    reduce_shape("fused_softmax", [tuple(ins[0].shape)], a)  # checks the axes
+    return tuple(ins[0].shape)
+
+
+@fused_softmax.reference
+def _softmax_reference(xs, a):
+    x, axes = xs[0], tuple(a.axes)
+    d = (x - np.max(x, axis=axes, keepdims=True)).astype(_F32).astype(np.float64)
+    e = np.exp(d).astype(_F32)
+    total = np.sum(e, axis=axes, keepdims=True, dtype=np.float64).astype(_F32)
+    return e.astype(np.float64) / total
+
+
+@fused_softmax.arith
+def _softmax_arith(ins, outs, a):
+    """Per element: max, subtract, exp, sum, divide (GOPS)."""
+    return 5
+
+
+@fused_softmax.lower
+def _softmax_lower(xs, a):
+    from cvmc.ops.reduce import te_reduce
+    from cvmc.ops.te import te, tirx
+
+    x, axes = xs[0], tuple(a.axes)
+    peak = te_reduce(x, axes, True, te.max, "softmax_max")
+    e = te.compute(x.shape, lambda *i: tirx.call_pure_extern(
+        "float32", "expf", x(*i) - _at_row(peak, axes, i)), name="softmax_exp")
+    total = te_reduce(e, axes, True, te.sum, "softmax_sum")
+    return te.compute(x.shape, lambda *i: e(*i) / _at_row(total, axes, i), name="fused_softmax")
+
+
+def _at_row(t, axes, i):
+    """`t` (reduced over `axes`, keepdims) at the row of element index `i`."""
+    return t(*[0 if k in axes else v for k, v in enumerate(i)])

@@ -12,8 +12,12 @@ Matched (NNEF-Tools on PyTorch's decomposed layer_norm, and `moments`-style text
     s = pow(a, 0.5)                              # sqrt
     y = div(d, s)
 
-where every intermediate has no reader outside the chain and is no graph output. The op's
-reference rule is this chain, so the reference interpreter's result is unchanged.
+and NNEF's softmax fragment, expanded, becomes one `fused_softmax` node:
+
+    m = max_reduce(x, axes);  e = exp(sub(x, m));  y = div(e, sum_reduce(e, axes))
+
+where every intermediate has no reader outside the chain and is no graph output. Each op's
+reference rule is its chain, so the reference interpreter's result is unchanged.
 """
 from __future__ import annotations
 
@@ -25,22 +29,25 @@ from cvmc.passes.target import Target
 
 
 def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
-    """Rewrite every matched layer-normalization chain into one `layer_norm` node; the
-    pipeline runs it for llvm."""
+    """Rewrite every matched layer-normalization chain into one `layer_norm` node and every
+    expanded softmax into one `fused_softmax`; the pipeline runs it for llvm."""
     consumers, outputs = graph.consumers(), set(graph.outputs)
     replaced: dict[int, Node] = {}  # id of the chain's last node -> the new node
     dropped: set[int] = set()
     for node in graph.nodes:
-        chain = _layer_norm_chain(graph, node, consumers, outputs)
-        if chain is None or any(id(n) in dropped for n in chain):
+        found = _layer_norm_chain(graph, node, consumers, outputs)
+        if found is not None:
+            attrs = {"epsilon": _constant(graph, found[4].inputs[1])}
+            op = "layer_norm"
+        else:
+            found = _softmax_chain(graph, node, consumers, outputs)
+            attrs, op = {}, "fused_softmax"
+        if found is None or any(id(n) in dropped for n in found):
             continue
-        x, axes, eps = node.inputs[0], node.attrs["axes"], chain[4].inputs[1]
-        last = chain[-1]
-        replaced[id(last)] = Node("layer_norm", (x,), last.outputs,
-                                  {"axes": tuple(axes),
-                                   "epsilon": float(graph.constants[eps].reshape(()))},
-                                  span=last.span)
-        dropped.update(id(n) for n in chain)
+        last = found[-1]
+        replaced[id(last)] = Node(op, (node.inputs[0],), last.outputs,
+                                  {"axes": tuple(node.attrs["axes"]), **attrs}, span=last.span)
+        dropped.update(id(n) for n in found)
     if not replaced:
         return graph
     nodes = [replaced.get(id(n), n) for n in graph.nodes
@@ -55,14 +62,7 @@ def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node
         return None
     x = mean.inputs[0]
 
-    def sole(node: Node, op: str) -> Node | None:
-        """The one reader of `node`'s result, if it is an `op` node and the result is no
-        graph output."""
-        readers = consumers.get(node.outputs[0], [])
-        if node.outputs[0] in outputs or len(readers) != 1 or readers[0].op != op:
-            return None
-        return readers[0]
-
+    sole = _sole_reader(consumers, outputs)
     sub = sole(mean, "sub")
     if sub is None or sub.inputs != (x, mean.outputs[0]) or \
             graph.types[sub.outputs[0]].shape != graph.types[x].shape:
@@ -86,6 +86,42 @@ def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node
     if div is None or div.inputs != (d, root.outputs[0]) or div not in readers:
         return None
     return [mean, sub, square, var, add, root, div]
+
+
+def _softmax_chain(graph: Graph, peak: Node, consumers, outputs) -> list[Node] | None:
+    """[max_reduce, sub, exp, sum_reduce, div] of an expanded softmax starting at `peak`,
+    else None."""
+    if peak.op != "max_reduce":
+        return None
+    x = peak.inputs[0]
+    sole = _sole_reader(consumers, outputs)
+    sub = sole(peak, "sub")
+    if sub is None or sub.inputs != (x, peak.outputs[0]) or \
+            graph.types[sub.outputs[0]].shape != graph.types[x].shape:
+        return None
+    exp = sole(sub, "exp")
+    e = exp and exp.outputs[0]
+    readers = consumers.get(e, []) if e else []
+    if exp is None or e in outputs or len(readers) != 2:
+        return None
+    total = next((r for r in readers if r.op == "sum_reduce"), None)
+    if total is None or total.attrs["normalize"] or total.attrs["axes"] != peak.attrs["axes"]:
+        return None
+    div = sole(total, "div")
+    if div is None or div.inputs != (e, total.outputs[0]) or div not in readers:
+        return None
+    return [peak, sub, exp, total, div]
+
+
+def _sole_reader(consumers, outputs):
+    """`sole(node, op)`: the one reader of `node`'s result, if it is an `op` node and the
+    result is no graph output, else None."""
+    def sole(node: Node, op: str) -> Node | None:
+        readers = consumers.get(node.outputs[0], [])
+        if node.outputs[0] in outputs or len(readers) != 1 or readers[0].op != op:
+            return None
+        return readers[0]
+    return sole
 
 
 def _constant(graph: Graph, name: str) -> float | None:

@@ -698,4 +698,5 @@ def _balanced_rows(shape: tuple[int, int], seed: int) -> tuple[np.ndarray, None]
 # ---- transformer ops (cvmc/passes/transformer.py makes them of exporters' chains) ------
 CASES += [
     OpCase("layer_norm", [_balanced_rows((3, 8), 110)], {"axes": [1], "epsilon": 1e-5}),
+    OpCase("fused_softmax", [frand((2, 3, 8), 111)], {"axes": [2]}),
 ]

@@ -16,7 +16,7 @@ import cvmc
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
-from tests.nnefutil import mean_bound, moments_bound, random_inputs
+from tests.nnefutil import mean_bound, moments_bound, random_inputs, softmax_bound
 
 U = 2.0**-24
 CHAIN = """
@@ -73,21 +73,41 @@ def test_layer_norm_kernel_within_bound_at_any_thread_count(shape, axes):
     feeds["x"] = (feeds["x"] * 4 + 1.5).astype(np.float32)  # a mean far from 0 too
     want = cvmc.reference_run(source, feeds)["y"]
     assert np.array_equal(want, cvmc.reference_run(_fused(_document(shape, axes)), feeds)["y"])
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="cvmc-ln-") as tmp:
-        cvmc.compile(source, Path(tmp) / "m.cvmx", target="llvm")
-        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
-        for threads in (1, 2):
-            cvmc_runtime.set_num_threads(threads)
-            runs.append(model.run(feeds)["y"])
-    os.environ.pop("TVM_NUM_THREADS", None)
-    assert np.array_equal(runs[0], runs[1]), "1 and 2 threads differ"
+    runs = _run_at_1_and_2_threads(source, feeds)
     r = tuple(int(a) for a in axes.split(","))
     n = ((want - feeds["b"]) / feeds["g"]).astype(np.float64)
     # the scale and shift: |g| times the normalized bound, two roundings more
     bound = np.abs(feeds["g"]) * _layer_norm_bound(feeds["x"], r, 1e-5, n) \
         + 4 * U * (np.abs(want) + np.abs(feeds["b"]))
     assert np.all(np.abs(runs[0].astype(np.float64) - want) <= bound)
+
+
+def _run_at_1_and_2_threads(graph, feeds) -> list[np.ndarray]:
+    """The compiled graph's output "y" at 1 and at 2 threads (asserted equal)."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="cvmc-tf-") as tmp:
+        cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm")
+        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
+        for threads in (1, 2):
+            cvmc_runtime.set_num_threads(threads)
+            runs.append(model.run(feeds)["y"])
+    os.environ.pop("TVM_NUM_THREADS", None)
+    assert np.array_equal(runs[0], runs[1]), "1 and 2 threads differ"
+    return runs
+
+
+def test_softmax_becomes_one_kernel_within_bound():
+    text = ("version 1.0;\ngraph G( x ) -> ( y )\n{\n"
+            "    x = external<scalar>(shape = [2, 4, 77]);\n"
+            "    y = softmax(x, axes = [2]);\n}\n")
+    source = parse_nnef(text, "sm.nnef")
+    g = _fused(text)
+    assert [n.op for n in g.nodes] == ["fused_softmax"]
+    feeds = {"x": (random_inputs(source)["x"] * 8).astype(np.float32)}
+    want = cvmc.reference_run(source, feeds)["y"]
+    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
+    got = _run_at_1_and_2_threads(source, feeds)[0]
+    assert np.all(np.abs(got.astype(np.float64) - want) <= softmax_bound(want, 77))
 
 
 def test_chain_with_an_outside_reader_is_left_alone():
