@@ -29,6 +29,7 @@ import math
 
 import numpy as np
 
+from cvmc.ops.nnef_math import FORMULAS
 from cvmc.ops.nnef_std import reduce_shape
 from cvmc.ops.registry import Attr, Fusion, op
 
@@ -132,3 +133,65 @@ def _softmax_lower(xs, a):
 def _at_row(t, axes, i):
     """`t` (reduced over `axes`, keepdims) at the row of element index `i`."""
     return t(*[0 if k in axes else v for k, v in enumerate(i)])
+
+
+
+# ---- gelu_erf -----------------------------------------------------------------------------
+# A template: "x", ("const", value) or (op, *operands); the ops are NNEF element-wise ones.
+def _c(v: float) -> tuple:
+    return ("const", float(_F32(v)))
+
+
+_Z = ("div", "x", _c(1.4142135381698608))
+_T = ("div", _c(1.0), ("add", _c(1.0), ("mul", _c(0.3275910914), ("nnef.abs", _Z))))
+_POLY = _c(1.0614054203)
+for _coef in (-1.4531520605, 1.4214137793, -0.2844967246, 0.2548295856):
+    _POLY = ("add", ("mul", _POLY, _T), _c(_coef))
+_ERF = ("mul", ("sign", _Z), ("sub", _c(1.0), ("mul", ("mul", _POLY, _T),
+                                               ("exp", ("mul", ("neg", _Z), _Z)))))
+GELU_ERF = ("mul", ("mul", "x", ("add", _ERF, _c(1.0))), _c(0.5))
+
+
+def evaluate_template(template, x, const, apply):
+    """`template` on `x`: constants by `const(value)`, each op by `apply(op, operands)`;
+    a subexpression that occurs several times is computed once."""
+    memo: dict[int, object] = {}
+
+    def walk(t):
+        if t == "x":
+            return x
+        if t[0] == "const":
+            return const(t[1])
+        if id(t) not in memo:
+            memo[id(t)] = apply(t[0], [walk(a) for a in t[1:]])
+        return memo[id(t)]
+    return walk(template)
+
+
+gelu_erf = op("gelu_erf", family="transformer", seeds=("cvmc",), inputs=("x",),
+              outputs=("y",), types="scalar -> scalar", fusion=Fusion.ELEMWISE)
+gelu_erf.shape(lambda ins, a: tuple(ins[0].shape))
+
+
+@gelu_erf.reference
+def _gelu_reference(xs, a):
+    # each op's formula in float64, rounded to float32, as the interpreter runs the chain
+    return evaluate_template(GELU_ERF, xs[0], np.float64,
+                             lambda o, v: np.float64(FORMULAS[o][0](*v)).astype(_F32)
+                             .astype(np.float64))
+
+
+@gelu_erf.arith
+def _gelu_arith(ins, outs, a):
+    """The chain's 21 element-wise ops (GOPS)."""
+    return 21
+
+
+@gelu_erf.lower
+def _gelu_lower(xs, a):
+    from cvmc.ops.te import te, tirx
+
+    x = xs[0]
+    return te.compute(x.shape, lambda *i: evaluate_template(
+        GELU_ERF, x(*i), lambda v: tirx.const(v, "float32"),
+        lambda o, v: FORMULAS[o][1](*v)), name="gelu_erf")

@@ -1,6 +1,7 @@
 """Transformer patterns as single ops (`cvmc/ops/transformer.py`): the chains an exporter
 writes for a layer normalization become one `layer_norm` node, so the compiled model runs
-one kernel (with the scale and shift fused under it) instead of seven.
+one kernel (with the scale and shift fused under it) instead of seven; softmax and GELU
+likewise (one kernel instead of four, and of three or four).
 
 Matched (NNEF-Tools on PyTorch's decomposed layer_norm, and `moments`-style text):
 
@@ -16,7 +17,8 @@ and NNEF's softmax fragment, expanded, becomes one `fused_softmax` node:
 
     m = max_reduce(x, axes);  e = exp(sub(x, m));  y = div(e, sum_reduce(e, axes))
 
-where every intermediate has no reader outside the chain and is no graph output. Each op's
+and GELU in its erf form, with NNEF-Tools' erf fragment expanded (`GELU_ERF`, 21 ops), one
+`gelu_erf`; in each, every intermediate has no reader outside the chain and is no graph output. Each op's
 reference rule is its chain, so the reference interpreter's result is unchanged.
 """
 from __future__ import annotations
@@ -25,28 +27,32 @@ import numpy as np
 
 from cvmc.ir import Graph, Node
 from cvmc.ops.infer import retype
+from cvmc.ops.transformer import GELU_ERF
 from cvmc.passes.target import Target
 
 
 def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
-    """Rewrite every matched layer-normalization chain into one `layer_norm` node and every
-    expanded softmax into one `fused_softmax`; the pipeline runs it for llvm."""
+    """Rewrite every matched layer-normalization chain into one `layer_norm` node, every
+    expanded softmax into one `fused_softmax` and every erf-form GELU into one `gelu_erf`;
+    the pipeline runs it for llvm."""
     consumers, outputs = graph.consumers(), set(graph.outputs)
     replaced: dict[int, Node] = {}  # id of the chain's last node -> the new node
     dropped: set[int] = set()
+    producers = graph.producers()
     for node in graph.nodes:
+        op, x, attrs = "layer_norm", node.inputs[0] if node.inputs else None, {}
         found = _layer_norm_chain(graph, node, consumers, outputs)
         if found is not None:
-            attrs = {"epsilon": _constant(graph, found[4].inputs[1])}
-            op = "layer_norm"
-        else:
-            found = _softmax_chain(graph, node, consumers, outputs)
-            attrs, op = {}, "fused_softmax"
+            attrs = {"axes": tuple(node.attrs["axes"]),
+                     "epsilon": _constant(graph, found[4].inputs[1])}
+        elif (found := _softmax_chain(graph, node, consumers, outputs)) is not None:
+            op, attrs = "fused_softmax", {"axes": tuple(node.attrs["axes"])}
+        elif (gelu := _gelu_erf(graph, node, producers, consumers, outputs)) is not None:
+            op, (x, found) = "gelu_erf", gelu
         if found is None or any(id(n) in dropped for n in found):
             continue
         last = found[-1]
-        replaced[id(last)] = Node(op, (node.inputs[0],), last.outputs,
-                                  {"axes": tuple(node.attrs["axes"]), **attrs}, span=last.span)
+        replaced[id(last)] = Node(op, (x,), last.outputs, attrs, span=last.span)
         dropped.update(id(n) for n in found)
     if not replaced:
         return graph
@@ -111,6 +117,51 @@ def _softmax_chain(graph: Graph, peak: Node, consumers, outputs) -> list[Node] |
     if div is None or div.inputs != (e, total.outputs[0]) or div not in readers:
         return None
     return [peak, sub, exp, total, div]
+
+
+def _gelu_erf(graph: Graph, root: Node, producers, consumers, outputs):
+    """(x, the chain's nodes in graph order) of a GELU (`GELU_ERF`) whose last op is `root`,
+    else None. Every node but the last is read inside the chain only and is no output."""
+    if root.op != "mul":
+        return None
+    bind: dict[str, str] = {}
+    matched: dict[int, Node] = {}
+    if not _match(graph, producers, root.outputs[0], GELU_ERF, bind, matched):
+        return None
+    x = bind["x"]
+    inside = set(matched)
+    for node in matched.values():
+        if node is root:
+            continue
+        value = node.outputs[0]
+        if value in outputs or any(id(c) not in inside for c in consumers.get(value, [])):
+            return None
+    if graph.types[x].shape != graph.types[root.outputs[0]].shape:
+        return None
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    return x, sorted(matched.values(), key=lambda n: order[id(n)])
+
+
+def _match(graph: Graph, producers, value: str, pattern, bind: dict, matched: dict) -> bool:
+    """True if `value` is computed as `pattern` (a template of `cvmc.ops.transformer`;
+    add and mul either way round), binding "x" in `bind` and the nodes in `matched`."""
+    if pattern == "x":
+        return bind.setdefault("x", value) == value
+    if pattern[0] == "const":
+        c = _constant(graph, value)
+        return c is not None and np.float32(c) == np.float32(pattern[1])
+    node = producers.get(value)
+    if node is None or node.op != pattern[0] or len(node.inputs) != len(pattern) - 1:
+        return False
+    operands = pattern[1:]
+    for order in (operands, operands[::-1]) if node.op in ("add", "mul") else (operands,):
+        b, m = dict(bind), dict(matched)
+        if all(_match(graph, producers, v, p, b, m) for v, p in zip(node.inputs, order)):
+            bind.update(b)
+            matched.update(m)
+            matched[id(node)] = node
+            return True
+    return False
 
 
 def _sole_reader(consumers, outputs):

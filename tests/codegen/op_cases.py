@@ -699,4 +699,6 @@ def _balanced_rows(shape: tuple[int, int], seed: int) -> tuple[np.ndarray, None]
 CASES += [
     OpCase("layer_norm", [_balanced_rows((3, 8), 110)], {"axes": [1], "epsilon": 1e-5}),
     OpCase("fused_softmax", [frand((2, 3, 8), 111)], {"axes": [2]}),
+    # its bound, 64 u |x| (cvmc/ops/transformer.py), within gamma(128) gelu_erf(|x|) >= 64 u |x|
+    OpCase("gelu_erf", [frand((4, 33), 112)], terms=126),
 ]

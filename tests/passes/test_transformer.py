@@ -4,6 +4,7 @@ compiled result stays within layer_norm's bound of the reference (the chain), wi
 same bits at 1 and 2 threads; chains that differ are left alone."""
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -108,6 +109,49 @@ def test_softmax_becomes_one_kernel_within_bound():
     assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
     got = _run_at_1_and_2_threads(source, feeds)[0]
     assert np.all(np.abs(got.astype(np.float64) - want) <= softmax_bound(want, 77))
+
+
+# GELU as NNEF-Tools converts PyTorch's nn.GELU() (ONNX Div, Erf, Add, Mul, Mul), with
+# its erf fragment verbatim
+GELU = """version 1.0;
+extension KHR_enable_fragment_definitions;
+extension KHR_enable_operator_expressions;
+fragment erf( x: tensor<scalar> ) -> ( y: tensor<scalar> )
+{
+    t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    z = 1.0 - (((((1.061405429 * t + -1.453152027) * t) + 1.421413741) * t + -0.284496736)
+        * t + 0.254829592) * t * exp(-x * x);
+    y = sign(x) * z;
+}
+graph G( x ) -> ( y )
+{
+    x = external<scalar>(shape = [3, 40]);
+    d = div(x, 1.4142135381698608);
+    e = erf(d);
+    a = add(e, 1.0);
+    m = mul(x, a);
+    y = mul(m, 0.5);
+}
+"""
+
+
+def test_gelu_erf_becomes_one_op_within_bound():
+    source = parse_nnef(GELU, "gelu.nnef")
+    g = _fused(GELU)
+    assert [n.op for n in g.nodes] == ["gelu_erf"]
+    feeds = {"x": (random_inputs(source)["x"] * 3).astype(np.float32)}
+    want = cvmc.reference_run(source, feeds)["y"]
+    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
+    got = _run_at_1_and_2_threads(source, feeds)[0]
+    x = feeds["x"].astype(np.float64)
+    assert np.all(np.abs(got - want) <= 64 * U * np.abs(x))  # and it is GELU: A&S 7.1.26 is within 1.5e-7
+    exact = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    assert np.all(np.abs(want - exact) <= 1e-6 * (1 + np.abs(x)))
+
+
+def test_gelu_with_another_constant_is_left_alone():
+    text = GELU.replace("y = mul(m, 0.5);", "y = mul(m, 0.25);")
+    assert "gelu_erf" not in [n.op for n in _fused(text).nodes]
 
 
 def test_chain_with_an_outside_reader_is_left_alone():
