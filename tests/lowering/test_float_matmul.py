@@ -88,3 +88,12 @@ def test_constant_transposed_weight_is_transposed_at_compile_time():
     w = graph.constants[mm.inputs[1]]
     assert w.shape == (40, 32)
     assert not any(n.op == "nnef.transpose" for n in graph.nodes)
+
+
+def test_avx512_row_takes_matmul_on_an_avx512_cpu():
+    """Built (not run: this machine may lack AVX-512) for an AVX-512 CPU: its row."""
+    with tempfile.TemporaryDirectory(prefix="cvmc-mm-") as tmp:
+        result = cvmc.compile(_graph("linear-bias-relu"), Path(tmp) / "m.cvmx", target="llvm",
+                              mcpu="skylake-avx512")
+    assert [k["schedule"] for k in result.plan["kernels"] if "matmul" in k["ops"]] == \
+        ["x86-avx512-matmul"]
