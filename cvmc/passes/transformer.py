@@ -44,7 +44,7 @@ def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
         found = _layer_norm_chain(graph, node, consumers, outputs)
         if found is not None:
             attrs = {"axes": tuple(node.attrs["axes"]),
-                     "epsilon": _constant(graph, found[4].inputs[1])}
+                     "epsilon": _constant(graph, found[-3].inputs[1])}
         elif (found := _softmax_chain(graph, node, consumers, outputs)) is not None:
             op, attrs = "fused_softmax", {"axes": tuple(node.attrs["axes"])}
         elif (gelu := _gelu_erf(graph, node, producers, consumers, outputs)) is not None:
@@ -62,22 +62,22 @@ def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
 
 
 def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node] | None:
-    """[mean, sub, pow, var, add, pow, div] of a layer normalization starting at `mean`,
-    else None."""
+    """[mean, sub (one, or two computing x - mean alike, as `moments` text has), pow, var,
+    add, pow, div] of a layer normalization starting at `mean`, else None."""
     if mean.op != "sum_reduce" or not mean.attrs["normalize"]:
         return None
-    x = mean.inputs[0]
-
+    x, m = mean.inputs[0], mean.outputs[0]
+    subs = consumers.get(m, [])
+    if m in outputs or len(subs) not in (1, 2) or any(
+            s.op != "sub" or s.inputs != (x, m) or s.outputs[0] in outputs or
+            graph.types[s.outputs[0]].shape != graph.types[x].shape for s in subs):
+        return None
+    centered = [s.outputs[0] for s in subs]
+    readers = [r for d in centered for r in consumers.get(d, [])]
+    if len(readers) != 2:
+        return None
     sole = _sole_reader(consumers, outputs)
-    sub = sole(mean, "sub")
-    if sub is None or sub.inputs != (x, mean.outputs[0]) or \
-            graph.types[sub.outputs[0]].shape != graph.types[x].shape:
-        return None
-    d = sub.outputs[0]
-    readers = consumers.get(d, [])
-    if d in outputs or len(readers) != 2:
-        return None
-    square = next((r for r in readers if r.op == "pow" and r.inputs[0] == d
+    square = next((r for r in readers if r.op == "pow" and r.inputs[0] in centered
                    and _constant(graph, r.inputs[1]) == 2.0), None)
     var = square and sole(square, "sum_reduce")
     if var is None or not var.attrs["normalize"] or var.attrs["axes"] != mean.attrs["axes"]:
@@ -89,9 +89,10 @@ def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node
     if root is None or _constant(graph, root.inputs[1]) != 0.5:
         return None
     div = sole(root, "div")
-    if div is None or div.inputs != (d, root.outputs[0]) or div not in readers:
+    if div is None or div.inputs[0] not in centered or div.inputs[1] != root.outputs[0] or \
+            div not in readers:
         return None
-    return [mean, sub, square, var, add, root, div]
+    return [mean, *subs, square, var, add, root, div]
 
 
 def _softmax_chain(graph: Graph, peak: Node, consumers, outputs) -> list[Node] | None:

@@ -154,6 +154,15 @@ def test_gelu_with_another_constant_is_left_alone():
     assert "gelu_erf" not in [n.op for n in _fused(text).nodes]
 
 
+def test_moments_form_with_two_subtractions_becomes_layer_norm():
+    text = _document().replace("    n = div(d, s);", "    c = sub(x, m);\n    n = div(c, s);")
+    source, g = parse_nnef(text, "ln.nnef"), _fused(text)
+    assert [n.op for n in g.nodes] == ["layer_norm", "mul", "add"]
+    feeds = random_inputs(source)
+    assert np.array_equal(cvmc.reference_run(source, feeds)["y"],
+                          cvmc.reference_run(g, feeds)["y"])
+
+
 def test_chain_with_an_outside_reader_is_left_alone():
     g = _fused(_document(extra_output="d"))
     assert "layer_norm" not in [n.op for n in g.nodes]
