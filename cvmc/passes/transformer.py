@@ -18,8 +18,9 @@ and NNEF's softmax fragment, expanded, becomes one `fused_softmax` node:
     m = max_reduce(x, axes);  e = exp(sub(x, m));  y = div(e, sum_reduce(e, axes))
 
 and GELU in its erf form, with NNEF-Tools' erf fragment expanded (`GELU_ERF`, 21 ops), one
-`gelu_erf`; in each, every intermediate has no reader outside the chain and is no graph output. Each op's
-reference rule is its chain, so the reference interpreter's result is unchanged.
+`gelu_erf`. In each, every intermediate has no reader outside the chain and is no graph
+output. Each op's reference rule is its chain: the reference interpreter's result is the
+same bits.
 """
 from __future__ import annotations
 
