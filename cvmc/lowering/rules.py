@@ -22,6 +22,7 @@ from cvmc.lowering.schedule import (
     schedule_layout_transform,
 )
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
+from cvmc.lowering.x86_matmul import schedule_matmul
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.target import Target
 
@@ -49,6 +50,14 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),
     # NNEF max_pool (the simplify pass's max_window): columns in lanes, window unrolled.
     ScheduleRule("cpu-max-window", "nnef.max_window", (), schedule_max_window),
+    # Float matmul (and linear, its weight transposed back at compile time): a register
+    # tile of rows x 1-2 vectors of columns over the whole K loop, epilogue under it.
+    ScheduleRule("x86-avx512-matmul", "matmul", ("avx512f",),
+                 functools.partial(schedule_matmul, lanes=16, registers=32)),
+    ScheduleRule("x86-avx2-matmul", "matmul", ("avx2", "fma"),
+                 functools.partial(schedule_matmul, lanes=8, registers=16)),
+    ScheduleRule("cpu-matmul", "matmul", (), functools.partial(schedule_matmul, lanes=4,
+                                                                  registers=16)),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]

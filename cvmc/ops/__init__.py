@@ -14,6 +14,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     onednn,
     reduce,
     transform,
+    transformer,
     vision,
 )
 from cvmc.ops.registry import Attrs, OpDef, all_ops, check_registry, lookup

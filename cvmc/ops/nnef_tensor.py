@@ -52,7 +52,7 @@ from cvmc.ops.nnef_std import (
     update_shape,
 )
 from cvmc.ops.reduce import te_reduce
-from cvmc.ops.registry import Attr, lookup
+from cvmc.ops.registry import Attr, Fusion, lookup
 from cvmc.ops.transform import ravel, reshape_like, te_concat, te_gather, types_of
 
 # ---- the entries' declarations (their shape rules: nnef_std) ----------------------------
@@ -70,7 +70,9 @@ for _name in ("argmax_reduce", "argmin_reduce"):
                            "stored as int32")
 
 declare("matmul", matmul_shape, ("A", "B"), "scalar, scalar -> scalar",
-        (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",))
+        (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",),
+        # its kernel takes the element-wise epilogue (bias, activation) under its tile
+        fusion=Fusion.OUT_ELEMWISE)
 
 declare("nnef.reshape", reshape_shape, ("input",), "? -> ?",
         (ints_attr("shape"), Attr("axis_start", "int", 0, lo=0),

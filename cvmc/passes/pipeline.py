@@ -9,8 +9,10 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
+from cvmc.passes.matmul_weights import untranspose_matmul_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants, simplify_float
 from cvmc.passes.target import Target
+from cvmc.passes.transformer import fuse_transformer
 
 # Whether each pass's result is checked against the op rules (`cvmc.ops.infer.verify`)
 # too, not only structurally: the tests set it (CVMC_VERIFY_TYPES=1); compiling does not
@@ -30,6 +32,12 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
     # below).
     ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
+    # Transformer chains an exporter decomposed (layer normalization) become one op each,
+    # one kernel instead of seven (cvmc/passes/transformer.py).
+    ("fuse-transformer", fuse_transformer, ("llvm",)),
+    # A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
+    # so that the CPU kernel reads weight rows along its vector of output columns.
+    ("untranspose-matmul-weights", untranspose_matmul_weights, ("llvm",)),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
     ("fold-constants", fold_constants, ()),
     # The stdlib's float max / min / clamp / max_pool, expanded by the frontend into

@@ -726,3 +726,20 @@ def specs() -> dict[str, so.Spec]:
 def exports() -> dict[str, tuple[list, dict]]:
     """Every CVM-Runtime op's node in the JSON export round trip, from its test record."""
     return {c.op: c.export for c in CASES if c.export is not None}
+
+
+def _balanced_rows(shape: tuple[int, int], seed: int) -> tuple[np.ndarray, None]:
+    """Rows of 2 + U[0, 1) with half of each row negated: every |x - mean(row)| >= 1.5, so
+    layer_norm's bound (cvmc/ops/transformer.py) is within its entry's ULP."""
+    rng = np.random.default_rng(seed)
+    x = (2 + rng.random(shape)) * np.where(np.arange(shape[1]) % 2, -1, 1)
+    return rng.permuted(x, axis=1).astype(np.float32), None
+
+
+# ---- transformer ops (cvmc/passes/transformer.py makes them of exporters' chains) ------
+CASES += [
+    OpCase("layer_norm", [_balanced_rows((3, 8), 110)], {"axes": [1], "epsilon": 1e-5}),
+    OpCase("fused_softmax", [frand((2, 3, 8), 111)], {"axes": [2]}),
+    # its bound, 64 u |x| (cvmc/ops/transformer.py), within gamma(128) gelu_erf(|x|) >= 64 u |x|
+    OpCase("gelu_erf", [frand((4, 33), 112)], terms=126),
+]

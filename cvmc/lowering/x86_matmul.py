@@ -1,0 +1,73 @@
+"""CPU schedules of float matmul kernels (NNEF matmul, batched; `linear` once its weight is
+transposed back at compile time, `cvmc.passes.matmul_weights`), with their element-wise
+epilogue (bias, activation) computed under the register tile.
+
+The tile: `rows` rows of A times `cols` columns of B (one or two vector registers per row)
+accumulate in registers while the whole K loop runs inside: each step broadcasts one
+element of A per row and loads one row segment of B. The parallel loop runs over the tiles,
+column panels outside row blocks, so consecutive tiles of a thread read the same K x cols
+panel of B from cache. Each output element is the sum of its K products in the order k =
+0, 1, ... whatever the thread count: the same bits at any TVM_NUM_THREADS.
+"""
+from __future__ import annotations
+
+from cvmc.lowering.schedule import (
+    _root_blocks,
+    _try,
+    inline_all,
+    largest_divisor,
+    uses,
+    vectorize_under,
+)
+
+_REDUCTION = 2  # tirx IterVar.iter_type of a reduction iterator
+# Registers kept free of accumulators: the broadcast A element and the B row segments.
+_SPARE_REGISTERS = 4
+
+
+def _matmul_block(sch, func_name: str):
+    """The kernel's one reduction block, if it is a matmul: iterators (*batch, i, j, k),
+    k the only reduction, and some read's innermost index walks j (B's row)."""
+    blocks = [b for b in _root_blocks(sch, func_name)
+              if any(it.iter_type == _REDUCTION for it in sch.get(b).iter_vars)]
+    if len(blocks) != 1:
+        raise ValueError("not one reduction block")
+    block = blocks[0]
+    iters = sch.get(block).iter_vars
+    kinds = [it.iter_type for it in iters]
+    if len(iters) < 3 or kinds[-1] != _REDUCTION or _REDUCTION in kinds[:-1]:
+        raise ValueError("not a matmul block")
+    j = iters[-2].var
+    reads = [r for r in sch.get(block).reads
+             if not any(r.source.same_as(w.source) for w in sch.get(block).writes)]
+    if not any(uses(r.region[-1].min, j) for r in reads):
+        raise ValueError("B is read across its rows (transposeB)")
+    return block
+
+
+def schedule_matmul(sch, func_name: str, lanes: int, registers: int) -> None:
+    """Register-tile the matmul block of `func_name` for vectors of `lanes` float32 and
+    `registers` vector registers; ValueError where it does not fit (N not whole vectors)."""
+    inline_all(sch, func_name)
+    block = _matmul_block(sch, func_name)
+    *batch, i, j, k = sch.get_loops(block)
+    m, n = int(sch.get(i).extent), int(sch.get(j).extent)
+    if n % lanes:
+        raise ValueError(f"{n} columns are not whole vectors of {lanes}")
+    per_row = 2 if n % (2 * lanes) == 0 else 1
+    rows = largest_divisor(m, (registers - _SPARE_REGISTERS) // per_row)
+    io, ii = sch.split(i, [None, rows])
+    jo, ji = sch.split(j, [None, per_row * lanes])
+    sch.reorder(*batch, jo, io, k, ii, ji)
+    # Accumulate in a tile-sized local buffer; its write-back folds into the epilogue
+    # (when the matmul result is itself a kernel output it stays a block of its own).
+    write_back = sch.cache_write(block, 0, "local")
+    _try(sch, lambda s: s.compute_inline(write_back))
+    fused = sch.fuse(*batch, jo, io)
+    sch.parallel(fused)
+    for consumer in sch.get_consumers(block):
+        sch.reverse_compute_at(consumer, fused)
+        vectorize_under(sch, consumer, fused)
+    sch.unroll(ii)
+    sch.vectorize(ji)
+    sch.decompose_reduction(block, k)

@@ -1,0 +1,185 @@
+"""Transformer patterns as single ops (`cvmc/ops/transformer.py`): the chains an exporter
+writes for a layer normalization become one `layer_norm` node, so the compiled model runs
+one kernel (with the scale and shift fused under it) instead of seven; softmax and GELU
+likewise (one kernel instead of four, and of three or four).
+
+Matched (NNEF-Tools on PyTorch's decomposed layer_norm, and `moments`-style text):
+
+    m = sum_reduce(x, axes, normalize = true)   # mean_reduce
+    d = sub(x, m)
+    p = pow(d, 2.0)                              # sqr
+    v = sum_reduce(p, axes, normalize = true)
+    a = add(v, eps)                              # eps: a constant of one element
+    s = pow(a, 0.5)                              # sqrt
+    y = div(d, s)
+
+and NNEF's softmax fragment, expanded, becomes one `fused_softmax` node:
+
+    m = max_reduce(x, axes);  e = exp(sub(x, m));  y = div(e, sum_reduce(e, axes))
+
+and GELU in its erf form, with NNEF-Tools' erf fragment expanded (`GELU_ERF`, 21 ops), one
+`gelu_erf`. In each, every intermediate has no reader outside the chain and is no graph
+output. Each op's reference rule is its chain: the reference interpreter's result is the
+same bits.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cvmc.ir import Graph, Node
+from cvmc.ops.infer import retype
+from cvmc.ops.transformer import GELU_ERF
+from cvmc.passes.target import Target
+
+
+def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
+    """Rewrite every matched layer-normalization chain into one `layer_norm` node, every
+    expanded softmax into one `fused_softmax` and every erf-form GELU into one `gelu_erf`;
+    the pipeline runs it for llvm."""
+    consumers, outputs = graph.consumers(), set(graph.outputs)
+    replaced: dict[int, Node] = {}  # id of the chain's last node -> the new node
+    dropped: set[int] = set()
+    producers = graph.producers()
+    for node in graph.nodes:
+        op, x, attrs = "layer_norm", node.inputs[0] if node.inputs else None, {}
+        found = _layer_norm_chain(graph, node, consumers, outputs)
+        if found is not None:
+            attrs = {"axes": tuple(node.attrs["axes"]),
+                     "epsilon": _constant(graph, found[-3].inputs[1])}
+        elif (found := _softmax_chain(graph, node, consumers, outputs)) is not None:
+            op, attrs = "fused_softmax", {"axes": tuple(node.attrs["axes"])}
+        elif (gelu := _gelu_erf(graph, node, producers, consumers, outputs)) is not None:
+            op, (x, found) = "gelu_erf", gelu
+        if found is None or any(id(n) in dropped for n in found):
+            continue
+        last = found[-1]
+        replaced[id(last)] = Node(op, (x,), last.outputs, attrs, span=last.span)
+        dropped.update(id(n) for n in found)
+    if not replaced:
+        return graph
+    nodes = [replaced.get(id(n), n) for n in graph.nodes
+             if id(n) in replaced or id(n) not in dropped]
+    return retype(graph.replace(nodes=nodes))
+
+
+def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node] | None:
+    """[mean, sub (one, or two computing x - mean alike, as `moments` text has), pow, var,
+    add, pow, div] of a layer normalization starting at `mean`, else None."""
+    if mean.op != "sum_reduce" or not mean.attrs["normalize"]:
+        return None
+    x, m = mean.inputs[0], mean.outputs[0]
+    subs = consumers.get(m, [])
+    if m in outputs or len(subs) not in (1, 2) or any(
+            s.op != "sub" or s.inputs != (x, m) or s.outputs[0] in outputs or
+            graph.types[s.outputs[0]].shape != graph.types[x].shape for s in subs):
+        return None
+    centered = [s.outputs[0] for s in subs]
+    readers = [r for d in centered for r in consumers.get(d, [])]
+    if len(readers) != 2:
+        return None
+    sole = _sole_reader(consumers, outputs)
+    square = next((r for r in readers if r.op == "pow" and r.inputs[0] in centered
+                   and _constant(graph, r.inputs[1]) == 2.0), None)
+    var = square and sole(square, "sum_reduce")
+    if var is None or not var.attrs["normalize"] or var.attrs["axes"] != mean.attrs["axes"]:
+        return None
+    add = sole(var, "add")
+    if add is None or add.inputs[0] != var.outputs[0] or _constant(graph, add.inputs[1]) is None:
+        return None
+    root = sole(add, "pow")
+    if root is None or _constant(graph, root.inputs[1]) != 0.5:
+        return None
+    div = sole(root, "div")
+    if div is None or div.inputs[0] not in centered or div.inputs[1] != root.outputs[0] or \
+            div not in readers:
+        return None
+    return [mean, *subs, square, var, add, root, div]
+
+
+def _softmax_chain(graph: Graph, peak: Node, consumers, outputs) -> list[Node] | None:
+    """[max_reduce, sub, exp, sum_reduce, div] of an expanded softmax starting at `peak`,
+    else None."""
+    if peak.op != "max_reduce":
+        return None
+    x = peak.inputs[0]
+    sole = _sole_reader(consumers, outputs)
+    sub = sole(peak, "sub")
+    if sub is None or sub.inputs != (x, peak.outputs[0]) or \
+            graph.types[sub.outputs[0]].shape != graph.types[x].shape:
+        return None
+    exp = sole(sub, "exp")
+    e = exp and exp.outputs[0]
+    readers = consumers.get(e, []) if e else []
+    if exp is None or e in outputs or len(readers) != 2:
+        return None
+    total = next((r for r in readers if r.op == "sum_reduce"), None)
+    if total is None or total.attrs["normalize"] or total.attrs["axes"] != peak.attrs["axes"]:
+        return None
+    div = sole(total, "div")
+    if div is None or div.inputs != (e, total.outputs[0]) or div not in readers:
+        return None
+    return [peak, sub, exp, total, div]
+
+
+def _gelu_erf(graph: Graph, root: Node, producers, consumers, outputs):
+    """(x, the chain's nodes in graph order) of a GELU (`GELU_ERF`) whose last op is `root`,
+    else None. Every node but the last is read inside the chain only and is no output."""
+    if root.op != "mul":
+        return None
+    bind: dict[str, str] = {}
+    matched: dict[int, Node] = {}
+    if not _match(graph, producers, root.outputs[0], GELU_ERF, bind, matched):
+        return None
+    x = bind["x"]
+    inside = set(matched)
+    for node in matched.values():
+        if node is root:
+            continue
+        value = node.outputs[0]
+        if value in outputs or any(id(c) not in inside for c in consumers.get(value, [])):
+            return None
+    if graph.types[x].shape != graph.types[root.outputs[0]].shape:
+        return None
+    order = {id(n): k for k, n in enumerate(graph.nodes)}
+    return x, sorted(matched.values(), key=lambda n: order[id(n)])
+
+
+def _match(graph: Graph, producers, value: str, pattern, bind: dict, matched: dict) -> bool:
+    """True if `value` is computed as `pattern` (a template of `cvmc.ops.transformer`;
+    add and mul either way round), binding "x" in `bind` and the nodes in `matched`."""
+    if pattern == "x":
+        return bind.setdefault("x", value) == value
+    if pattern[0] == "const":
+        c = _constant(graph, value)
+        return c is not None and np.float32(c) == np.float32(pattern[1])
+    node = producers.get(value)
+    if node is None or node.op != pattern[0] or len(node.inputs) != len(pattern) - 1:
+        return False
+    operands = pattern[1:]
+    for order in (operands, operands[::-1]) if node.op in ("add", "mul") else (operands,):
+        b, m = dict(bind), dict(matched)
+        if all(_match(graph, producers, v, p, b, m) for v, p in zip(node.inputs, order)):
+            bind.update(b)
+            matched.update(m)
+            matched[id(node)] = node
+            return True
+    return False
+
+
+def _sole_reader(consumers, outputs):
+    """`sole(node, op)`: the one reader of `node`'s result, if it is an `op` node and the
+    result is no graph output, else None."""
+    def sole(node: Node, op: str) -> Node | None:
+        readers = consumers.get(node.outputs[0], [])
+        if node.outputs[0] in outputs or len(readers) != 1 or readers[0].op != op:
+            return None
+        return readers[0]
+    return sole
+
+
+def _constant(graph: Graph, name: str) -> float | None:
+    """The value of a one-element float constant `name`, else None."""
+    value = graph.constants.get(name)
+    if value is None or value.size != 1 or value.dtype != np.float32:
+        return None
+    return float(value.reshape(()))

@@ -1,0 +1,174 @@
+"""The fuse-transformer pass: PyTorch's decomposed layer normalization, as NNEF-Tools
+writes it, becomes one layer_norm node and one kernel with its scale and shift; the
+compiled result stays within layer_norm's bound of the reference (the chain), with the
+same bits at 1 and 2 threads; chains that differ are left alone."""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import cvmc_runtime
+import numpy as np
+import pytest
+
+import cvmc
+from cvmc.frontend.nnef import parse_nnef
+from cvmc.passes.pipeline import run_pipeline
+from cvmc.passes.target import Target
+from tests.nnefutil import mean_bound, moments_bound, random_inputs, softmax_bound
+
+U = 2.0**-24
+CHAIN = """
+    m = mean_reduce(x, axes = [{axes}]);
+    d = sub(x, m);
+    p = pow(d, 2.0);
+    v = mean_reduce(p, axes = [{axes}]);
+    a = add(v, 1e-5);
+    s = sqrt(a);
+    n = div(d, s);
+    q = mul(n, g);
+    y = add(q, b);
+"""
+
+
+def _document(shape=(2, 5, 48), axes="2", extra_output: str = "") -> str:
+    scale = [1 if i != len(shape) - 1 else shape[-1] for i in range(len(shape))]
+    outputs = ", ".join(["y", *([extra_output] if extra_output else [])])
+    return (f"version 1.0;\ngraph G( x, g, b ) -> ( {outputs} )\n{{\n"
+            f"    x = external<scalar>(shape = {list(shape)});\n"
+            f"    g = external<scalar>(shape = {scale});\n"
+            f"    b = external<scalar>(shape = {scale});\n"
+            f"{CHAIN.format(axes=axes)}}}\n")
+
+
+def _fused(text: str):
+    return run_pipeline(parse_nnef(text, "ln.nnef"), target=Target.make("llvm", "znver3"))
+
+
+def _layer_norm_bound(x: np.ndarray, axes: tuple[int, ...], eps: float, y: np.ndarray):
+    """cvmc/ops/transformer.py's bound on |layer_norm - reference|: (dm + 2u|d|) / s +
+    |y| (dv / (2 (v + eps)) + 4u), from the mean's and the variance's bounds."""
+    x64 = x.astype(np.float64)
+    mean = np.mean(x64, axis=axes, keepdims=True)
+    d = x64 - mean
+    v = np.mean(d * d, axis=axes, keepdims=True)
+    s = np.sqrt(v + eps)
+    dm, dv = mean_bound(x, axes), moments_bound(x, axes, mean)
+    return (dm + 2 * U * np.abs(d)) / s + np.abs(y) * (dv / (2 * (v + eps)) + 4 * U)
+
+
+def test_decomposed_layer_norm_becomes_one_kernel():
+    g = _fused(_document())
+    assert [n.op for n in g.nodes] == ["layer_norm", "mul", "add"]
+    assert g.kernels == [[n.name for n in g.nodes]]
+    assert g.nodes[0].attrs["axes"] == (2,)
+    assert g.nodes[0].attrs["epsilon"] == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("shape,axes", [((2, 5, 48), "2"), ((3, 4, 6), "1, 2")])
+def test_layer_norm_kernel_within_bound_at_any_thread_count(shape, axes):
+    source = parse_nnef(_document(shape, axes), "ln.nnef")
+    feeds = random_inputs(source)
+    feeds["x"] = (feeds["x"] * 4 + 1.5).astype(np.float32)  # a mean far from 0 too
+    want = cvmc.reference_run(source, feeds)["y"]
+    assert np.array_equal(want, cvmc.reference_run(_fused(_document(shape, axes)), feeds)["y"])
+    runs = _run_at_1_and_2_threads(source, feeds)
+    r = tuple(int(a) for a in axes.split(","))
+    n = ((want - feeds["b"]) / feeds["g"]).astype(np.float64)
+    # the scale and shift: |g| times the normalized bound, two roundings more
+    bound = np.abs(feeds["g"]) * _layer_norm_bound(feeds["x"], r, 1e-5, n) \
+        + 4 * U * (np.abs(want) + np.abs(feeds["b"]))
+    assert np.all(np.abs(runs[0].astype(np.float64) - want) <= bound)
+
+
+def _run_at_1_and_2_threads(graph, feeds) -> list[np.ndarray]:
+    """The compiled graph's output "y" at 1 and at 2 threads (asserted equal)."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="cvmc-tf-") as tmp:
+        cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm")
+        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
+        for threads in (1, 2):
+            cvmc_runtime.set_num_threads(threads)
+            runs.append(model.run(feeds)["y"])
+    os.environ.pop("TVM_NUM_THREADS", None)
+    assert np.array_equal(runs[0], runs[1]), "1 and 2 threads differ"
+    return runs
+
+
+def test_softmax_becomes_one_kernel_within_bound():
+    text = ("version 1.0;\ngraph G( x ) -> ( y )\n{\n"
+            "    x = external<scalar>(shape = [2, 4, 77]);\n"
+            "    y = softmax(x, axes = [2]);\n}\n")
+    source = parse_nnef(text, "sm.nnef")
+    g = _fused(text)
+    assert [n.op for n in g.nodes] == ["fused_softmax"]
+    feeds = {"x": (random_inputs(source)["x"] * 8).astype(np.float32)}
+    want = cvmc.reference_run(source, feeds)["y"]
+    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
+    got = _run_at_1_and_2_threads(source, feeds)[0]
+    assert np.all(np.abs(got.astype(np.float64) - want) <= softmax_bound(want, 77))
+
+
+# GELU as NNEF-Tools converts PyTorch's nn.GELU() (ONNX Div, Erf, Add, Mul, Mul), with
+# its erf fragment verbatim
+GELU = """version 1.0;
+extension KHR_enable_fragment_definitions;
+extension KHR_enable_operator_expressions;
+fragment erf( x: tensor<scalar> ) -> ( y: tensor<scalar> )
+{
+    t = 1.0 / (1.0 + 0.3275911 * abs(x));
+    z = 1.0 - (((((1.061405429 * t + -1.453152027) * t) + 1.421413741) * t + -0.284496736)
+        * t + 0.254829592) * t * exp(-x * x);
+    y = sign(x) * z;
+}
+graph G( x ) -> ( y )
+{
+    x = external<scalar>(shape = [3, 40]);
+    d = div(x, 1.4142135381698608);
+    e = erf(d);
+    a = add(e, 1.0);
+    m = mul(x, a);
+    y = mul(m, 0.5);
+}
+"""
+
+
+def test_gelu_erf_becomes_one_op_within_bound():
+    source = parse_nnef(GELU, "gelu.nnef")
+    g = _fused(GELU)
+    assert [n.op for n in g.nodes] == ["gelu_erf"]
+    feeds = {"x": (random_inputs(source)["x"] * 3).astype(np.float32)}
+    want = cvmc.reference_run(source, feeds)["y"]
+    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
+    got = _run_at_1_and_2_threads(source, feeds)[0]
+    x = feeds["x"].astype(np.float64)
+    assert np.all(np.abs(got.astype(np.float64) - want) <= 64 * U * np.abs(x))
+    # and it is GELU: A&S 7.1.26 is within 1.5e-7 of erf
+    exact = 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    assert np.all(np.abs(want - exact) <= 1e-6 * (1 + np.abs(x)))
+
+
+def test_gelu_with_another_constant_is_left_alone():
+    text = GELU.replace("y = mul(m, 0.5);", "y = mul(m, 0.25);")
+    assert "gelu_erf" not in [n.op for n in _fused(text).nodes]
+
+
+def test_moments_form_with_two_subtractions_becomes_layer_norm():
+    text = _document().replace("    n = div(d, s);", "    c = sub(x, m);\n    n = div(c, s);")
+    source, g = parse_nnef(text, "ln.nnef"), _fused(text)
+    assert [n.op for n in g.nodes] == ["layer_norm", "mul", "add"]
+    feeds = random_inputs(source)
+    assert np.array_equal(cvmc.reference_run(source, feeds)["y"],
+                          cvmc.reference_run(g, feeds)["y"])
+
+
+def test_chain_with_an_outside_reader_is_left_alone():
+    g = _fused(_document(extra_output="d"))
+    assert "layer_norm" not in [n.op for n in g.nodes]
+
+
+def test_other_epsilon_position_or_exponent_is_left_alone():
+    text = _document().replace("p = pow(d, 2.0);", "p = pow(d, 3.0);")
+    assert "layer_norm" not in [n.op for n in _fused(text).nodes]
