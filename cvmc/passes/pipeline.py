@@ -9,6 +9,7 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
+from cvmc.passes.layout_float import pack_float_convs
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
@@ -30,6 +31,9 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
     # below).
     ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
+    # Float convs want their filter packed too (OIHW8o: 8 output channels of float32 in a
+    # vector's lanes, 16 with AVX-512) for the register-tiled FMA kernel; CPU only.
+    ("pack-float-convs", pack_float_convs, ("llvm",)),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
     ("fold-constants", fold_constants, ()),
     # Nodes (and weights) that no output depends on are dropped.
