@@ -53,6 +53,8 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
                  functools.partial(schedule_conv_float, avx512=True)),
     ScheduleRule("x86-avx2-float-conv", "conv_packed", ("avx2", "fma"), schedule_conv_float),
     ScheduleRule("cpu-float-conv", "conv_packed", (), schedule_conv_float),
+    # NNEF's float depth-wise conv (multiplier 1; the layout pass leaves it as it is).
+    ScheduleRule("cpu-float-depthwise", "conv", (), schedule_depthwise),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]

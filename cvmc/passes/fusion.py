@@ -8,7 +8,7 @@ Rule (simple and safe): a node whose op is elementwise or broadcast (or injectiv
 onto an injective-or-lighter group) joins the group that produced one of its inputs
 when that value has exactly this one consumer, is not a graph output, and that group
 is the most recent one, so every other input is already computed when the group runs.
-(A float conv_packed group also takes a node reading a value its other readers, all
+(A float conv / conv_packed group also takes a node reading a value its other readers, all
 element-wise, read too: NNEF's relu is select(x > 0, x, 0).)
 conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues (on
 the CPU; on CUDA only the anchors that a CUDA schedule of cvmc's own takes with its
@@ -42,7 +42,7 @@ _ABSORBS = {
 # Anchors whose groups also take an epilogue node through a value that other element-wise
 # nodes read too: NNEF's max(x, 0) (relu) is select(x > 0, x, 0), which reads x twice. A
 # reader left outside the group reads the value the kernel then writes out.
-_SHARED_VALUE_ANCHORS = frozenset({"conv_packed"})
+_SHARED_VALUE_ANCHORS = frozenset({"conv_packed", "conv"})
 
 
 @dataclass
