@@ -76,7 +76,7 @@ def schedule_depthwise(sch, func_name: str) -> None:
     for pad in pads:
         # int8 planes only (NNEF's float conv pads float32)
         _schedule_padded_plane(sch, pad, plane, split_columns, wide=stride == 1 and columns <
-                               _WIDE_PLANE_ROW and sch.get(pad).writes[0].buffer.dtype == "int8")
+                               _WIDE_PLANE_ROW and sch.get(pad).writes[0].source.dtype == "int8")
     sch.unroll(ry)
     sch.unroll(rx)
     if in_tir:

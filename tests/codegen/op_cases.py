@@ -727,6 +727,9 @@ CASES += [
     OpCase("conv", [frand((1, 8, 9, 9), 145), frand((8, 1, 3, 3), 146), frand((1, 8), 147)],
            {"groups": 0, "padding": [(1, 1), (1, 1)], "stride": [2, 2]}, weights=(1, 2),
            terms=9 + 1),
+    # depth-wise, stride 1 on 7 columns (the depth-wise rule's narrow-row path)
+    OpCase("conv", [frand((1, 4, 7, 7), 151), frand((4, 1, 3, 3), 152), frand((1, 4), 153)],
+           {"groups": 0, "padding": [(1, 1), (1, 1)]}, weights=(1, 2), terms=9 + 1),
     OpCase("conv", [frand((1, 3, 30, 30), 148), frand((16, 3, 7, 7), 149), frand((1, 16), 150)],
            {"padding": [(3, 3), (3, 3)], "stride": [2, 2]}, weights=(1, 2), terms=3 * 49 + 1),
 ]

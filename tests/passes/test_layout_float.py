@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import cvmc
+from cvmc.codegen import compile_model
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.fusion import kernel_groups
 from cvmc.passes.pipeline import run_pipeline
@@ -109,6 +110,20 @@ def test_compiled_within_bound_and_exact_on_integers():
     want, got = run_both(gi, feeds)
     for key in want:
         assert np.array_equal(want[key], got[key]), key
+
+
+@pytest.mark.parametrize("mcpu, rule", [("znver3", "x86-avx2-float-conv"),
+                                        ("x86-64", "cpu-float-conv")])
+def test_kernels_get_their_rules(tmp_path, mcpu, rule):
+    """Packed convs take the float conv row for the CPU, the depth-wise conv (7 columns at
+    stride 1 on the 7x7 plane below, 10x12 above) its row: nothing falls back to the
+    scalar rebuild."""
+    doc = DOCUMENT.replace("[1, 8, 10, 12]", "[1, 8, 7, 7]")
+    plan = compile_model(with_random_weights(parse_nnef(doc, "g.nnef")), tmp_path / "m.cvmx",
+                         "llvm", mcpu).plan
+    rules = [(k["ops"][0], k["schedule"]) for k in plan["kernels"]]
+    assert [r for r in rules if r[0] == "conv_packed"] == [("conv_packed", rule)] * 2
+    assert ("conv", "cpu-float-depthwise") in rules
 
 
 def test_same_bits_at_1_and_2_threads(tmp_path):
