@@ -74,8 +74,9 @@ def schedule_depthwise(sch, func_name: str) -> None:
         if in_tir:
             vectorize_under(sch, consumer, tile)
     for pad in pads:
-        _schedule_padded_plane(sch, pad, plane, split_columns,
-                               wide=stride == 1 and columns < _WIDE_PLANE_ROW)
+        # int8 planes only (NNEF's float conv pads float32)
+        _schedule_padded_plane(sch, pad, plane, split_columns, wide=stride == 1 and columns <
+                               _WIDE_PLANE_ROW and sch.get(pad).writes[0].source.dtype == "int8")
     sch.unroll(ry)
     sch.unroll(rx)
     if in_tir:

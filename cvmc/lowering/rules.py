@@ -22,6 +22,7 @@ from cvmc.lowering.schedule import (
     schedule_layout_transform,
 )
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
+from cvmc.lowering.x86_float import schedule_conv_float
 from cvmc.lowering.x86_matmul import schedule_matmul
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.target import Target
@@ -58,6 +59,14 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
                  functools.partial(schedule_matmul, lanes=8, registers=16)),
     ScheduleRule("cpu-matmul", "matmul", (), functools.partial(schedule_matmul, lanes=4,
                                                                   registers=16)),
+    # Float convs on filters packed OIHW{8|16}o (cvmc/passes/layout_float.py): a register
+    # tile of FMAs, output channels in the lanes; the tile sized by the vector registers.
+    ScheduleRule("x86-avx512-float-conv", "conv_packed", ("avx512f",),
+                 functools.partial(schedule_conv_float, avx512=True)),
+    ScheduleRule("x86-avx2-float-conv", "conv_packed", ("avx2", "fma"), schedule_conv_float),
+    ScheduleRule("cpu-float-conv", "conv_packed", (), schedule_conv_float),
+    # NNEF's float depth-wise conv (multiplier 1; the layout pass leaves it as it is).
+    ScheduleRule("cpu-float-depthwise", "conv", (), schedule_depthwise),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]

@@ -9,11 +9,13 @@ packed graph too.
 """
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
 
 from cvmc.ops.common import bitlen, require
+from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nn import (
     _add_bias,
     _bias_precision,
@@ -24,6 +26,9 @@ from cvmc.ops.nn import (
     _require_low_precision,
     _require_rank,
 )
+from cvmc.ops.nnef_math import te_broadcast
+from cvmc.ops.nnef_nn import _conv_geometry, _conv_reference
+from cvmc.ops.nnef_std_nn import conv_shape, window_attrs
 from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 # ---- layout_transform -----------------------------------------------------------------
@@ -331,3 +336,95 @@ def _conv2d_packed_arith(ins, outs, a):
 def _conv2d_packed_cost(ins, outs, a):
     c, _, kh, kw = _packed_geometry(ins, a)
     return 3 * c * kh * kw + (1 if len(ins) == 4 else 0)
+
+
+# ---- conv_packed (float) --------------------------------------------------------------
+# NNEF's float `conv` (2-D, 'constant' border) on a weight packed OIHW{B}o at compile time
+# (`cvmc/passes/layout_float.py`): filter (OC/B, C/G, KH, KW, B), the B output channels of
+# a block in the vector lanes (B = 8 on AVX2, 16 on AVX-512), zero-padded up to a multiple
+# of B. The kernel's accumulator is (N, OC/B, OH, OW, B): one FMA per input value and
+# output block, the register tile several output columns x blocks. Each output sums its
+# C/G * KH * KW terms in one fixed order (input channel, kernel row, kernel column), then
+# adds the bias: the order, and so the bits, do not depend on the thread count; the sum
+# bound is conv's (docs/float.md: gamma(K + 2) * S, K = C/G * KH * KW + 1). The reference
+# is `conv`'s on the unpacked weight: the oracle. Grouped convs need whole blocks per group
+# (OC / G a multiple of B); the groups are C / (the filter's C/G).
+conv_packed = op(
+    "conv_packed", family="layout", inputs=("input", "filter", "bias?"),
+    fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), types="scalar, scalar, scalar -> scalar",
+    attrs=(*window_attrs(("constant",)), Attr("channels", "int", lo=1)))
+
+
+def _unpacked_filter_shape(name: str, x, wp, a) -> tuple[int, ...]:
+    """The OIHW filter shape of packed filter shape `wp` after checking it against `x`."""
+    require(len(x) == 4 and len(wp) == 5,
+            f"{name}: expected 4-D input and a filter packed (OC/B, C/G, KH, KW, B), got "
+            f"input {list(x)} and filter {list(wp)}")
+    ocb, cg, kh, kw, block = wp
+    require(ocb == -(-a.channels // block) and cg >= 1 and x[1] % cg == 0 and
+            (x[1] == cg or (a.channels // (x[1] // cg)) % block == 0),
+            f"{name}: filter {list(wp)} does not pack {a.channels} output channels of "
+            f"{x[1]}-channel input as OIHW{block}o in whole blocks per group")
+    return a.channels, cg, kh, kw
+
+
+def _unpacked_filter(wp: np.ndarray, oc: int) -> np.ndarray:
+    """OIHW{B}o -> OIHW with the padding channels dropped."""
+    ocb, cg, kh, kw, block = wp.shape
+    return wp.transpose(0, 4, 1, 2, 3).reshape(ocb * block, cg, kh, kw)[:oc]
+
+
+def _conv_attrs(a, channels: int, cg: int) -> Attrs:
+    """conv's attributes: `a` and the groups (input channels / filter channels `cg`)."""
+    return Attrs({**a, "groups": channels // cg})
+
+
+@conv_packed.shape
+def _conv_packed_shape(ins, a):
+    x, wp = ins[0].shape, ins[1].shape
+    w = _unpacked_filter_shape("conv_packed", x, wp, a)
+    return conv_shape("conv_packed", [x, w, *(t.shape for t in ins[2:])],
+                      _conv_attrs(a, x[1], w[1]))
+
+
+_CONV_REFERENCE = _conv_reference("conv", False)
+
+
+@conv_packed.reference
+def _conv_packed_reference(xs, a):
+    w = _unpacked_filter(xs[1], a.channels)
+    return _CONV_REFERENCE([xs[0], w, *xs[2:]], _conv_attrs(a, xs[0].shape[1], w.shape[1]))
+
+
+@conv_packed.lower
+def _conv_packed_lower(xs, a):
+    from cvmc.ops.te import shape_of, te
+
+    x, wp = xs[0], xs[1]
+    ocb, cg, kh, kw, block = shape_of(wp)
+    out, dims, groups = _conv_geometry("conv_packed", _conv_attrs(a, shape_of(x)[1], cg),
+                                       shape_of(x),
+                                       (a.channels, cg, kh, kw), False)
+    blocks_per_group = ocb // groups
+    padded = padded_input(x, [d.X for d in dims], [kh, kw], [d.x for d in dims],
+                          [d.s for d in dims], [d.d for d in dims], [d.p for d in dims],
+                          "conv_packed")
+    rc = te.reduce_axis((0, cg), "rc")
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+    (sh, sw), (dh, dw) = [d.s for d in dims], [d.d for d in dims]
+
+    def dot(b, ob, p, q, oi):
+        channel = ob // blocks_per_group * cg + rc
+        return te.sum(padded(b, channel, p * sh + ry * dh, q * sw + rx * dw) *
+                      wp[ob, rc, ry, rx, oi], axis=[rc, ry, rx])
+    acc = te.compute((out[0], ocb, out[2], out[3], block), dot, name="conv_packed_acc")
+    y = te.compute(out, lambda b, o, p, q: acc[b, o // block, p, q, o % block],
+                   name="conv_packed")
+    return y if len(xs) == 2 else te_broadcast([y, xs[2]], lambda s, c: s + c,
+                                               "conv_packed_bias")
+
+
+# GOPS: C/G x taps multiply-adds per output element, as conv's
+conv_packed.arith(lambda ins, outs, a: 2 * math.prod(ins[1].shape[1:4]))
+conv_packed.cost(lambda ins, outs, a: math.prod(ins[1].shape[1:4]))

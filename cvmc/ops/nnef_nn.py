@@ -71,7 +71,7 @@ from cvmc.ops.nnef_std_nn import (
     window_attrs,
     window_dims,
 )
-from cvmc.ops.registry import Attr, Attrs, lookup
+from cvmc.ops.registry import Attr, Attrs, Fusion, lookup
 
 COORD_LIMIT = 2**24  # RoI coordinates are clamped here: cell arithmetic stays in int32
 INDEX_BITS = 29  # argmax_pool windows have at most 2^29 taps (the low bits of its key)
@@ -81,8 +81,10 @@ CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
 
 _OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
 _GROUPS = Attr("groups", "int", 1, lo=0)
+# conv anchors a kernel with its element-wise epilogue (bias, relu, clamp) on the CPU; on
+# CUDA dlight wants it alone (`Target.epilogue_anchors`).
 declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
-        (*window_attrs(CONV_BORDERS), _GROUPS))
+        (*window_attrs(CONV_BORDERS), _GROUPS), fusion=Fusion.OUT_ELEMWISE)
 declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
 
@@ -502,7 +504,7 @@ def _read(x, loads, inside, border: str):
 
 def _conv_lower(name: str, reverse: bool) -> Callable:
     def rule(xs, a):
-        from cvmc.ops.te import shape_of, te
+        from cvmc.ops.te import DEPTHWISE, shape_of, te
 
         x, w = xs[0], xs[1]
         out, dims, groups = _conv_geometry(name, a, shape_of(x), shape_of(w), reverse)
@@ -528,7 +530,10 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
             weight = w(g * cin_g + rc, o - g * cout_g, *taps) if reverse else w(o, rc, *taps)
             return te.sum(_select(_all(hit), value * weight, _f32(0.0)), axis=[rc, *axes])
 
-        acc = te.compute(out, body, name=name)
+        # A 2-D depth-wise conv on the padded copy: the CPU's depth-wise rule takes it
+        # (cvmc/lowering/depthwise.py, as for conv2d).
+        depthwise = padded is not None and len(dims) == 2 and cin_g == cout_g == 1
+        acc = te.compute(out, body, name=name, attrs={DEPTHWISE: 1} if depthwise else {})
         return acc if len(xs) == 2 else te_broadcast([acc, xs[2]], lambda s, c: s + c,
                                                      f"{name}_bias")
     return rule

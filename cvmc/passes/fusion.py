@@ -8,6 +8,8 @@ Rule (simple and safe): a node whose op is elementwise or broadcast (or injectiv
 onto an injective-or-lighter group) joins the group that produced one of its inputs
 when that value has exactly this one consumer, is not a graph output, and that group
 is the most recent one, so every other input is already computed when the group runs.
+(A float conv / conv_packed group also takes a node reading a value its other readers, all
+element-wise, read too: NNEF's relu is select(x > 0, x, 0).)
 conv2d / dense (out-elementwise-fusable) anchor a group that absorbs such epilogues (on
 the CPU; on CUDA only the anchors that a CUDA schedule of cvmc's own takes with its
 epilogue: `Target.epilogue_anchors`; dlight schedules the others without one);
@@ -37,6 +39,10 @@ _ABSORBS = {
     Fusion.REDUCTION: (),
     Fusion.OPAQUE: (),
 }
+# Anchors whose groups also take an epilogue node through a value that other element-wise
+# nodes read too: NNEF's max(x, 0) (relu) is select(x > 0, x, 0), which reads x twice. A
+# reader left outside the group reads the value the kernel then writes out.
+_SHARED_VALUE_ANCHORS = frozenset({"conv_packed", "conv"})
 
 
 @dataclass
@@ -104,9 +110,11 @@ def _fusion_target(node, kind, groups, owner, consumers, outputs, epilogue_ancho
         allowed = ()
     if kind not in allowed or len(groups[last].nodes) >= MAX_GROUP_NODES:
         return None
+    shared = groups[last].nodes[0].op in _SHARED_VALUE_ANCHORS
     for value in node.inputs:
-        if owner.get(value) == last and value not in outputs \
-                and len(consumers.get(value, ())) == 1:
+        readers = consumers.get(value, ())
+        if owner.get(value) == last and value not in outputs and (len(readers) == 1 or shared
+                and all(lookup(c.op).fusion in _LIGHT for c in readers)):
             return last
     return None
 

@@ -9,6 +9,7 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
+from cvmc.passes.layout_float import pack_float_convs
 from cvmc.passes.matmul_weights import untranspose_matmul_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants, simplify_float
 from cvmc.passes.target import Target
@@ -32,6 +33,9 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
     # below).
     ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
+    # Float convs want their filter packed too (OIHW8o: 8 output channels of float32 in a
+    # vector's lanes, 16 with AVX-512) for the register-tiled FMA kernel; CPU only.
+    ("pack-float-convs", pack_float_convs, ("llvm",)),
     # Transformer chains an exporter decomposed (layer normalization) become one op each,
     # one kernel instead of seven (cvmc/passes/transformer.py).
     ("fuse-transformer", fuse_transformer, ("llvm",)),

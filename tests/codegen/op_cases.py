@@ -718,6 +718,64 @@ ONEDNN_CASES: list[OpCase] = [
 CASES += ONEDNN_CASES
 
 
+# ---- conv_packed: NNEF's float conv on a filter packed OIHW{B}o (cvmc/ops/layout.py) -------
+def packed_filter(w: tuple[np.ndarray, None], block: int) -> tuple[np.ndarray, None]:
+    """An OIHW filter packed OIHW{block}o, written here with NumPy: zero-pad O to a multiple
+    of `block`, split it into (O / block, block) and move the block last."""
+    arr = np.pad(w[0], ((0, -w[0].shape[0] % block), (0, 0), (0, 0), (0, 0)))
+    return arr.reshape(-1, block, *arr.shape[1:]).transpose(0, 2, 3, 4, 1).copy(), None
+
+
+def _packed_case(x, w, bias, block: int, attrs: dict, exact: bool = False) -> OpCase:
+    """conv_packed of data `x` and filter `w` (OIHW, packed here), `bias` (or None); sums
+    within conv's bound (K = C/G * KH * KW + 1), bit-exact on integer-valued data."""
+    oc, cg, kh, kw = w[0].shape
+    inputs = [x, packed_filter(w, block), *([bias] if bias is not None else [])]
+    return OpCase("conv_packed", inputs, {**attrs, "channels": oc},
+                  weights=tuple(range(1, len(inputs))), terms=0 if exact else cg * kh * kw + 1)
+
+
+CONV_PACKED_CASES = [
+    # 3x3, pad 1, 12 output channels (a padded block of 8), bias [1, OC]
+    _packed_case(frand((1, 5, 9, 11), 120), frand((12, 5, 3, 3), 121), frand((1, 12), 122),
+                 8, {"padding": [(1, 1), (1, 1)]}),
+    # stride 2 with dilation 2, asymmetric padding, 20 channels in blocks of 16 (AVX-512)
+    _packed_case(frand((2, 3, 12, 10), 123), frand((20, 3, 3, 2), 124), None, 16,
+                 {"padding": [(2, 1), (0, 1)], "stride": [2, 2], "dilation": [2, 2]}),
+    # grouped: 2 groups of 8 output channels; depth-wise with multiplier 8 (groups = C)
+    _packed_case(frand((1, 4, 7, 9), 125), frand((16, 2, 3, 3), 126), frand((1, 16), 127),
+                 8, {"padding": [(1, 1), (1, 1)]}),
+    _packed_case(frand((1, 3, 8, 8), 128), frand((24, 1, 3, 3), 129), None, 8,
+                 {"padding": [(1, 1), (1, 1)], "stride": [2, 2]}),
+    # 1x1, 24 channels; the 7x7 stride-2 stem (3 -> 8), automatic padding
+    _packed_case(frand((1, 16, 6, 13), 130), frand((24, 16, 1, 1), 131), frand((1, 24), 132),
+                 8, {}),
+    _packed_case(frand((1, 3, 23, 23), 133), frand((8, 3, 7, 7), 134), frand((1, 8), 135),
+                 8, {"padding": [(3, 3), (3, 3)], "stride": [2, 2]}),
+    # integer-valued data: every partial sum is exact, so the kernel equals the reference
+    _packed_case(irand((1, 8, 10, 10), 136), irand((10, 8, 3, 3), 137), irand((1, 10), 138),
+                 8, {"padding": [(1, 1), (1, 1)]}, exact=True),
+]
+CASES += CONV_PACKED_CASES
+# NNEF conv cases the float layout pass packs on the CPU (the compiled graph holds
+# conv_packed): channels not a multiple of 8, 1x1, depth-wise with multiplier 1 (not
+# packed: its own rule), a 7x7 stride-2 stem with bias
+CASES += [
+    OpCase("conv", [frand((1, 6, 8, 9), 140), frand((11, 6, 3, 3), 141), frand((1, 11), 142)],
+           {"padding": [(1, 1), (1, 1)]}, weights=(1, 2), terms=6 * 9 + 1),
+    OpCase("conv", [frand((1, 24, 5, 7), 143), frand((16, 24, 1, 1), 144)], {},
+           weights=(1,), terms=24 + 1),
+    OpCase("conv", [frand((1, 8, 9, 9), 145), frand((8, 1, 3, 3), 146), frand((1, 8), 147)],
+           {"groups": 0, "padding": [(1, 1), (1, 1)], "stride": [2, 2]}, weights=(1, 2),
+           terms=9 + 1),
+    # depth-wise, stride 1 on 7 columns (the depth-wise rule's narrow-row path)
+    OpCase("conv", [frand((1, 4, 7, 7), 151), frand((4, 1, 3, 3), 152), frand((1, 4), 153)],
+           {"groups": 0, "padding": [(1, 1), (1, 1)]}, weights=(1, 2), terms=9 + 1),
+    OpCase("conv", [frand((1, 3, 30, 30), 148), frand((16, 3, 7, 7), 149), frand((1, 16), 150)],
+           {"padding": [(3, 3), (3, 3)], "stride": [2, 2]}, weights=(1, 2), terms=3 * 49 + 1),
+]
+
+
 def specs() -> dict[str, so.Spec]:
     """The formal spec's oracle of every CVM op, from its test record."""
     return {c.op: c.spec for c in CASES if c.spec is not None}
