@@ -29,6 +29,7 @@ from cvmc.lowering.schedule import cuda_target, reads_own_output
 from cvmc.passes.target import Target, host_cpu
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
+KERNELS_PER_WORKER = 6
 
 
 @dataclass
@@ -159,12 +160,15 @@ def compile_jobs() -> int:
 def _compile_kernels(funcs: dict, target: Target, jobs: int,
                      on_kernel: Callable[[str], None] | None):
     """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish: in this process
-    for one job (or one kernel), else in `jobs` worker processes. The workers are spawned,
+    for one job (or a few kernels), else in up to `jobs` worker processes. The workers are spawned,
     not forked (TVM's threads and state do not survive a fork), and take each kernel as
     JSON (`tvm.ir.save_json`)."""
     import tvm
 
-    if jobs == 1 or len(funcs) <= 1:
+    # A worker costs its start (importing TVM: 2-3 s), a kernel 0.1-1 s to build: a
+    # worker pays for itself from about KERNELS_PER_WORKER kernels.
+    jobs = min(jobs, len(funcs) // KERNELS_PER_WORKER)
+    if jobs <= 1:
         for symbol, func in funcs.items():
             yield symbol, compile_kernel(func, target)
             if on_kernel:
