@@ -13,10 +13,14 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import types
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,10 +179,11 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
                 on_kernel(symbol)
         return
     context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(min(jobs, len(funcs)), mp_context=context)
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_ignore_interrupt)
     try:
-        futures = {pool.submit(compile_kernel_json, tvm.ir.save_json(func), target): symbol
-                   for symbol, func in funcs.items()}
+        with _main_module_hidden():  # the workers start in the first submits
+            futures = {pool.submit(compile_kernel_json, tvm.ir.save_json(func), target):
+                       symbol for symbol, func in funcs.items()}
         for future in as_completed(futures):
             yield futures[future], future.result()
             if on_kernel:
@@ -186,6 +191,27 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
     finally:
         # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _main_module_hidden():
+    """`__main__` is an empty module inside: a spawned process runs its parent's main
+    script again unless it has none, and a script that calls cvmc.compile without an
+    `if __name__ == "__main__"` guard would then compile again in each worker (Python
+    refuses it). The workers need only cvmc's modules."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _ignore_interrupt() -> None:
+    """A worker ignores Ctrl-C (which the terminal sends to the whole process group): the
+    compiling process alone handles it, dropping the kernels not started yet, so the user
+    sees `cvmc: interrupted` rather than a traceback per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def compile_kernel_json(func_json: str, target: Target) -> KernelObject:

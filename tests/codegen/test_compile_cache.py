@@ -5,8 +5,10 @@ entry is rebuilt."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -19,7 +21,7 @@ from cvmc.errors import CvmcError
 from cvmc.lowering import lower
 from cvmc.passes import pipeline
 from cvmc.passes.target import Target
-from tests.test_cli_robustness import EXAMPLE
+from tests.test_cli_robustness import EXAMPLE, ROOT
 
 SHAPE = [1, 4, 6, 6]
 
@@ -189,3 +191,23 @@ def test_kernel_objects_link_together(tmp_path):
         backend = [line.split() for line in symbols if "__TVMBackend" in line
                    or "__tvm_ffi__library_ctx" in line or "__tvm_ffi_main" in line]
         assert backend and all(kind in "VWvw" for _, kind, _ in backend), backend
+
+
+def test_workers_start_from_a_script_without_main_guard(tmp_path):
+    """A plain script (no `if __name__ == "__main__"`) may compile with worker processes:
+    they do not run the script again."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import sys\n"
+        "from cvmc.codegen import build, compile_model\n"
+        "from tests.codegen.test_compile_cache import blocks_graph\n"
+        "build.KERNELS_PER_WORKER = 1\n"
+        "print('script ran')\n"
+        f"compile_model(blocks_graph(), {str(tmp_path / 'a.cvmx')!r}, 'llvm', jobs=2,"
+        " cache=False)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                          check=False, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("script ran") == 1
+    assert (tmp_path / "a.cvmx").is_file()
