@@ -164,9 +164,9 @@ def compile_jobs() -> int:
 def _compile_kernels(funcs: dict, target: Target, jobs: int,
                      on_kernel: Callable[[str], None] | None):
     """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish: in this process
-    for one job (or a few kernels), else in up to `jobs` worker processes. The workers are spawned,
-    not forked (TVM's threads and state do not survive a fork), and take each kernel as
-    JSON (`tvm.ir.save_json`)."""
+    for one job (or a few kernels), else in up to `jobs` worker processes. The workers are
+    spawned, not forked (TVM's threads and state do not survive a fork), and take each
+    kernel as JSON (`tvm.ir.save_json`)."""
     import tvm
 
     # A worker costs its start (importing TVM: 2-3 s), a kernel 0.1-1 s to build: a
