@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write OUTPUT.<kind> for inspection (repeatable)")
     sp.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass to DIR")
     sp.add_argument("--stop-after", metavar="PASS", help="stop the pass pipeline after PASS")
+    sp.add_argument("--no-cache", action="store_true",
+                    help="neither read nor write the kernel cache (~/.cache/cvmc/kernels, "
+                         "or $CVMC_CACHE_DIR)")
     sp.set_defaults(fn=cmd_compile)
 
     sp = sub.add_parser("export", help="export a model for CVM-Runtime")

@@ -72,11 +72,13 @@ def compile_checked_model(args) -> int:
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0
     result = compile_model(graph, output, target, progress=progress,
-                           quantization=beside_model(args.model))
-    extras = {"tir": result.tir, "plan": json.dumps(result.plan, indent=1),
-              "source": result.source}
+                           quantization=beside_model(args.model), cache=not args.no_cache)
+    # Only what is asked for is made: the TIR and source of a CPU build are made again
+    # for --emit (the kernels were compiled apart, perhaps in an earlier run).
+    extras = {"tir": lambda: result.tir, "plan": lambda: json.dumps(result.plan, indent=1),
+              "source": lambda: result.source}
     for kind, path in emits.items():
-        atomic_write_bytes(path, extras[kind].encode())
+        atomic_write_bytes(path, extras[kind]().encode())
         console.print(f"wrote {path}")
     _print_summary(output, result)
     return 0

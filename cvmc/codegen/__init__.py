@@ -7,10 +7,14 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 from cvmc.passes.target import Target
+
+if TYPE_CHECKING:
+    from cvmc.codegen.build import Built
 
 
 @dataclass
@@ -18,10 +22,23 @@ class CompileResult:
     """What compile_model produced: the plan, the build and the wall time."""
 
     plan: dict
-    tir: str
-    source: str
-    source_suffix: str
+    built: Built
     seconds: float
+
+    @property
+    def tir(self) -> str:
+        """The scheduled TIR of every kernel (made when first asked for)."""
+        return self.built.tir
+
+    @property
+    def source(self) -> str:
+        """The generated LLVM IR or CUDA source (made when first asked for)."""
+        return self.built.source
+
+    @property
+    def source_suffix(self) -> str:
+        """The file suffix of `source`: ll or cu."""
+        return self.built.source_suffix
 
 
 class Quiet:
@@ -38,16 +55,20 @@ class Quiet:
 
 def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm",
                   mcpu: str | None = None, arch: str | None = None, progress=None,
-                  quantization: Mapping | str | os.PathLike | None = None) -> CompileResult:
+                  quantization: Mapping | str | os.PathLike | None = None,
+                  jobs: int | None = None, cache: bool = True) -> CompileResult:
     """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
     .cvmx file. `target` is a Target, or a kind that `Target.make` builds one of with
     `mcpu` (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
     idempotent: a graph that has been through it already, as `cvmc compile` does to dump
     it, is unchanged.) `quantization`: the scales of a quantized model (a quantization.json
-    path or its object), recorded in the plan."""
+    path or its object), recorded in the plan. CPU kernels are built in `jobs` processes
+    (default: `CVMC_JOBS`, else one per CPU) and kept in the per-user kernel cache
+    (`cvmc.codegen.cache`) unless `cache` is False; the artifact is the same either way."""
     from cvmc_runtime import write_artifact
 
     from cvmc.codegen.build import build_cuda, build_llvm, check_cuda_arch
+    from cvmc.codegen.cache import KernelCache, cache_folder
     from cvmc.codegen.quantization import check_quantization, record_scales
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
@@ -70,8 +91,12 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
     if scales:
         record_scales(plan, scales)
     with progress.stage(f"schedule + build ({target.kind})", len(mod.functions)) as stage:
-        build = build_llvm if target.kind == "llvm" else build_cuda
-        built = build(mod, target, stage.advance, plan)
+        if target.kind == "llvm":
+            folder = cache_folder() if cache else None
+            built = build_llvm(mod, target, stage.advance, plan, jobs,
+                               KernelCache(folder) if folder else None)
+        else:  # nvcc builds one translation unit: neither parts nor a cache (yet)
+            built = build_cuda(mod, target, stage.advance, plan)
     plan.update(target=built.target, device="cpu" if target.kind == "llvm" else "cuda")
     for kernel in plan["kernels"]:
         kernel["schedule"] = built.schedules[kernel["symbol"]]
@@ -79,8 +104,7 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
         weights = {w["name"]: graph.constants[w["name"]].astype(w["dtype"])
                    for w in plan["weights"]}
         write_artifact(writable_file(output, "artifact"), plan, built.library, weights)
-    return CompileResult(plan, built.tir, built.source, built.source_suffix,
-                         time.perf_counter() - start)
+    return CompileResult(plan, built, time.perf_counter() - start)
 
 
 def writable_file(path: str | Path, what: str) -> Path:

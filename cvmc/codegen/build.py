@@ -9,35 +9,57 @@ from __future__ import annotations
 
 import atexit
 import functools
+import multiprocessing
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import types
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from cvmc.codegen.cache import KernelCache, KernelObject, kernel_key
 from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
 from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
-from cvmc.lowering.rules import schedule_and_build
+from cvmc.lowering.rules import SCALAR_RULE, schedule_and_build, schedule_llvm
 from cvmc.lowering.schedule import cuda_target, reads_own_output
 from cvmc.passes.target import Target, host_cpu
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
+KERNELS_PER_WORKER = 6
 
 
 @dataclass
 class Built:
-    """A built kernel library: its bytes, the target dict, scheduled TIR and source, and the
-    schedule rule each kernel got."""
+    """A built kernel library: its bytes, the target dict, the schedule rule each kernel
+    got, and `emit()`, which makes (scheduled TIR, source) when they are asked for."""
 
     library: bytes
     target: dict
-    tir: str
-    source: str
     source_suffix: str
     schedules: dict[str, str]
+    emit: Callable[[], tuple[str, str]]
+
+    @functools.cached_property
+    def _emitted(self) -> tuple[str, str]:
+        return self.emit()
+
+    @property
+    def tir(self) -> str:
+        """The scheduled TIR of every kernel (one module)."""
+        return self._emitted[0]
+
+    @property
+    def source(self) -> str:
+        """The generated source: LLVM IR (llvm) or the CUDA translation unit (cuda)."""
+        return self._emitted[1]
 
 
 def _gcc_object(source: str, folder: Path, name: str, what: str) -> Path:
@@ -81,28 +103,151 @@ def kernel_signatures(mod, plan: dict) -> list[dict]:
 
 
 def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = None,
-               plan: dict | None = None) -> Built:
+               plan: dict | None = None, jobs: int | None = None,
+               cache: KernelCache | None = None) -> Built:
     """Schedule (the schedule table, `cvmc.lowering.rules`) and compile `mod` for the CPU
     of `target`; returns the linked library, holding the signature of `plan`'s kernels
-    when given (a library to load with cvmc_runtime.load needs it)."""
-    import tvm
+    when given (a library to load with cvmc_runtime.load needs it).
+
+    Each kernel is compiled on its own into an object file, in `jobs` worker processes
+    (`compile_jobs()`), or taken from `cache`; the objects are linked with the backend
+    shim into one library. Per kernel, rather than per part of the module: the cache
+    then serves every kernel that did not change, the workers balance themselves, and a
+    kernel the vectoriser rejects falls back to the scalar schedule alone. The library
+    is the same bytes however it was built (cold, warm, any `jobs`): the objects are
+    linked in kernel order and each kernel's object depends on that kernel alone."""
     from cvmc_runtime import signature_json
+    from tvm.support.cc import create_shared
 
     features = needed_features(target.mcpu)
     warn_if_not_host(target.mcpu, host_cpu(), features)
-    scheduled, ex, rules = schedule_and_build(
-        mod, target, lambda m: tvm.compile(m, target=target.describe()), on_kernel)
     built_for = {**target.describe(), "features": features}
+    funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
+    keys = {s: kernel_key(f.script(), built_for) for s, f in funcs.items()} if cache else {}
+    kernels = {s: cache.load(keys[s]) for s in funcs} if cache else {}
+    kernels = {s: k for s, k in kernels.items() if k is not None}
+    for symbol in kernels:
+        if on_kernel:
+            on_kernel(symbol)
+    missing = {s: f for s, f in funcs.items() if s not in kernels}
+    for symbol, kernel in _compile_kernels(missing, target, jobs or compile_jobs(), on_kernel):
+        kernels[symbol] = kernel
+        if cache:
+            cache.store(keys[symbol], kernel)
+    rules = {s: kernels[s].rule for s in funcs}
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
-        addons = [_shim_object()]
+        objects = [_shim_object()]
+        for index, symbol in enumerate(funcs):
+            objects.append(Path(tmp) / f"k{index}.o")
+            objects[-1].write_bytes(kernels[symbol].obj)
         if plan is not None:
             text = signature_json(built_for, kernel_signatures(mod, plan))
-            addons.append(_gcc_object(signature_source(text), Path(tmp), "signature",
-                                      "the library signature"))
+            objects.append(_gcc_object(signature_source(text), Path(tmp), "signature",
+                                       "the library signature"))
         lib = Path(tmp) / "kernels.so"
-        ex.export_library(str(lib), addons=[str(a) for a in addons], options=["-fopenmp"])
-        return Built(lib.read_bytes(), built_for, scheduled.script(),
-                     ex.mod.inspect_source("ll"), "ll", rules)
+        create_shared(str(lib), [str(o) for o in objects], options=["-fopenmp"])
+        return Built(lib.read_bytes(), built_for, "ll", rules,
+                     functools.partial(_emit_llvm, mod, target, rules))
+
+
+def compile_jobs() -> int:
+    """How many worker processes build kernels: `CVMC_JOBS`, else the CPUs this process
+    may run on."""
+    value = os.environ.get("CVMC_JOBS", "")
+    if not value:
+        return len(os.sched_getaffinity(0))
+    if not value.isdigit() or int(value) < 1:
+        raise CvmcError(f"CVMC_JOBS={value}: expected a whole number of processes, 1 or more")
+    return int(value)
+
+
+def _compile_kernels(funcs: dict, target: Target, jobs: int,
+                     on_kernel: Callable[[str], None] | None):
+    """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish: in this process
+    for one job (or a few kernels), else in up to `jobs` worker processes. The workers are
+    spawned, not forked (TVM's threads and state do not survive a fork), and take each
+    kernel as JSON (`tvm.ir.save_json`)."""
+    import tvm
+
+    # A worker costs its start (importing TVM: 2-3 s), a kernel 0.1-1 s to build: a
+    # worker pays for itself from about KERNELS_PER_WORKER kernels.
+    jobs = min(jobs, len(funcs) // KERNELS_PER_WORKER)
+    if jobs <= 1:
+        for symbol, func in funcs.items():
+            yield symbol, compile_kernel(func, target)
+            if on_kernel:
+                on_kernel(symbol)
+        return
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_ignore_interrupt)
+    try:
+        with _main_module_hidden():  # the workers start in the first submits
+            futures = {pool.submit(compile_kernel_json, tvm.ir.save_json(func), target):
+                       symbol for symbol, func in funcs.items()}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
+            if on_kernel:
+                on_kernel(futures[future])
+    finally:
+        # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextmanager
+def _main_module_hidden():
+    """`__main__` is an empty module inside: a spawned process runs its parent's main
+    script again unless it has none, and a script that calls cvmc.compile without an
+    `if __name__ == "__main__"` guard would then compile again in each worker (Python
+    refuses it). The workers need only cvmc's modules."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _ignore_interrupt() -> None:
+    """A worker ignores Ctrl-C (which the terminal sends to the whole process group): the
+    compiling process alone handles it, dropping the kernels not started yet, so the user
+    sees `cvmc: interrupted` rather than a traceback per worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def compile_kernel_json(func_json: str, target: Target) -> KernelObject:
+    """compile_kernel of a PrimFunc given as `tvm.ir.save_json` text (a worker's task)."""
+    import tvm
+
+    return compile_kernel(tvm.ir.load_json(func_json), target)
+
+
+def compile_kernel(func, target: Target) -> KernelObject:
+    """One PrimFunc scheduled (with the table's fallbacks) and compiled for the CPU of
+    `target` into an object file."""
+    import tvm
+
+    symbol = str(func.attrs["global_symbol"])
+    _, ex, rules = schedule_and_build(tvm.IRModule({symbol: func}), target,
+                                      lambda m: tvm.compile(m, target=target.describe()))
+    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
+        obj = Path(tmp) / "kernel.o"
+        ex.mod.write_to_file(str(obj))
+        return KernelObject(obj.read_bytes(), rules[symbol])
+
+
+def _emit_llvm(mod, target: Target, rules: dict[str, str]) -> tuple[str, str]:
+    """(scheduled TIR, LLVM IR) of `mod` as `build_llvm` built it, each kernel with the rule
+    it got, made again only when asked for (`--emit`): the kernels were compiled apart,
+    perhaps in other processes or an earlier run."""
+    import tvm
+
+    funcs = {}
+    for gv, func in mod.functions.items():
+        alone = tvm.IRModule({gv: func})
+        funcs[gv] = schedule_llvm(alone, target, rules[gv.name_hint] == SCALAR_RULE.name)[0][gv]
+    scheduled = tvm.IRModule(funcs)
+    source = tvm.compile(scheduled, target=target.describe()).mod.inspect_source("ll")
+    return scheduled.script(), source
 
 
 def find_nvcc() -> str:
@@ -212,5 +357,5 @@ def build_cuda(mod, target: Target, on_kernel: Callable[[str], None] | None = No
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
         nvcc_shared(source, arch, lib)
-        return Built(lib.read_bytes(), target.describe(), scheduled.script(), source, "cu",
-                     rules)
+        tir = scheduled.script()
+        return Built(lib.read_bytes(), target.describe(), "cu", rules, lambda: (tir, source))

@@ -152,21 +152,26 @@ def _reschedule_rejected_cuda(mod, scheduled, target: Target, build: Callable):
 def _apply_rows(mod, rows_for: Callable[[str | None], list[ScheduleRule]],
                 on_kernel: Callable[[str], None] | None = None):
     """Give each kernel the first of `rows_for(its anchor)` that TVM accepts."""
+    import tvm
     from tvm import s_tir
     from tvm.s_tir.schedule import ScheduleError
 
-    chosen = {}
-    for gv, func in list(mod.functions.items()):
+    funcs, chosen = {}, {}
+    for gv, func in mod.functions.items():
         anchor = str(func.attrs[ANCHOR_ATTR]) if ANCHOR_ATTR in func.attrs else None
+        funcs[gv] = func
+        # Each kernel is scheduled in a module of its own: a Schedule of the whole module
+        # analyses every function again for each kernel (ResNet-18: 23 s, alone: 4 s).
+        alone = tvm.IRModule({gv: func})
         for rule in rows_for(anchor):
-            sch = s_tir.Schedule(mod)
+            sch = s_tir.Schedule(alone)
             sch.work_on(gv.name_hint)
             try:
                 rule.apply(sch, gv.name_hint)
             except (ScheduleError, ValueError):
                 continue
-            mod, chosen[gv.name_hint] = sch.mod, rule.name
+            funcs[gv], chosen[gv.name_hint] = sch.mod[gv.name_hint], rule.name
             break
         if on_kernel:
             on_kernel(gv.name_hint)
-    return mod, chosen
+    return tvm.IRModule(funcs), chosen
