@@ -21,22 +21,31 @@ from cvmc_runtime.signature import ModelError
 FORMAT = "cvmx"
 FORMAT_VERSION = 1
 LIBRARY = "kernels.so"
+ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no build time in the file
 
 
 def write_artifact(path: str | Path, plan: dict, library: bytes,
                    weights: dict[str, np.ndarray]) -> None:
-    """Write a .cvmx file; `plan['weights']` names the arrays in `weights`, in order."""
+    """Write a .cvmx file; `plan['weights']` names the arrays in `weights`, in order. The
+    same inputs give the same bytes (members carry a fixed timestamp)."""
+    def member(z: zipfile.ZipFile, name: str, data: bytes, deflate: bool = True) -> None:
+        info = zipfile.ZipInfo(name, date_time=ZIP_EPOCH)
+        info.compress_type = zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED
+        z.writestr(info, data)
+
     def write(file) -> None:
-        with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            z.writestr("cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
-            z.writestr("plan.json", json.dumps(plan, indent=1))
-            z.writestr(LIBRARY, library)
+        with zipfile.ZipFile(file, "w") as z:
+            member(z, "cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
+            member(z, "plan.json", json.dumps(plan, indent=1))
+            member(z, LIBRARY, library)
             for index, spec in enumerate(plan["weights"]):
                 buf = io.BytesIO()
                 # np.require keeps a rank-0 weight rank 0 (ascontiguousarray makes it [1])
-                np.save(buf, np.require(weights[spec["name"]], requirements="C"),
-                        allow_pickle=False)
-                z.writestr(f"weights/{index}.npy", buf.getvalue())
+                array = np.require(weights[spec["name"]], requirements="C")
+                np.save(buf, array, allow_pickle=False)
+                # float weights barely deflate (random mantissas) and deflating them cost
+                # most of a float model's write time: stored as they are
+                member(z, f"weights/{index}.npy", buf.getvalue(), deflate=array.dtype.kind != "f")
     # A temporary file renamed into place: an interrupted compile never leaves a
     # half-written artifact, nor destroys the one that was there.
     atomic_write(path, write)

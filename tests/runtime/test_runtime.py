@@ -118,3 +118,25 @@ def test_runtime_alone_in_fresh_venv(example, tmp_path):
     digests = _run_subprocess(python, d, 2, 2, "venv.npy")
     assert len(set(digests)) == 1
     assert np.array_equal(np.load(d / "venv.npy"), want)
+
+
+def test_artifact_bytes_depend_only_on_their_contents(tmp_path):
+    """Two writes of the same plan, library and weights (at different times) are the same
+    file: int8 weights deflated, float32 weights stored."""
+    import time
+    import zipfile
+
+    from cvmc_runtime.artifact import write_artifact
+
+    weights = {"w": np.arange(-64, 64, dtype=np.int8).reshape(8, 16),
+               "f": np.linspace(-1, 1, 33, dtype=np.float32)}
+    plan = {"weights": [{"name": "w", "shape": [8, 16], "dtype": "int8"},
+                        {"name": "f", "shape": [33], "dtype": "float32"}]}
+    write_artifact(tmp_path / "a.cvmx", plan, b"\x7fELF library", weights)
+    time.sleep(2.1)  # past the zip format's 2-second timestamp resolution
+    write_artifact(tmp_path / "b.cvmx", plan, b"\x7fELF library", weights)
+    assert (tmp_path / "a.cvmx").read_bytes() == (tmp_path / "b.cvmx").read_bytes()
+    with zipfile.ZipFile(tmp_path / "a.cvmx") as z:
+        kinds = {i.filename: i.compress_type for i in z.infolist()}
+    assert kinds["weights/0.npy"] == zipfile.ZIP_DEFLATED
+    assert kinds["weights/1.npy"] == zipfile.ZIP_STORED
