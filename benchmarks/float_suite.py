@@ -100,6 +100,7 @@ class FloatRow:
     openvino_ms: float | None = None
     openvino_ratio: float | None = None
     max_rel_error: float | None = None  # cvmc against ORT
+    out_shape: list[int] | None = None  # cvmc's output
     openvino_rel_error: float | None = None
     error: str = ""
 
@@ -215,6 +216,7 @@ def measure(m: Model, threads: list[int], repeat: int, cache: Path = CACHE) -> l
         rows.append(row)
         with tvm_threads(t):
             got = next(iter(model.run(feeds).values()))
+            row.out_shape = list(got.shape)
             if first is None:
                 first = got
             elif not np.array_equal(got, first):
