@@ -120,14 +120,48 @@ def _export(name: str, out: str) -> None:
     m = MODELS[name]
     torch.manual_seed(SEED)
     net = m.build(torch, torchvision).eval()
+    with torch.no_grad():
+        # Batch norms as trained ones: fresh ones are identities whose equal parameters the
+        # exporters share between layers (NNEF-Tools then gives them one layer's shape).
+        for bn in (mod for mod in net.modules() if isinstance(mod, torch.nn.BatchNorm2d)):
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.normal_(0, 0.1)
+            bn.running_mean.normal_(0, 0.1)
+            bn.running_var.uniform_(0.5, 1.5)
     torch.onnx.export(net, (torch.zeros(m.shape),), out, opset_version=m.opset, dynamo=False,
                       input_names=["data"], output_names=["out"])
-    # The TorchScript exporter leaves attention's reshapes computed from Shape ops, which
-    # NNEF-Tools refuses as dynamic shapes: onnxscript's optimizer folds them to constants.
+    # The TorchScript exporter leaves reshapes computed from Shape ops (attention) and
+    # ConstantOfShape chains (ViT's class token expand), which NNEF-Tools refuses as
+    # dynamic shapes: onnxscript's optimizer folds the first, _fold_constants the rest.
     import onnx
     import onnxscript.optimizer
 
-    onnx.save(onnxscript.optimizer.optimize(onnx.load(out)), out)
+    onnx.save(_fold_constants(onnxscript.optimizer.optimize(onnx.load(out))), out)
+
+
+def _fold_constants(model):
+    """`model` with every node whose inputs are all initializers replaced by its value
+    (onnx's reference evaluator computes it), in one pass in topological order."""
+    import onnx
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    kept = []
+    for node in graph.node:
+        if not node.input or not all(i in consts for i in node.input if i):
+            kept.append(node)
+            continue
+        values = ReferenceEvaluator(node).run(None, {i: consts[i] for i in node.input if i})
+        for name, value in zip(node.output, values):
+            consts[name] = value
+            graph.initializer.append(numpy_helper.from_array(value, name))
+    del graph.node[:]
+    graph.node.extend(kept)
+    # shapes inferred before the fold called the folded values' consumers dynamic
+    del graph.value_info[:]
+    return onnx.shape_inference.infer_shapes(model)
 
 
 def onnx_file(m: Model, cache: Path = CACHE) -> Path:
