@@ -69,3 +69,24 @@ graph G(x, f, a, b) -> (y, z) {
     _, _, plan = lower_graph(retype(parse_nnef(text, "g.nnef")), Target.make())
     assert {k["ops"][0]: k["arith_ops"] for k in plan["kernels"]} == \
         {"conv": 2 * 27 * 4 * 6 * 6, "matmul": 2 * 5 * 2 * 3}
+
+
+def test_gops_dash_for_data_movement(tmp_path, capsys):
+    """A kernel that only moves data (a transpose) has no GOPS: '-' in the table, null in
+    the JSON, instead of a count of its output elements."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "graph.nnef").write_text("""version 1.0;
+graph G(x) -> (y) {
+  x = external<scalar>(shape = [16, 8]);
+  y = transpose(x, axes = [1, 0]);
+}
+""")
+    artifact, out = tmp_path / "t.cvmx", tmp_path / "b.json"
+    assert main(["compile", str(tmp_path / "m"), "-o", str(artifact)]) == 0
+    capsys.readouterr()
+    assert main(["bench", str(artifact), "--repeat", "2", "--warmup", "1", "--json",
+                 str(out)]) == 0
+    (row,) = json.loads(out.read_text())["kernels"]
+    assert row["gops"] is None
+    line = next(s for s in capsys.readouterr().out.splitlines() if row["kernel"] in s)
+    assert line.split()[-2] == "-"  # ... max ms, GOPS, share

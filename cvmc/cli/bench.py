@@ -46,13 +46,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows = []
     for spec, times in zip(model.plan["kernels"], per_kernel):
         med = statistics.median(times)
-        gops = spec.get("arith_ops", 0) / med / 1e9 if med else 0.0
+        # a kernel that only moves data has no operations: no GOPS rather than a 0
+        ops = spec.get("arith_ops", 0)
+        gops = ops / med / 1e9 if ops and med else None
         rows.append({"kernel": spec["symbol"], "schedule": spec.get("schedule", "-"),
                      "median_ms": med * 1e3, "min_ms": min(times) * 1e3,
                      "max_ms": max(times) * 1e3, "gops": gops, "share": med / total})
         table.add_row(spec["symbol"], rows[-1]["schedule"], f"{med * 1e3:.3f}",
-                      f"{min(times) * 1e3:.3f}", f"{max(times) * 1e3:.3f}", f"{gops:.0f}",
-                      f"{med / total:.1%}")
+                      f"{min(times) * 1e3:.3f}", f"{max(times) * 1e3:.3f}",
+                      "-" if gops is None else f"{gops:.1f}", f"{med / total:.1%}")
     console.print(table)
     run = {"median_ms": statistics.median(runs) * 1e3, "min_ms": min(runs) * 1e3,
            "max_ms": max(runs) * 1e3}

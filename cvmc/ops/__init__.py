@@ -1,5 +1,6 @@
 """All operators. Importing this package registers every op and runs the self-check."""
 from cvmc.ops import (  # noqa: F401  (imported for their registrations)
+    arith,
     broadcast,
     cinn,
     cinn_conv,
@@ -19,6 +20,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
 )
 from cvmc.ops.registry import Attrs, OpDef, all_ops, check_registry, lookup
 
+arith.register()
 check_registry()
 
 __all__ = ["Attrs", "OpDef", "all_ops", "lookup"]

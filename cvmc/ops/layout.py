@@ -325,13 +325,6 @@ def _conv2d_packed_lower(xs, a):
     return te.compute(acc.shape, result, name="conv2d_packed")
 
 
-@conv2d_packed.arith
-def _conv2d_packed_arith(ins, outs, a):
-    data, weight = ins[0].shape, ins[1].shape  # data NCHW or NCHW16c
-    channels = data[1] * (data[4] if len(data) == 5 else 1)
-    return 2 * channels // a.groups * weight[2] * weight[3]
-
-
 @conv2d_packed.cost
 def _conv2d_packed_cost(ins, outs, a):
     c, _, kh, kw = _packed_geometry(ins, a)

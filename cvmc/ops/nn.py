@@ -253,12 +253,6 @@ def _conv2d_lower(xs, a):
     return _lower_bias(y, xs, 1, "conv2d_bias")
 
 
-@conv2d.arith
-def _conv2d_arith(ins, outs, a):
-    _, icg, kh, kw = ins[1].shape
-    return 2 * icg * kh * kw
-
-
 @conv2d.cost
 def _conv2d_cost(ins, outs, a):
     _, ic, kh, kw = ins[1].shape
@@ -310,11 +304,6 @@ def _dense_lower(xs, a):
     rk = te.reduce_axis((0, k), name="rk")
     y = te.compute((m, units), lambda i, j: te.sum(x[i, rk] * w[j, rk], axis=rk), name="dense")
     return _lower_bias(y, xs, 1, "dense_bias")
-
-
-@dense.arith
-def _dense_arith(ins, outs, a):
-    return 2 * ins[1].shape[1]
 
 
 @dense.cost

@@ -890,9 +890,6 @@ for _reverse, _name in ((False, "conv"), (True, "deconv")):
     lookup(_name).cost(lambda ins, outs, a: math.prod(ins[1].shape[1:]))  # C/G x taps
     lookup(_name).reference(_conv_reference(_name, _reverse))
     lookup(_name).lower(_conv_lower(_name, _reverse))
-# GOPS: a forward conv's output element is C/G x taps multiply-adds (a deconv's depends on
-# which taps hit, so it keeps 1 per element)
-lookup("conv").arith(lambda ins, outs, a: 2 * math.prod(ins[1].shape[1:]))
 for _reverse, _name in ((False, "box"), (True, "debox")):
     lookup(_name).reference(_box_reference(_name, _reverse))
     lookup(_name).lower(_box_lower(_name, _reverse))

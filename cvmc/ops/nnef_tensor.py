@@ -218,12 +218,6 @@ for _kind, _fn in (("max", np.argmax), ("min", np.argmin)):
 
 
 # ---- matmul --------------------------------------------------------------------------
-@lookup("matmul").arith
-def _matmul_arith(ins, outs, a):
-    """2 per multiply-add: K of them per output element (GOPS)."""
-    return 2 * ins[0].shape[-2 if a.transposeA else -1]
-
-
 @lookup("matmul").reference
 def _matmul_reference(xs, a):
     A, B = xs

@@ -29,9 +29,11 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   never at module level, so checking a graph never loads TVM.
 - cost(ins, outs, a) -> int: base operations per output element (default 1), as
   CVM-Runtime's gas counts them.
-- arith(ins, outs, a) -> int: arithmetic operations per element of the first output, for
-  GOPS (`cvmc bench`): 2 per multiply-add, the convention of every GOPS figure (default:
-  1 per output element).
+- arith(ins, outs, a) -> int: the node's arithmetic operations, for GOPS (`cvmc bench`):
+  2 per multiply-add, the convention of every GOPS figure. Default by fusion kind:
+  element-wise and broadcast ops their output elements x (inputs - 1), at least 1;
+  reductions their input elements; injective ops (data movement) 0; any other op its
+  output elements. `cvmc/ops/arith.py` gives the ops these do not fit.
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
 Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
@@ -386,9 +388,13 @@ class OpDef:
                   a: Attrs) -> int:
         """Arithmetic operations of one node (see the `arith` rule)."""
         rule = self.rules.get("arith")
-        if rule is None:
-            return sum(o.size for o in outs)
-        return int(rule(list(ins), list(outs), a)) * outs[0].size
+        if rule is not None:
+            return int(rule(list(ins), list(outs), a))
+        if self.fusion in (Fusion.ELEMWISE, Fusion.BROADCAST):
+            return outs[0].size * max(len(ins) - 1, 1)
+        if self.fusion is Fusion.REDUCTION:
+            return ins[0].size
+        return 0 if self.fusion is Fusion.INJECTIVE else sum(o.size for o in outs)
 
     def missing_rules(self) -> list[str]:
         """Rules this entry still lacks."""
