@@ -83,6 +83,7 @@ _RULES = {
     "max_pool2d": lambda ins, outs, a: _size(outs[0].shape) * math.prod(a.pool_size),
     "box": _box_arith(False),
     "argmax_pool": _box_arith(False),
+    "nnef.max_window": _box_arith(False),
     "debox": _box_arith(True),
     "multilinear_upsample": lambda ins, outs, a: _mac(_size(outs[0].shape), 2 ** len(a.factor)),
     # RoI cells are as large as the rois' values make them: one per output element
@@ -104,7 +105,6 @@ _RULES = {
                      "nnef.squeeze", "nnef.tile", "nnef.transpose", "copy", "cinn.identity",
                      "cinn.const_scalar"), _none),
 }
-
 
 
 def register() -> None:

@@ -63,6 +63,9 @@ CASES = [
     ("argmax_pool 2x2", lambda: count(
         "argmax_pool", [(1, 3, 4, 4)], size=[1, 1, 2, 2], stride=[1, 1, 2, 2],
         padding=[(0, 0)] * 4, out_shape=(1, 3, 2, 2)), 12 * 4),
+    ("max_window 3x3 /2", lambda: count(
+        "nnef.max_window", [(1, 2, 7, 7)], size=[1, 1, 3, 3], stride=[1, 1, 2, 2],
+        padding=[(0, 0), (0, 0), (1, 1), (1, 1)], out_shape=(1, 2, 4, 4)), 32 * 9),
     ("debox 2x2 /2", lambda: count(
         "debox", [(1, 1, 3, 3)], size=[1, 1, 2, 2], stride=[1, 1, 2, 2],
         padding=[(0, 0)] * 4, out_shape=(1, 1, 6, 6)), 9 * 4),
