@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
-from cvmc.lowering.depthwise import schedule_depthwise
+from cvmc.lowering.depthwise import schedule_depthwise, schedule_depthwise_blocked
 from cvmc.lowering.schedule import (
     cuda_target,
     schedule_cpu,
@@ -46,6 +46,9 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),
+    # NCHW16c depthwise convs (`block_activations`): 16 channels in the vector lanes.
+    ScheduleRule("cpu-depthwise-blocked", "depthwise_conv2d_blocked", (),
+                 schedule_depthwise_blocked),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]
