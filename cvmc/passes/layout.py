@@ -20,9 +20,12 @@ ones, a weight that is not a constant, and reductions longer than `MAX_PACKED_RE
 
 `block_activations` then keeps the activations between such convs in the kernels' own
 layout, NCHW16c: a conv2d_packed result that feeds another conv2d_packed's data, through
-element-wise epilogues (shift, clip, relu) and residual joins (elemwise_add), is written
+element-wise epilogues (shift, clip, relu), residual joins (elemwise_add) and, on llvm,
+depthwise convs and max pools (MobileNet's blocks, ResNet's stem: they become
+depthwise_conv2d_blocked on a folded OIHW16o weight and max_pool2d_blocked), is written
 blocked and read blocked; a `layout_transform` to NCHW16c brings a join's other operand
-in (a pool's result), one back to NCHW serves any other reader and a graph output.
+in, one back to NCHW serves any other reader and a graph output. Without them each 1x1
+conv after a depthwise one repacked NCHW bytes into 4-channel words and wrote NCHW.
 """
 from __future__ import annotations
 
