@@ -274,3 +274,41 @@ def test_cuda_pipeline_blocks_the_same_and_keeps_dense():
     ops = {t: [n.op for n in run_pipeline(g, target=Target.make(t)).nodes]
            for t in ("llvm", "cuda")}
     assert ops == {"llvm": ["reshape", "conv2d_packed", "reshape"], "cuda": ["dense"]}
+
+
+def benchmark_network(name: str, tmp_path):
+    """benchmarks/models.py's network `name` at 32x32, loaded as cvmc reads it."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import cvmc
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
+    spec = importlib.util.spec_from_file_location("cvmc_benchmark_models", path)
+    models = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = models  # dataclasses look their module up by name
+    spec.loader.exec_module(models)
+    return cvmc.load_graph(models.MODELS[name](32).write(tmp_path / name))
+
+
+def test_mobilenet_v1_is_blocked_from_the_first_conv_to_the_classifier(tmp_path):
+    """All 13 depthwise convs run blocked, every conv between the first and the last
+    block's 1x1 conv (which writes NCHW for the pool) reads and writes NCHW16c, and no
+    layout_transform is left."""
+    after = blocked(benchmark_network("mobilenet_v1", tmp_path))
+    assert len([n for n in after.nodes if n.op == "depthwise_conv2d_blocked"]) == 13
+    assert not [n for n in after.nodes if n.op == "conv2d"]
+    convs = layouts(after)  # 14 convs and the classifier
+    assert convs == [("NCHW", P), *[(P, P)] * 12, (P, "NCHW"), ("NCHW", "NCHW")]
+    assert activation_transforms(after) == []
+
+
+def test_resnet18_stem_writes_blocked_and_pools_blocked(tmp_path):
+    """conv1 writes NCHW16c and the max pool reads and writes it (max_pool2d_blocked): no
+    layout_transform into NCHW16c is left, only the last block's back to NCHW."""
+    after = blocked(benchmark_network("resnet18", tmp_path))
+    (pool,) = [n for n in after.nodes if n.op.startswith("max_pool2d")]
+    assert pool.op == "max_pool2d_blocked"
+    assert layouts(after)[0] == ("NCHW", P)
+    assert [layout for layout, _ in activation_transforms(after)] == ["NCHW"]
