@@ -191,9 +191,10 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     nodes = [transform(v, True) for v in graph.inputs if v in blocked]
     weights = len(nodes)  # where the depthwise weights' transforms go
     rewritten = False
-    for n in graph.nodes:
-        if _through(graph, n, target) and n.outputs[0] in blocked:
-            n, weight = _blocked_form(n, taken)
+    for node in graph.nodes:
+        n = node  # what it becomes; `aware` asks about the node as it was
+        if _through(graph, node, target) and node.outputs[0] in blocked:
+            n, weight = _blocked_form(node, taken)
             nodes[weights:weights] = weight
             rewritten = True
         attrs = dict(n.attrs)
@@ -201,7 +202,7 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
             attrs["out_layout"] = BLOCKED_LAYOUT
         if n.op == "conv2d_packed" and n.inputs[0] in blocked:
             attrs["data_layout"] = BLOCKED_LAYOUT
-        inputs = tuple(name[i] if i in blocked and aware(n, i) else i for i in n.inputs)
+        inputs = tuple(name[i] if i in blocked and aware(node, i) else i for i in n.inputs)
         outs = tuple(name[o] if o in blocked and o not in seeds else o for o in n.outputs)
         nodes.append(Node(n.op, inputs, outs, attrs, span=n.span))
         nodes += [transform(o, o in seeds, n.span) for o in n.outputs

@@ -161,7 +161,7 @@ def test_residual_blocks_stay_blocked():
     assert not [k for k in plan["kernels"] if k["ops"] == ["layout_transform"]]
 
 
-def mobilenet_like(channels: int = 32):
+def mobilenet_like(channels: int = 32, outputs=("t",)):
     """conv 3x3/2 -> shift -> relu, then depthwise-separable blocks (a 3x3 depthwise conv
     -> shift -> relu -> a 1x1 conv -> shift -> relu), the second depthwise conv strided,
     then a sum over H and W: MobileNet-v1's structure, small."""
@@ -177,7 +177,7 @@ def mobilenet_like(channels: int = 32):
                   ("relu", [f"s{k}"], f"r{k}", {})]
         value, c = f"r{k}", oc
     nodes.append(("sum", [value], "t", {"axes": [2, 3]}))
-    return graph({"x": ((1, 3, 14, 14), 8)}, nodes, ["t"], weights)
+    return graph({"x": ((1, 3, 14, 14), 8)}, nodes, list(outputs), weights)
 
 
 def test_depthwise_convs_stay_blocked():
@@ -195,6 +195,17 @@ def test_depthwise_convs_stay_blocked():
     plan = compiled_vs_reference(mobilenet_like())
     assert [k["schedule"] for k in plan["kernels"] if "depthwise_conv2d_blocked" in k["ops"]] \
         == ["cpu-depthwise-blocked"] * 2
+
+
+def test_depthwise_conv_reads_blocked_beside_a_graph_output():
+    """r0 is a graph output and the depthwise conv's data: the conv reads the blocked
+    value under its new name, the output an NCHW copy."""
+    g = mobilenet_like(outputs=("t", "r0"))
+    after = blocked(g)
+    (depthwise, _) = [n for n in after.nodes if n.op == "depthwise_conv2d_blocked"]
+    assert depthwise.inputs[0] == "r0_nchw16c"
+    assert activation_transforms(after) == [("NCHW", "r0")]
+    run_both(g)
 
 
 def test_depthwise_conv_on_partial_blocks_stays_nchw():
