@@ -117,3 +117,47 @@ def _column_stride(block) -> int | None:
     column = block.iter_vars[3].var  # iterators (batch, channel, row, column, reductions)
     data = next(r for r in block.reads if uses(r.region[-1].min, column))
     return stride_along(data.region[-1].min, column)
+
+
+# Output columns per register tile of `schedule_depthwise_blocked`: each column holds its
+# 16 channels' int32 sums (2 ymm, 1 zmm), so 4 columns leave AVX2 room for a tap's weights.
+_BLOCKED_COLUMNS = 4
+# Parallel tasks (n x channel blocks x row groups) the blocked schedule leaves, so 2
+# threads stay balanced.
+_MIN_TASKS = 16
+
+
+def schedule_depthwise_blocked(sch, func_name: str) -> None:
+    """Schedule a depthwise_conv2d_blocked kernel (NCHW16c in and out): the 16 channels of
+    a block in the vector lanes. (n, channel block, output row) fused and parallel; a tile
+    of output columns; the kernel window unrolled, each tap's 16 weights loaded once for
+    the tile's columns; each column's 16 int32 sums one vector (exact: int8 x int8
+    products, no saturating instruction). The epilogue runs on each finished tile. The
+    padded input (int8) is computed per task (a group of rows: n x channel blocks x
+    groups >= _MIN_TASKS), right before its rows are (in L2, 16 bytes per pixel)."""
+    inline_all(sch, func_name)
+    conv = sch.get_sblock("depthwise_conv2d_blocked", func_name=func_name)
+    n, cb, p, q, ci, ry, rx = sch.get_loops(conv)
+    tile, column = sch.split(q, [None, largest_divisor(int(sch.get(q).extent),
+                                                        _BLOCKED_COLUMNS)])
+    sch.reorder(tile, ry, rx, column, ci)
+    planes = int(sch.get(n).extent) * int(sch.get(cb).extent)
+    rows = int(sch.get(p).extent)
+    # Each task a group of rows, as few groups as give _MIN_TASKS tasks
+    groups = next(d for d in range(1, rows + 1) if rows % d == 0 and
+                  (planes * d >= _MIN_TASKS or d == rows))
+    group, _ = sch.split(p, [groups, None])
+    task = sch.fuse(n, cb, group)
+    sch.parallel(task)
+    for consumer in sch.get_consumers(conv):
+        sch.reverse_compute_at(consumer, tile)
+        vectorize_under(sch, consumer, tile)
+    sch.unroll(ry)
+    sch.unroll(rx)
+    sch.unroll(column)
+    sch.vectorize(ci)
+    sch.decompose_reduction(conv, ry)
+    root = sch.get_sblock("root", func_name=func_name)
+    for pad in [b for b in sch.get_child_blocks(root)
+                if MATERIALIZE in sch.get(b).annotations]:
+        sch.compute_at(pad, task)

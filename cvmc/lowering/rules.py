@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
-from cvmc.lowering.depthwise import schedule_depthwise
+from cvmc.lowering.depthwise import schedule_depthwise, schedule_depthwise_blocked
 from cvmc.lowering.pool import schedule_max_window
 from cvmc.lowering.schedule import (
     cuda_target,
@@ -49,6 +49,9 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),
+    # NCHW16c depthwise convs (`block_activations`): 16 channels in the vector lanes.
+    ScheduleRule("cpu-depthwise-blocked", "depthwise_conv2d_blocked", (),
+                 schedule_depthwise_blocked),
     # NNEF max_pool (the simplify pass's max_window): columns in lanes, window unrolled.
     ScheduleRule("cpu-max-window", "nnef.max_window", (), schedule_max_window),
     # Float matmul (and linear, its weight transposed back at compile time): a register

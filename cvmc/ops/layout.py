@@ -19,12 +19,17 @@ from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nn import (
     _add_bias,
     _bias_precision,
+    _conv2d_reference,
     _conv_out_hw,
     _exact_matmul,
     _gather_windows,
+    _max_pool2d_reference,
     _pair_attr,
+    _pool_geometry,
     _require_low_precision,
     _require_rank,
+    lower_max_pool,
+    max_pool2d,
 )
 from cvmc.ops.nnef_math import te_broadcast
 from cvmc.ops.nnef_nn import _conv_geometry, _conv_reference
@@ -421,3 +426,153 @@ def _conv_packed_lower(xs, a):
 # GOPS: C/G x taps multiply-adds per output element, as conv's
 conv_packed.arith(lambda ins, outs, a: 2 * math.prod(ins[1].shape[1:4]))
 conv_packed.cost(lambda ins, outs, a: math.prod(ins[1].shape[1:4]))
+
+
+# ---- depthwise_conv2d_blocked, max_pool2d_blocked --------------------------------------
+# The ops between packed convs that keep activations blocked (`block_activations`): a
+# depthwise conv2d (groups == C == OC) and max_pool2d on NCHW16c data, writing NCHW16c.
+# Each computes exactly the CVM op on the unblocked tensor of C/16 * 16 channels (padding
+# channels included: their data and weights are zero). The depthwise weight is OIHW16o,
+# (C/16, 1, KH, KW, 16): the 16 channels of a block, one per vector lane, next to each
+# other for every tap.
+DEPTHWISE_WEIGHT_LAYOUT = f"OIHW{OC_BLOCK}o"
+_WEIGHT_TO_PLAIN = Attrs(src_layout=DEPTHWISE_WEIGHT_LAYOUT, dst_layout="OIHW")
+
+depthwise_conv2d_blocked = op(
+    "depthwise_conv2d_blocked", family="layout", inputs=("data", "weight", "bias?"),
+    fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",),
+    attrs=(
+        _pair_attr("padding", 0, (0, 0)),
+        _pair_attr("stride", 1, (1, 1)),
+        _pair_attr("dilation", 1, (1, 1)),
+    ),
+    precision_rule="as depthwise conv2d: p_x + p_w + bitlen(KH*KW); with bias max(that, "
+                   "p_b) + 1")
+
+
+def _blocked_data_shape(opname: str, x) -> tuple[int, int, int, int]:
+    """(N, C, H, W) of NCHW16c data, C counting the padding channels."""
+    _require_rank(opname, "data", x, 5, f"(N, C/{OC_BLOCK}, H, W, {OC_BLOCK})")
+    require(x.shape[4] == OC_BLOCK, f"{opname}: data in layout {BLOCKED_LAYOUT} must have "
+                                    f"{OC_BLOCK} channels in its last axis")
+    return _transformed_shape(x.shape, _TO_PLAIN)
+
+
+def _depthwise_geometry(ins, a) -> tuple[tuple[int, int, int, int], int, int]:
+    """((N, C, H, W), KH, KW) after checking the weight (and bias) against the data."""
+    data = _blocked_data_shape("depthwise_conv2d_blocked", ins[0])
+    _require_rank("depthwise_conv2d_blocked", "weight", ins[1], 5,
+                  f"(C/{OC_BLOCK}, 1, KH, KW, {OC_BLOCK})")
+    cb, one, kh, kw, ob = ins[1].shape
+    require((cb, one, ob) == (data[1] // OC_BLOCK, 1, OC_BLOCK),
+            f"depthwise_conv2d_blocked: weight shape {list(ins[1].shape)} is not "
+            f"{DEPTHWISE_WEIGHT_LAYOUT} for {data[1]} channels")
+    if len(ins) == 3:
+        require(ins[2].shape == (data[1],),
+                f"depthwise_conv2d_blocked: bias must have shape ({data[1]},)")
+    return data, kh, kw
+
+
+@depthwise_conv2d_blocked.shape
+def _depthwise_blocked_shape(ins, a):
+    data, kh, kw = _depthwise_geometry(ins, a)
+    out = (*data[:2], *_conv_out_hw(data, (data[1], 1, kh, kw), a))
+    return _transformed_shape(out, _TO_BLOCKED)
+
+
+@depthwise_conv2d_blocked.precision
+def _depthwise_blocked_precision(ins, a):
+    _, kh, kw = _depthwise_geometry(ins, a)
+    _require_low_precision("depthwise_conv2d_blocked", ins)
+    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(kh * kw), ins)
+
+
+def _conv_attrs(a, groups: int) -> Attrs:
+    return Attrs(padding=a.padding, stride=a.stride, dilation=a.dilation, groups=groups)
+
+
+@depthwise_conv2d_blocked.reference
+def _depthwise_blocked_reference(xs, a):
+    x = _layout_transform_reference([xs[0]], _TO_PLAIN)
+    w = _layout_transform_reference([xs[1]], _WEIGHT_TO_PLAIN)
+    y = _conv2d_reference([x, w, *xs[2:]], _conv_attrs(a, x.shape[1]))
+    return _layout_transform_reference([y], _TO_BLOCKED)
+
+
+@depthwise_conv2d_blocked.lower
+def _depthwise_blocked_lower(xs, a):
+    from cvmc.ops.te import MATERIALIZE, const, shape_of, te, tirx
+    x, w = xs[0], xs[1]
+    n, cb, h, wd, ob = shape_of(x)
+    kh, kw = shape_of(w)[2:4]
+    (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
+    oh, ow = _conv_out_hw((n, cb * ob, h, wd), (cb * ob, 1, kh, kw), a)
+    read = x
+    if ph or pw:
+        # The padded input as its own int8 stage (data precision <= 8: exact), so the
+        # conv's inner loop reads without a bounds test; 16 channels of a pixel stay one
+        # 16-byte vector.
+        def padded(b, c, i, j, ci):
+            inside = tirx.all(i >= ph, i < h + ph, j >= pw, j < wd + pw)
+            return tirx.if_then_else(inside, x[b, c, i - ph, j - pw, ci].astype("int8"),
+                                     const(0, "int8"))
+        read = te.compute((n, cb, h + 2 * ph, wd + 2 * pw, ob), padded,
+                          name="depthwise_conv2d_blocked_pad", attrs={MATERIALIZE: 1})
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+
+    def acc(b, c, p, q, ci):
+        # int32 products (|x * w| <= 128 * 128) summed exactly: the precision rule keeps
+        # the sum inside int32.
+        pixel = read[b, c, p * sh + ry * dh, q * sw + rx * dw, ci].astype("int32")
+        return te.sum(pixel * w[c, 0, ry, rx, ci].astype("int32"), axis=[ry, rx])
+    y = te.compute((n, cb, oh, ow, ob), acc, name="depthwise_conv2d_blocked")
+    if len(xs) < 3:
+        return y
+    bias = xs[2]
+    return te.compute(y.shape, lambda b, c, p, q, ci: y[b, c, p, q, ci] + bias[c * ob + ci],
+                      name="depthwise_conv2d_blocked_bias")
+
+
+@depthwise_conv2d_blocked.arith
+def _depthwise_blocked_arith(ins, outs, a):
+    return 2 * ins[1].shape[2] * ins[1].shape[3]
+
+
+@depthwise_conv2d_blocked.cost
+def _depthwise_blocked_cost(ins, outs, a):
+    return 3 * ins[1].shape[2] * ins[1].shape[3] + (1 if len(ins) == 3 else 0)
+
+
+max_pool2d_blocked = op(
+    "max_pool2d_blocked", family="layout", inputs=("data",), fusion=Fusion.OUT_ELEMWISE,
+    seeds=("cvmc",), attrs=tuple(x for x in max_pool2d.attrs if x.name != "layout"),
+    precision_rule="p_x")
+
+
+@max_pool2d_blocked.shape
+def _max_pool2d_blocked_shape(ins, a):
+    data = _blocked_data_shape("max_pool2d_blocked", ins[0])
+    _, _, oh, ow = _pool_geometry(data, a)
+    return (*ins[0].shape[:2], oh, ow, OC_BLOCK)
+
+
+@max_pool2d_blocked.precision
+def _max_pool2d_blocked_precision(ins, a):
+    return ins[0].precision
+
+
+@max_pool2d_blocked.reference
+def _max_pool2d_blocked_reference(xs, a):
+    y = _max_pool2d_reference([_layout_transform_reference([xs[0]], _TO_PLAIN)], a)
+    return _layout_transform_reference([y], _TO_BLOCKED)
+
+
+@max_pool2d_blocked.lower
+def _max_pool2d_blocked_lower(xs, a):
+    return lower_max_pool(xs[0], a, "max_pool2d_blocked")
+
+
+@max_pool2d_blocked.cost
+def _max_pool2d_blocked_cost(ins, outs, a):
+    return a.pool_size[0] * a.pool_size[1]

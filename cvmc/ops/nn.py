@@ -416,11 +416,17 @@ _MAX_UNROLLED_WINDOW = 64
 
 @max_pool2d.lower
 def _max_pool2d_lower(xs, a):
+    return lower_max_pool(xs[0], a, "max_pool2d")
+
+
+def lower_max_pool(x, a, name: str):
+    """TE of max_pool2d on `x` (N, C, H, W), or (N, C/16, H, W, 16) blocked: rows and
+    columns are axes 2 and 3 in both layouts, a blocked tensor's inner channel axis rides
+    along (`cvmc.ops.layout`'s max_pool2d_blocked)."""
     from cvmc.ops.te import INTERIOR, shape_of, te, tirx
-    x = xs[0]
     ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
     (kh, kw), (sh, sw) = a.pool_size, a.strides
-    h, w = shape_of(x)[2:]
+    h, w = shape_of(x)[2:4]
     # Output columns whose whole window lies inside the input: q*SW - PW >= 0 and
     # q*SW - PW + KW <= W. There the clamps below vanish (the CPU schedule splits them off).
     start = min(-(-pw // sw), ow)
@@ -428,14 +434,14 @@ def _max_pool2d_lower(xs, a):
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
 
-    def window_max(n, c, p, q):
+    def window_max(n, c, p, q, *inner):
         # A tap in the padding reads the nearest input pixel instead: every window holds
         # at least one input pixel (the shape rule) and its pixels are contiguous, so
         # that nearest pixel is in the window too and the maximum is unchanged -- with
         # no test in the loop and no read outside the input (ceil_mode included).
         def tap(ky, kx):
             i = tirx.max(tirx.min(p * sh + ky - ph, h - 1), 0)
-            return x[n, c, i, tirx.max(tirx.min(q * sw + kx - pw, w - 1), 0)]
+            return x[(n, c, i, tirx.max(tirx.min(q * sw + kx - pw, w - 1), 0), *inner)]
         if kh * kw > _MAX_UNROLLED_WINDOW:
             return te.max(tap(ry, rx), axis=[ry, rx])
         # Unrolled, the pooling block is all spatial and its output columns vectorise
@@ -443,8 +449,13 @@ def _max_pool2d_lower(xs, a):
         # at 1 thread).
         return functools.reduce(tirx.max, [tap(ky, kx) for ky in range(kh)
                                            for kx in range(kw)])
-    return te.compute((*shape_of(x)[:2], oh, ow), window_max, name="max_pool2d",
-                      attrs={INTERIOR: [3, start, stop]})
+    shape = shape_of(x)
+    if len(shape) == 5:
+        return te.compute((*shape[:2], oh, ow, shape[4]),
+                          lambda n, c, p, q, ci: window_max(n, c, p, q, ci), name=name,
+                          attrs={INTERIOR: [3, start, stop]})
+    return te.compute((*shape[:2], oh, ow), lambda n, c, p, q: window_max(n, c, p, q),
+                      name=name, attrs={INTERIOR: [3, start, stop]})
 
 
 @max_pool2d.cost

@@ -20,9 +20,12 @@ ones, a weight that is not a constant, and reductions longer than `MAX_PACKED_RE
 
 `block_activations` then keeps the activations between such convs in the kernels' own
 layout, NCHW16c: a conv2d_packed result that feeds another conv2d_packed's data, through
-element-wise epilogues (shift, clip, relu) and residual joins (elemwise_add), is written
+element-wise epilogues (shift, clip, relu), residual joins (elemwise_add) and, on llvm,
+depthwise convs and max pools (MobileNet's blocks, ResNet's stem: they become
+depthwise_conv2d_blocked on a folded OIHW16o weight and max_pool2d_blocked), is written
 blocked and read blocked; a `layout_transform` to NCHW16c brings a join's other operand
-in (a pool's result), one back to NCHW serves any other reader and a graph output.
+in, one back to NCHW serves any other reader and a graph output. Without them each 1x1
+conv after a depthwise one repacked NCHW bytes into 4-channel words and wrote NCHW.
 """
 from __future__ import annotations
 
@@ -31,8 +34,15 @@ import numpy as np
 from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
-from cvmc.ops.layout import BLOCKED_LAYOUT, MAX_PACKED_REDUCTION, OC_BLOCK, WEIGHT_LAYOUT
+from cvmc.ops.layout import (
+    BLOCKED_LAYOUT,
+    DEPTHWISE_WEIGHT_LAYOUT,
+    MAX_PACKED_REDUCTION,
+    OC_BLOCK,
+    WEIGHT_LAYOUT,
+)
 from cvmc.ops.registry import Attrs, Fusion
+from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
 
@@ -104,18 +114,33 @@ def _whole_blocks(shape: tuple[int, ...]) -> bool:
     return len(shape) == 4 and shape[1] % OC_BLOCK == 0
 
 
-def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
-    """(values that can be computed blocked, seeds). A conv2d_packed result can, and so
-    can an element-wise node's when one of its inputs can: its other inputs (a ResNet
-    join's shortcut, e.g. a pool's result) are the seeds, blocked by a layout_transform.
-    Only whole blocks: a blocked tensor then holds no padding channel, so every op computes
-    exactly the values it computed on NCHW."""
+def _through(graph: Graph, node: Node, target: Target | None) -> bool:
+    """A node with a blocked form on `target` (llvm): a depthwise conv2d on a constant
+    weight (-> depthwise_conv2d_blocked) or a max_pool2d (-> max_pool2d_blocked). CUDA
+    keeps them as they are (its depthwise rule and dlight schedule the NCHW ops)."""
+    if target is None or target.kind != "llvm":
+        return False
+    if node.op == "max_pool2d":
+        return True
+    if node.op != "conv2d" or node.inputs[1] not in graph.constants:
+        return False
+    oc, ic = graph.types[node.inputs[1]].shape[:2]
+    return ic == 1 and node.attrs["groups"] == oc == graph.types[node.inputs[0]].shape[1]
+
+
+def _blockable(graph: Graph, target: Target | None) -> tuple[set[str], set[str]]:
+    """(values that can be computed blocked, seeds). A conv2d_packed result can, so can a
+    depthwise conv's or a max pool's whose data can (`_through`), and an element-wise
+    node's when one of its inputs can: its other inputs (a ResNet join's shortcut) are the
+    seeds, blocked by a layout_transform. Only whole blocks: a blocked tensor then holds
+    no padding channel, so every op computes exactly the values it computed on NCHW."""
     types, blockable, seeds = graph.types, set(), set()
     for node in graph.nodes:
         out = node.outputs[0]
         if not _whole_blocks(types[out].shape):
             continue
-        if node.op == "conv2d_packed" and node.attrs["out_layout"] == "NCHW":
+        if node.op == "conv2d_packed" and node.attrs["out_layout"] == "NCHW" or \
+                _through(graph, node, target) and node.inputs[0] in blockable:
             blockable.add(out)
         elif _elementwise(node, types) and any(i in blockable for i in node.inputs):
             others = [i for i in node.inputs if i not in blockable]
@@ -128,9 +153,10 @@ def _blockable(graph: Graph) -> tuple[set[str], set[str]]:
 def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     """Keep activations between conv2d_packed kernels in NCHW16c (llvm and cuda): a value
     is blocked when it can be (`_blockable`) and a layout-aware node reads it: a
-    conv2d_packed as its data, or an element-wise node computing blocked. Any other
+    conv2d_packed as its data, or an element-wise node, depthwise conv or max pool
+    computing blocked (those two then become their blocked ops, on llvm). Any other
     reader, and a graph output, reads an NCHW copy under the value's name."""
-    blockable, seeds = _blockable(graph)
+    blockable, seeds = _blockable(graph, target)
     consumers, outputs = graph.consumers(), set(graph.outputs)
     blocked: set[str] = set()
 
@@ -139,7 +165,9 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
         if node.op == "conv2d_packed":  # a grouped one reads NCHW data only
             return node.inputs[0] == value and node.attrs["data_layout"] == "NCHW" and \
                 node.attrs["groups"] == 1
-        return node.outputs[0] in blocked and _elementwise(node, graph.types)
+        return node.outputs[0] in blocked and (
+            _elementwise(node, graph.types) or _through(graph, node, target) and
+            node.inputs[0] == value)
 
     for value in reversed(list(graph.values())):  # readers are decided before their inputs
         readers = [c for c in consumers.get(value, []) if aware(c, value)]
@@ -161,20 +189,46 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
         return Node("layout_transform", (src,), (dst,),
                     {"src_layout": layouts[0], "dst_layout": layouts[1]}, span=span)
     nodes = [transform(v, True) for v in graph.inputs if v in blocked]
-    for n in graph.nodes:
+    weights = len(nodes)  # where the depthwise weights' transforms go
+    rewritten = False
+    for node in graph.nodes:
+        n = node  # what it becomes; `aware` asks about the node as it was
+        if _through(graph, node, target) and node.outputs[0] in blocked:
+            n, weight = _blocked_form(node, taken)
+            nodes[weights:weights] = weight
+            rewritten = True
         attrs = dict(n.attrs)
         if n.op == "conv2d_packed" and n.outputs[0] in blocked:
             attrs["out_layout"] = BLOCKED_LAYOUT
         if n.op == "conv2d_packed" and n.inputs[0] in blocked:
             attrs["data_layout"] = BLOCKED_LAYOUT
-        inputs = tuple(name[i] if i in blocked and aware(n, i) else i for i in n.inputs)
+        inputs = tuple(name[i] if i in blocked and aware(node, i) else i for i in n.inputs)
         outs = tuple(name[o] if o in blocked and o not in seeds else o for o in n.outputs)
         nodes.append(Node(n.op, inputs, outs, attrs, span=n.span))
         nodes += [transform(o, o in seeds, n.span) for o in n.outputs
                   if o in blocked and name[o] != o]
     # a renamed value's new name declares its element type; `retype` gives its shape
     types = {**graph.types, **{name[v]: graph.types[v] for v in blocked}}
-    return retype(graph.replace(nodes=nodes, types=types))
+    graph = retype(graph.replace(nodes=nodes, types=types))
+    # the depthwise weights' transforms become weights, as `pack_conv_weights`'s do
+    return eliminate_dead_code(fold_constants(graph)) if rewritten else graph
+
+
+def _blocked_form(node: Node, taken: set[str]) -> tuple[Node, list[Node]]:
+    """(the blocked op of a `_through` node, the transform of its weight into
+    OIHW16o: none for a pool). The caller renames its data and output."""
+    if node.op == "max_pool2d":
+        attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
+        return Node("max_pool2d_blocked", node.inputs, node.outputs, attrs, span=node.span), []
+    x, w, *bias = node.inputs
+    packed = _fresh(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}", taken)
+    transform = Node("layout_transform", (w,), (packed,),
+                     {"src_layout": "OIHW", "dst_layout": DEPTHWISE_WEIGHT_LAYOUT},
+                     span=node.span)
+    a = node.attrs
+    attrs = {"padding": a["padding"], "stride": a["stride"], "dilation": a["dilation"]}
+    return Node("depthwise_conv2d_blocked", (x, packed, *bias), node.outputs, attrs,
+                span=node.span), [transform]
 
 
 def _fresh(stem: str, taken: set[str]) -> str:

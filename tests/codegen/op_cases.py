@@ -76,6 +76,22 @@ def packed_conv_inputs(oc: int, c: int, kh: int, kw: int, seed: int):
     return w, blocks.transpose(0, 2, 4, 5, 1, 3), 128 * w.sum(axis=(1, 2, 3))
 
 
+def blocked_nchw(shape: tuple[int, ...], precision: int, seed: int):
+    """(random NCHW data with C channels as NCHW16c, precision): zero-pad C to 16, split
+    it, move the 16 inside (the padding channels are zero, as a layout_transform makes)."""
+    x = rand(shape, precision, seed)[0]
+    n, c, h, w = x.shape
+    x = np.pad(x, ((0, 0), (0, -c % 16), (0, 0), (0, 0)))
+    return x.reshape(n, -1, 16, h, w).transpose(0, 1, 3, 4, 2), precision
+
+
+def depthwise_weight(c: int, kh: int, kw: int, seed: int):
+    """(a depthwise weight (C, 1, KH, KW) as OIHW16o: C zero-padded to 16, split, the 16
+    innermost, precision 8)."""
+    w = np.pad(rand((c, 1, kh, kw), 8, seed)[0], ((0, -c % 16), (0, 0), (0, 0), (0, 0)))
+    return w.reshape(-1, 16, 1, kh, kw).transpose(0, 2, 3, 4, 1), 8
+
+
 _W, _WP, _COMP = packed_conv_inputs(20, 6, 3, 2, 11)
 _, _WP32, _COMP32 = packed_conv_inputs(32, 16, 3, 3, 21)  # NCHW16c in and out
 
@@ -231,6 +247,26 @@ CASES: list[OpCase] = [
             "out_layout": "NCHW16c"}, weights=(1, 2, 3)),
     OpCase("layout_transform", [rand((1, 2, 3, 4, 16), 8, 24)],
            {"src_layout": "NCHW16c", "dst_layout": "NCHW"}),
+    # 20 channels (a padded block), 7x7, stride 2, padding, bias
+    OpCase("depthwise_conv2d_blocked", [blocked_nchw((1, 20, 7, 7), 8, 25),
+                                        depthwise_weight(20, 3, 3, 26), rand((32,), 12, 27)],
+           {"padding": [1, 1], "stride": [2, 2]}, weights=(1, 2)),
+    # 1x1 spatial, every tap but the centre in the padding; no bias
+    OpCase("depthwise_conv2d_blocked", [blocked_nchw((1, 32, 1, 1), 8, 28),
+                                        depthwise_weight(32, 3, 3, 29)], {"padding": [1, 1]},
+           weights=(1,)),
+    # a 5x3 window, uneven strides and padding, dilation, 2 images
+    OpCase("depthwise_conv2d_blocked", [blocked_nchw((2, 16, 9, 14), 8, 30),
+                                        depthwise_weight(16, 5, 3, 31), rand((16,), 8, 32)],
+           {"padding": [2, 1], "stride": [1, 2], "dilation": [1, 2]}, weights=(1, 2)),
+    # no padding, 7x7 output
+    OpCase("depthwise_conv2d_blocked", [blocked_nchw((1, 16, 9, 9), 8, 33),
+                                        depthwise_weight(16, 3, 3, 34)], weights=(1,)),
+    OpCase("max_pool2d_blocked", [blocked_nchw((1, 20, 7, 7), 8, 35)],
+           {"pool_size": [3, 3], "strides": [2, 2], "padding": [1, 1]}),
+    OpCase("max_pool2d_blocked", [blocked_nchw((1, 16, 1, 1), 8, 36)], {"pool_size": [1, 1]}),
+    OpCase("max_pool2d_blocked", [blocked_nchw((2, 32, 8, 10), 8, 37)],
+           {"pool_size": [3, 2], "strides": [2, 3], "padding": [1, 0], "ceil_mode": True}),
     # Geometries whose reads reach the edges of their inputs (buffer-bounds class tests):
     # ceil_mode's last window overhangs the input even with zero padding.
     OpCase("max_pool2d", [(np.array([[[[-5, -6, -7], [-8, -9, -10], [-11, -12, -13]]]]), 8)],

@@ -145,19 +145,77 @@ def resnet_like():
 
 
 def test_residual_blocks_stay_blocked():
-    """Between the pool and the last join every activation is blocked: the pool's result
-    enters through one layout_transform (the join's shortcut and the first conv both read
-    it). The first conv (read by the pool) and the last join (read by the sum) stay NCHW:
-    blocking them would only add a transform back."""
+    """From the first conv to the last join every activation is blocked: the pool runs on
+    NCHW16c (max_pool2d_blocked) and no layout_transform is left (the join's shortcut and
+    the first block's conv both read the pool's blocked result). The last join (read by
+    the sum) stays NCHW: blocking it would only add a transform back."""
     after = blocked(resnet_like())
-    assert layouts(after) == [("NCHW", "NCHW"), (P, P), (P, P), (P, P), (P, "NCHW"),
+    assert layouts(after) == [("NCHW", P), (P, P), (P, P), (P, P), (P, "NCHW"),
                               (P, "NCHW")]
-    assert activation_transforms(after) == [(P, "p_nchw16c")]
+    assert activation_transforms(after) == []
+    (pool,) = [n for n in after.nodes if n.outputs == ("p",)]
+    assert pool.op == "max_pool2d_blocked" and pool.inputs == ("r0",)
     (join,) = [n for n in after.nodes if n.outputs == ("j1s",)]
-    assert join.inputs == ("s2", "p_nchw16c") and after.types["j1s"].shape == (1, 1, 6, 6, 16)
+    assert join.inputs == ("s2", "p") and after.types["j1s"].shape == (1, 1, 6, 6, 16)
     plan = compiled_vs_reference(resnet_like())
-    assert [k["schedule"] for k in plan["kernels"] if k["ops"] == ["layout_transform"]] == \
-        ["cpu-layout-transform"]
+    assert not [k for k in plan["kernels"] if k["ops"] == ["layout_transform"]]
+
+
+def mobilenet_like(channels: int = 32, outputs=("t",)):
+    """conv 3x3/2 -> shift -> relu, then depthwise-separable blocks (a 3x3 depthwise conv
+    -> shift -> relu -> a 1x1 conv -> shift -> relu), the second depthwise conv strided,
+    then a sum over H and W: MobileNet-v1's structure, small."""
+    nodes, weights, value, c = [], {}, "x", 3
+    layers = [(channels, 3, 1, 2), (channels, 3, channels, 1), (2 * channels, 1, 1, 1),
+              (2 * channels, 3, 2 * channels, 2), (32, 1, 1, 1)]
+    for k, (oc, kernel, groups, stride) in enumerate(layers):
+        weights[f"w{k}"] = rand((oc, c // groups, kernel, kernel), 8, 60 + k)
+        weights[f"b{k}"] = rand((oc,), 12, 70 + k)
+        nodes += [("conv2d", [value, f"w{k}", f"b{k}"], f"c{k}",
+                   {"padding": [kernel // 2] * 2, "stride": [stride] * 2, "groups": groups}),
+                  ("cvm_right_shift", [f"c{k}"], f"s{k}", SHIFT),
+                  ("relu", [f"s{k}"], f"r{k}", {})]
+        value, c = f"r{k}", oc
+    nodes.append(("sum", [value], "t", {"axes": [2, 3]}))
+    return graph({"x": ((1, 3, 14, 14), 8)}, nodes, list(outputs), weights)
+
+
+def test_depthwise_convs_stay_blocked():
+    """Every depthwise conv reads and writes NCHW16c (depthwise_conv2d_blocked on an
+    OIHW16o weight, folded into a weight): the packed convs around them read and write
+    blocked and no layout_transform is left; compiled == reference."""
+    after = blocked(mobilenet_like())
+    depthwise = [n for n in after.nodes if n.op == "depthwise_conv2d_blocked"]
+    assert [n.outputs[0] for n in depthwise] == ["c1", "c3"]
+    assert all(n.inputs[1] in after.constants and after.types[n.inputs[1]].shape[1:] ==
+               (1, 3, 3, 16) for n in depthwise)
+    assert not [n for n in after.nodes if n.op == "conv2d"]
+    assert layouts(after) == [("NCHW", P), (P, P), (P, "NCHW")]
+    assert activation_transforms(after) == []
+    plan = compiled_vs_reference(mobilenet_like())
+    assert [k["schedule"] for k in plan["kernels"] if "depthwise_conv2d_blocked" in k["ops"]] \
+        == ["cpu-depthwise-blocked"] * 2
+
+
+def test_depthwise_conv_reads_blocked_beside_a_graph_output():
+    """r0 is a graph output and the depthwise conv's data: the conv reads the blocked
+    value under its new name, the output an NCHW copy."""
+    g = mobilenet_like(outputs=("t", "r0"))
+    after = blocked(g)
+    (depthwise, _) = [n for n in after.nodes if n.op == "depthwise_conv2d_blocked"]
+    assert depthwise.inputs[0] == "r0_nchw16c"
+    assert activation_transforms(after) == [("NCHW", "r0")]
+    run_both(g)
+
+
+def test_depthwise_conv_on_partial_blocks_stays_nchw():
+    """24 channels are not whole blocks: the depthwise conv stays a conv2d on NCHW (the
+    cpu-depthwise rule), and so do the activations around it."""
+    after = blocked(mobilenet_like(24))
+    assert [n.op for n in after.nodes if "conv" in n.op] == \
+        ["conv2d_packed", "conv2d", "conv2d_packed", "depthwise_conv2d_blocked",
+         "conv2d_packed"]
+    run_both(mobilenet_like(24))
 
 
 @pytest.mark.parametrize("conv_after_join", [True, False])
@@ -182,7 +240,7 @@ def test_residual_join_with_a_graph_input(conv_after_join):
 
 
 @pytest.mark.parametrize("make", [lambda: chain(*CHAINS["three convs, 1x1 in the middle"]),
-                                  resnet_like])
+                                  resnet_like, mobilenet_like])
 def test_pass_is_idempotent(make):
     g = blocked(make())
     assert block_activations(g) == g
@@ -210,13 +268,58 @@ def test_reference_follows_the_layouts_literally():
 
 def test_cuda_pipeline_blocks_the_same_and_keeps_dense():
     """CUDA gets the same packed convs and blocked activations as the CPU (a blocked conv
-    reads 4 channels of a pixel as one 32-bit word there); dense stays dense on CUDA
-    (dlight's GEMV) and becomes a packed 1x1 conv on the CPU."""
+    reads 4 channels of a pixel as one 32-bit word there), except that its pools and
+    depthwise convs stay NCHW ops (the pool's result enters the blocks through a
+    layout_transform); dense stays dense on CUDA (dlight's GEMV) and becomes a packed 1x1
+    conv on the CPU."""
     cuda = run_pipeline(resnet_like(), stop_after="block-activations",
                         target=Target.make("cuda"))
-    assert layouts(cuda) == layouts(blocked(resnet_like()))
+    assert layouts(cuda) == [("NCHW", "NCHW"), *layouts(blocked(resnet_like()))[1:]]
+    assert activation_transforms(cuda) == [(P, "p_nchw16c")]
+    cuda = run_pipeline(mobilenet_like(), stop_after="block-activations",
+                        target=Target.make("cuda"))
+    assert [n.op for n in cuda.nodes if "conv" in n.op] == \
+        ["conv2d_packed", "conv2d", "conv2d_packed", "conv2d", "conv2d_packed"]
     g = graph({"x": ((1, 64), 8)}, [("dense", ["x", "w", "b"], "y", {})], ["y"],
               {"w": rand((10, 64), 8, 50), "b": rand((10,), 12, 51)})
     ops = {t: [n.op for n in run_pipeline(g, target=Target.make(t)).nodes]
            for t in ("llvm", "cuda")}
     assert ops == {"llvm": ["reshape", "conv2d_packed", "reshape"], "cuda": ["dense"]}
+
+
+def benchmark_network(name: str, tmp_path):
+    """benchmarks/models.py's network `name` at 32x32, loaded as cvmc reads it."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import cvmc
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "models.py"
+    spec = importlib.util.spec_from_file_location("cvmc_benchmark_models", path)
+    models = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = models  # dataclasses look their module up by name
+    spec.loader.exec_module(models)
+    return cvmc.load_graph(models.MODELS[name](32).write(tmp_path / name))
+
+
+def test_mobilenet_v1_is_blocked_from_the_first_conv_to_the_classifier(tmp_path):
+    """All 13 depthwise convs run blocked, every conv between the first and the last
+    block's 1x1 conv (which writes NCHW for the pool) reads and writes NCHW16c, and no
+    layout_transform is left."""
+    after = blocked(benchmark_network("mobilenet_v1", tmp_path))
+    assert len([n for n in after.nodes if n.op == "depthwise_conv2d_blocked"]) == 13
+    assert not [n for n in after.nodes if n.op == "conv2d"]
+    convs = layouts(after)  # 14 convs and the classifier
+    assert convs == [("NCHW", P), *[(P, P)] * 12, (P, "NCHW"), ("NCHW", "NCHW")]
+    assert activation_transforms(after) == []
+
+
+def test_resnet18_stem_writes_blocked_and_pools_blocked(tmp_path):
+    """conv1 writes NCHW16c and the max pool reads and writes it (max_pool2d_blocked): no
+    layout_transform into NCHW16c is left, only the last block's back to NCHW."""
+    after = blocked(benchmark_network("resnet18", tmp_path))
+    (pool,) = [n for n in after.nodes if n.op.startswith("max_pool2d")]
+    assert pool.op == "max_pool2d_blocked"
+    assert layouts(after)[0] == ("NCHW", P)
+    assert [layout for layout, _ in activation_transforms(after)] == ["NCHW"]
