@@ -487,7 +487,8 @@ def _depthwise_blocked_precision(ins, a):
     return _bias_precision(ins[0].precision + ins[1].precision + bitlen(kh * kw), ins)
 
 
-def _conv_attrs(a, groups: int) -> Attrs:
+def _depthwise_attrs(a, groups: int) -> Attrs:
+    """CVM conv2d's attributes for the depthwise conv of `a` with `groups` groups."""
     return Attrs(padding=a.padding, stride=a.stride, dilation=a.dilation, groups=groups)
 
 
@@ -495,7 +496,7 @@ def _conv_attrs(a, groups: int) -> Attrs:
 def _depthwise_blocked_reference(xs, a):
     x = _layout_transform_reference([xs[0]], _TO_PLAIN)
     w = _layout_transform_reference([xs[1]], _WEIGHT_TO_PLAIN)
-    y = _conv2d_reference([x, w, *xs[2:]], _conv_attrs(a, x.shape[1]))
+    y = _conv2d_reference([x, w, *xs[2:]], _depthwise_attrs(a, x.shape[1]))
     return _layout_transform_reference([y], _TO_BLOCKED)
 
 
