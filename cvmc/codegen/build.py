@@ -46,7 +46,7 @@ def _gcc_object(source: str, folder: Path, name: str, what: str) -> Path:
 
     (folder / f"{name}.c").write_text(source)
     obj = folder / f"{name}.o"
-    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-fopenmp",
+    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-pthread",
                            f"-I{tvm_ffi.libinfo.find_include_path()}", "-c",
                            str(folder / f"{name}.c"), "-o", str(obj)],
                           check=False, capture_output=True, text=True)
@@ -100,7 +100,7 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
             addons.append(_gcc_object(signature_source(text), Path(tmp), "signature",
                                       "the library signature"))
         lib = Path(tmp) / "kernels.so"
-        ex.export_library(str(lib), addons=[str(a) for a in addons], options=["-fopenmp"])
+        ex.export_library(str(lib), addons=[str(a) for a in addons], options=["-pthread"])
         return Built(lib.read_bytes(), built_for, scheduled.script(),
                      ex.mod.inspect_source("ll"), "ll", rules)
 
