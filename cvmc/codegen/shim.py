@@ -207,28 +207,25 @@ static void cvmc_start_workers(int workers) {
   pthread_mutex_unlock(&pool.lock);
 }
 
-static int cvmc_run_inline(FTVMParallelLambda f, void* cdata) {
-  TVMParallelGroupEnv env = {NULL, 1};
+/* All tasks on the calling thread: one covering the whole loop unless the kernel asked for
+   a number of tasks, then those, one after another. */
+static int cvmc_run_serially(FTVMParallelLambda f, void* cdata, int num_task) {
+  TVMParallelGroupEnv env = {NULL, num_task > 1 ? num_task : 1};
+  int err = 0;
   COUNT(cvmc_stat_inline);
-  return f(0, &env, cdata);
+  for (int t = 0; t < env.num_task; t++) {
+    int r = f(t, &env, cdata);
+    if (r != 0) err = r;
+  }
+  return err;
 }
 
 static int cvmc_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task) {
   int threads = cvmc_num_threads();
   /* A launch from inside a task, or beside another caller's launch, runs on its thread. */
   if (threads <= 1 || cvmc_in_task || num_task > CVMC_MAX_TASKS ||
-      __atomic_exchange_n(&pool.busy, 1, __ATOMIC_ACQUIRE)) {
-    if (num_task <= 1 || num_task > CVMC_MAX_TASKS) return cvmc_run_inline(f, cdata);
-    /* The kernel asked for num_task tasks: give it exactly those, one after another. */
-    TVMParallelGroupEnv env = {NULL, num_task};
-    int err = 0;
-    COUNT(cvmc_stat_inline);
-    for (int t = 0; t < num_task; t++) {
-      int r = f(t, &env, cdata);
-      if (r != 0) err = r;
-    }
-    return err;
-  }
+      __atomic_exchange_n(&pool.busy, 1, __ATOMIC_ACQUIRE))
+    return cvmc_run_serially(f, cdata, num_task);
   if (pool.started < threads - 1) cvmc_start_workers(threads - 1);
   int workers = pool.started < threads - 1 ? pool.started : threads - 1;
   uint32_t n = num_task > 0 ? (uint32_t)num_task : (uint32_t)(threads * CVMC_TASKS_PER_THREAD);
