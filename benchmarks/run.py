@@ -10,7 +10,7 @@ importable) and OpenVINO's int8 kernels on the whole networks (when `openvino` a
 are). Every cvmc output and every exact baseline is compared bit-exactly before it is
 timed, so a wrong result is never timed. Ratio = baseline ms / cvmc ms: above 1 means cvmc
 is faster. `--shapes` adds the conv layers of benchdnn shape sets, `--contention` times
-the networks again beside a busy process on one core.
+the networks again beside 1, then 2 busy processes (median and p99).
 """
 from __future__ import annotations
 
@@ -46,7 +46,9 @@ SEED = 2024
 WARMUP = 2
 BURST = 5  # timed calls per turn (runtimes take turns, see median_ms)
 PAUSE_S = 0.05  # thread pools (TVM/OpenMP, ONNX Runtime, OpenBLAS) spin: let them park
-BUSY_LIMIT_S = 300  # the competing process of --contention stops itself after this
+BUSY_LIMIT_S = 300  # the competing processes of --contention stop themselves after this
+COMPETITORS = (1, 2)  # --contention: busy processes beside the timed runtimes, in turn
+CONTENTION_REPEAT = 100  # at least this many timed runs per runtime there, for a p99
 MEMORY_PY = Path(__file__).resolve().parent / "memory.py"
 # OpenVINO's settings for one request at a time on `threads` cores, as a latency user sets.
 OPENVINO_HINT = "LATENCY"
@@ -113,15 +115,20 @@ class Row:
 
 @dataclass
 class Slowdown:
-    """A runtime on a network timed quiet, then beside a busy process on one core."""
+    """A runtime on a network timed quiet, then beside `competitors` busy processes (each
+    pinned to one of `busy_cores`): medians and 99th percentiles of the same runs."""
 
     workload: str
     runtime: str
     threads: int
+    competitors: int
     quiet_ms: float
+    quiet_p99_ms: float
     contended_ms: float
-    slowdown: float  # contended / quiet
-    busy_core: int
+    contended_p99_ms: float
+    slowdown: float  # contended / quiet, medians
+    busy_cores: list[int]
+    load_average: float  # 1-minute, when the contended runs ended
 
 
 @dataclass
@@ -517,9 +524,15 @@ def tvm_threads(threads: int) -> Iterator[None]:
 
 
 def median_ms(calls: list[Callable[[], object]], repeat: int) -> list[float]:
-    """Median wall time (ms) of `repeat` calls of each of `calls`, timed in turns: each
-    turn is a pause, WARMUP untimed calls and up to BURST timed calls of one of them. A
-    change of load on the machine during the minute hits every implementation alike."""
+    """Median wall time (ms) of `repeat` calls of each of `calls`, timed in turns
+    (samples_ms)."""
+    return [statistics.median(samples) for samples in samples_ms(calls, repeat)]
+
+
+def samples_ms(calls: list[Callable[[], object]], repeat: int) -> list[list[float]]:
+    """Wall times (ms) of `repeat` calls of each of `calls`, timed in turns: each turn is
+    a pause, WARMUP untimed calls and up to BURST timed calls of one of them. A change of
+    load on the machine during the minute hits every implementation alike."""
     times: list[list[float]] = [[] for _ in calls]
     while len(times[0]) < repeat:
         for call, samples in zip(calls, times):
@@ -529,8 +542,8 @@ def median_ms(calls: list[Callable[[], object]], repeat: int) -> list[float]:
             for _ in range(min(BURST, repeat - len(samples))):
                 start = time.perf_counter()
                 call()
-                samples.append(time.perf_counter() - start)
-    return [statistics.median(samples) * 1e3 for samples in times]
+                samples.append((time.perf_counter() - start) * 1e3)
+    return times
 
 
 def _model_folder(w: Workload, tmp: Path) -> Path:
@@ -583,7 +596,7 @@ def _prepare(w: Workload, threads: int, tmp: Path):
 def measure(w: Workload, threads: int, repeat: int, tmp: Path,
             contention: bool = False) -> Results:
     """Compile, verify and time one workload against each of its baselines; for a whole
-    network also its memory, and with `contention` its slowdowns beside a busy core."""
+    network also its memory, and with `contention` its slowdowns beside busy processes."""
     model, cvmc_impl, impls = _prepare(w, threads, tmp)
     cpu = model.plan["target"].get("mcpu", "?")
     results = Results()
@@ -604,29 +617,48 @@ def measure(w: Workload, threads: int, repeat: int, tmp: Path,
 
 
 @contextmanager
-def busy_core(limit_s: float = BUSY_LIMIT_S) -> Iterator[tuple[int, subprocess.Popen]]:
-    """(core, process): a competing process spinning on one core (the last this process
-    may use) while the block runs; killed at the end, it stops itself after `limit_s`."""
-    core = max(os.sched_getaffinity(0))
-    code = (f"import os, time\nos.sched_setaffinity(0, {{{core}}})\n"
-            f"end = time.monotonic() + {limit_s}\n"
-            "while time.monotonic() < end:\n    pass\n")
-    proc = subprocess.Popen([sys.executable, "-c", code])
+def busy_processes(count: int, limit_s: float = BUSY_LIMIT_S) \
+        -> Iterator[tuple[list[int], list[subprocess.Popen]]]:
+    """(cores, processes): `count` competing processes spinning while the block runs, the
+    i-th pinned to the i-th last core this process may use (so 2 on a 2-core machine take
+    both cores); killed at the end, each stops itself after `limit_s`."""
+    mine = sorted(os.sched_getaffinity(0), reverse=True)
+    cores = [mine[i % len(mine)] for i in range(count)]
+    procs = []
     try:
+        code = (f"import time\nend = time.monotonic() + {limit_s}\n"
+                "while time.monotonic() < end:\n    pass\n")
+        for core in cores:
+            procs.append(subprocess.Popen([sys.executable, "-c", code]))
+            os.sched_setaffinity(procs[-1].pid, {core})  # pinned before this returns
         time.sleep(0.2)  # started and spinning before anything is timed
-        yield core, proc
+        yield cores, procs
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def slowdowns(workload: str, impls: list[Impl], threads: int, repeat: int) -> list[Slowdown]:
-    """Each implementation timed quiet, then all of them again beside busy_core."""
-    quiet = median_ms([impl.call for impl in impls], repeat)
-    with busy_core() as (core, _):
-        busy = median_ms([impl.call for impl in impls], repeat)
-    return [Slowdown(workload, impl.name, threads, q, b, b / q, core)
-            for impl, q, b in zip(impls, quiet, busy)]
+    """Each implementation timed quiet, then all of them again beside 1, then 2 busy
+    processes (COMPETITORS), in turns; at least CONTENTION_REPEAT runs each time."""
+    calls, repeat = [impl.call for impl in impls], max(repeat, CONTENTION_REPEAT)
+    quiet = samples_ms(calls, repeat)
+    rows = []
+    for count in COMPETITORS:
+        with busy_processes(count) as (cores, _):
+            busy = samples_ms(calls, repeat)
+        load = os.getloadavg()[0]
+        rows += [Slowdown(workload, impl.name, threads, count, statistics.median(q),
+                          p99(q), statistics.median(b), p99(b),
+                          statistics.median(b) / statistics.median(q), cores, load)
+                 for impl, q, b in zip(impls, quiet, busy)]
+    return rows
+
+
+def p99(samples: list[float]) -> float:
+    """The 99th percentile (linear interpolation between the nearest runs)."""
+    return float(np.percentile(samples, 99))
 
 
 def plan_bytes(plan: dict) -> int:
@@ -726,10 +758,13 @@ def geomeans(rows: list[Row]) -> list[dict]:
 
 def contention_table(slow: list[Slowdown]) -> str:
     """The slowdowns as a Markdown table."""
-    return _markdown(["workload", "runtime", "threads", "quiet ms", "contended ms",
-                      "slowdown"], "llrrrr",
-                     [[s.workload, s.runtime, str(s.threads), f"{s.quiet_ms:.3f}",
-                       f"{s.contended_ms:.3f}", f"{s.slowdown:.2f}"] for s in slow])
+    return _markdown(["workload", "runtime", "threads", "busy processes", "quiet ms",
+                      "quiet p99 ms", "contended ms", "contended p99 ms", "slowdown",
+                      "load avg"], "llrrrrrrrr",
+                     [[s.workload, s.runtime, str(s.threads), str(s.competitors),
+                       f"{s.quiet_ms:.3f}", f"{s.quiet_p99_ms:.3f}", f"{s.contended_ms:.3f}",
+                       f"{s.contended_p99_ms:.3f}", f"{s.slowdown:.2f}",
+                       f"{s.load_average:.2f}"] for s in slow])
 
 
 def memory_table(memory: list[Memory]) -> str:
@@ -764,7 +799,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    "sets, e.g. resnet50,mobilenet,mobilenet_dw (../shared/data/"
                    "benchdnn-conv-shapes/shapes_<SET>, underscores ignored)")
     p.add_argument("--contention", action="store_true",
-                   help="time the networks again beside a process spinning on one core")
+                   help="time the networks again beside 1, then 2 busy processes")
     p.add_argument("--json", type=Path, help="also write the results and the setup as JSON")
     args = p.parse_args(argv)
     if args.repeat < 1:
@@ -802,7 +837,9 @@ def report(results: Results) -> None:
         print("\nloaded-model memory (benchmarks/memory.py):")
         print(memory_table(results.memory), end="")
     if results.slowdowns:
-        print(f"\ncontention: a process spinning on core {results.slowdowns[0].busy_core}:")
+        print("\ncontention: runs beside processes spinning on cores "
+              f"{', '.join(map(str, results.slowdowns[-1].busy_cores))} "
+              "(median / p99 of the same runs):")
         print(contention_table(results.slowdowns), end="")
     print("checked before timing:")
     for baseline, checks in dict.fromkeys((r.baseline, r.verified) for r in results.rows):

@@ -68,7 +68,7 @@ def _gcc_object(source: str, folder: Path, name: str, what: str) -> Path:
 
     (folder / f"{name}.c").write_text(source)
     obj = folder / f"{name}.o"
-    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-fopenmp",
+    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-pthread",
                            f"-I{tvm_ffi.libinfo.find_include_path()}", "-c",
                            str(folder / f"{name}.c"), "-o", str(obj)],
                           check=False, capture_output=True, text=True)
@@ -145,7 +145,7 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
             objects.append(_gcc_object(signature_source(text), Path(tmp), "signature",
                                        "the library signature"))
         lib = Path(tmp) / "kernels.so"
-        create_shared(str(lib), [str(o) for o in objects], options=["-fopenmp"])
+        create_shared(str(lib), [str(o) for o in objects], options=["-pthread"])
         return Built(lib.read_bytes(), built_for, "ll", rules,
                      functools.partial(_emit_llvm, mod, target, rules))
 
