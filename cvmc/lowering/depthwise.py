@@ -34,6 +34,7 @@ MobileNet-v1's nine depthwise shapes, 1 thread, Zen 4):
 from __future__ import annotations
 
 from cvmc.lowering.schedule import (
+    epilogue_under,
     inline_all,
     largest_divisor,
     stride_along,
@@ -149,9 +150,7 @@ def schedule_depthwise_blocked(sch, func_name: str) -> None:
     group, _ = sch.split(p, [groups, None])
     task = sch.fuse(n, cb, group)
     sch.parallel(task)
-    for consumer in sch.get_consumers(conv):
-        sch.reverse_compute_at(consumer, tile)
-        vectorize_under(sch, consumer, tile)
+    epilogue_under(sch, conv, tile)
     sch.unroll(ry)
     sch.unroll(rx)
     sch.unroll(column)

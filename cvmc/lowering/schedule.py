@@ -151,9 +151,7 @@ def _tile_conv(sch, block, channel: int, vec: int) -> None:
     _try(sch, lambda s: s.compute_inline(write_back))
     fused = sch.fuse(*outer)
     sch.parallel(fused)
-    for consumer in sch.get_consumers(block):
-        sch.reverse_compute_at(consumer, fused)
-        vectorize_under(sch, consumer, fused)
+    epilogue_under(sch, block, fused)
     sch.unroll(ci)
     sch.vectorize(wi)
     sch.decompose_reduction(block, reduction[0])
@@ -168,6 +166,14 @@ def vectorize_under(sch, block, outer) -> None:
     own = loops[position + 1:]
     if own:
         sch.vectorize(own[-1])
+
+
+def epilogue_under(sch, block, loop) -> None:
+    """The epilogue (`block`'s consumers) computed under `loop`, on each finished tile while
+    it is in cache, vectorised below it."""
+    for consumer in sch.get_consumers(block):
+        sch.reverse_compute_at(consumer, loop)
+        vectorize_under(sch, consumer, loop)
 
 
 def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:

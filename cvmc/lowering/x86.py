@@ -27,11 +27,11 @@ from __future__ import annotations
 import functools
 
 from cvmc.lowering.schedule import (
+    epilogue_under,
     inline_all,
     largest_divisor,
     parallelize_interior,
     stride_along,
-    vectorize_under,
 )
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
@@ -248,7 +248,7 @@ def schedule_conv_lanes(sch, func_name: str, acc, lanes: int) -> None:
     wo, wi = sch.split(ow, [None, lanes])
     sch.reorder(n, ob, oh, wo, rcb, ry, rx, oi, wi, rci)
     sch.parallel(sch.fuse(n, ob, oh))
-    _epilogue_per_tile(sch, acc, wo)
+    epilogue_under(sch, acc, wo)
     sch.unroll(oi)
     sch.decompose_reduction(acc, rcb)
     sch.tensorize(wi, register_lanes_intrinsic(lanes))
@@ -266,7 +266,7 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
         return
     tile, rcb, oi = _register_tile(sch, acc, tile_shape, lambda oi, rci:
                                       (oi, rci) if vnni else (rci, oi))
-    _epilogue_per_tile(sch, acc, tile)
+    epilogue_under(sch, acc, tile)
     if not vnni:
         sch.vectorize(oi)
     sch.decompose_reduction(acc, rcb)
@@ -306,8 +306,8 @@ def schedule_conv_avx2(sch, func_name: str) -> None:
     rf = sch.rfactor(pair, factor_axis=len(sch.get(acc).writes[0].region))
     tile, rcb, oi = _register_tile(sch, rf, avx2_tile_shape,
                                       lambda oi, pair, k: (oi, pair, k))
-    _epilogue_per_tile(sch, rf, tile)  # the write-back (acc = partial 0 + partial 1)
-    _epilogue_per_tile(sch, acc, tile)
+    epilogue_under(sch, rf, tile)  # the write-back (acc = partial 0 + partial 1)
+    epilogue_under(sch, acc, tile)
     sch.decompose_reduction(rf, rcb)
     sch.tensorize(oi, register_avx2_intrinsic())
     _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
@@ -331,14 +331,6 @@ def _register_tile(sch, block, shape, inner):
     sch.unroll(wi)
     sch.unroll(obi)
     return wo, rcb, oi
-
-
-def _epilogue_per_tile(sch, acc, tile) -> None:
-    """The epilogue (the acc block's consumers) computed under loop `tile`, on each
-    finished tile while it is in cache, vectorised over the tile's columns."""
-    for consumer in sch.get_consumers(acc):
-        sch.reverse_compute_at(consumer, tile)
-        vectorize_under(sch, consumer, tile)
 
 
 def _schedule_data(sch, block) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import functools
 
-from cvmc.lowering.schedule import inline_all, parallelize_rows
-from cvmc.lowering.x86 import _epilogue_per_tile, _register_tile, tile_shape
+from cvmc.lowering.schedule import epilogue_under, inline_all, parallelize_rows
+from cvmc.lowering.x86 import _register_tile, tile_shape
 
 # Accumulators per tile (columns x output blocks): AVX2 has 16 ymm registers, each step
 # needs a weight vector per block and a broadcast input value besides the accumulators;
@@ -36,7 +36,7 @@ def schedule_conv_float(sch, func_name: str, avx512: bool = False) -> None:
                               _AVX2_COLUMNS, accumulators=_AVX512_ACCUMULATORS if avx512
                               else _AVX2_ACCUMULATORS)
     tile, rc, lanes = _register_tile(sch, acc, shape, lambda oi: (oi,))
-    _epilogue_per_tile(sch, acc, tile)
+    epilogue_under(sch, acc, tile)
     sch.vectorize(lanes)
     sch.decompose_reduction(acc, rc)
     for block in sch.get_producers(acc):

@@ -14,10 +14,10 @@ from __future__ import annotations
 from cvmc.lowering.schedule import (
     _root_blocks,
     _try,
+    epilogue_under,
     inline_all,
     largest_divisor,
     uses,
-    vectorize_under,
 )
 
 _REDUCTION = 2  # tirx IterVar.iter_type of a reduction iterator
@@ -65,9 +65,7 @@ def schedule_matmul(sch, func_name: str, lanes: int, registers: int) -> None:
     _try(sch, lambda s: s.compute_inline(write_back))
     fused = sch.fuse(*batch, jo, io)
     sch.parallel(fused)
-    for consumer in sch.get_consumers(block):
-        sch.reverse_compute_at(consumer, fused)
-        vectorize_under(sch, consumer, fused)
+    epilogue_under(sch, block, fused)
     sch.unroll(ii)
     sch.vectorize(ji)
     sch.decompose_reduction(block, k)
