@@ -29,9 +29,10 @@ import math
 
 import numpy as np
 
+from cvmc.errors import OpRuleError
 from cvmc.ops.nnef_math import FORMULAS
 from cvmc.ops.nnef_std import reduce_shape
-from cvmc.ops.registry import Attr, Fusion, op
+from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 _F32 = np.float32
 
@@ -128,6 +129,65 @@ def _softmax_lower(xs, a):
         "float32", "expf", x(*i) - _at_row(peak, axes, i)), name="softmax_exp")
     total = te_reduce(e, axes, True, te.sum, "softmax_sum")
     return te.compute(x.shape, lambda *i: e(*i) / _at_row(total, axes, i), name="fused_softmax")
+
+
+attention_scores = op(
+    "attention_scores", family="transformer", seeds=("cvmc",), inputs=("q", "k"),
+    outputs=("y",), types="scalar, scalar -> scalar",
+    attrs=(Attr("q_scale", "scalar", 1.0), Attr("k_scale", "scalar", 1.0),
+           Attr("scale", "scalar", 1.0), Attr("transposeB", "bool", False)),
+    # 2 gamma(D) sum|q'||k'| + gamma(N + 10) in ULP of y for the OpCase's D = N = 8, |q|, |k|
+    # <= 1: the scores' error enters exp as an absolute error (see above)
+    ulp=160)
+
+
+@attention_scores.shape
+def _scores_shape(ins, a):
+    q, k = (tuple(t.shape) for t in ins)
+    kd, n = (k[-1], k[-2]) if a.transposeB else (k[-2], k[-1])
+    if len(q) < 2 or len(q) != len(k) or q[:-2] != k[:-2] or q[-1] != kd:
+        raise OpRuleError(f"attention_scores: q {list(q)} and k {list(k)} (transposeB "
+                        f"{a.transposeB}) are not [..., M, D] and [..., D, N] with equal batch")
+    return (*q[:-1], n)
+
+
+@attention_scores.reference
+def _scores_reference(xs, a):
+    # the chain, op by op as the interpreter runs it: each in float64, rounded to float32
+    def rounded(v):
+        return v.astype(_F32).astype(np.float64)
+
+    q = rounded(xs[0] * np.float64(_F32(a.q_scale)))
+    k = rounded(xs[1] * np.float64(_F32(a.k_scale)))
+    s = rounded(np.matmul(q, np.swapaxes(k, -1, -2) if a.transposeB else k))
+    return _softmax_reference([rounded(s * np.float64(_F32(a.scale)))],
+                              Attrs(axes=(s.ndim - 1,)))
+
+
+@attention_scores.arith
+def _scores_arith(ins, outs, a):
+    """Per score: D multiply-adds, then the softmax's five (GOPS)."""
+    return 2 * ins[0].shape[-1] + 5
+
+
+@attention_scores.lower
+def _scores_lower(xs, a):
+    from cvmc.ops.te import shape_of, te, tirx
+
+    q, k = xs
+    depth, last = shape_of(q)[-1], len(shape_of(q)) - 1
+    d = te.reduce_axis((0, depth), name="d")
+    qs, ks, scale = (tirx.const(float(_F32(v)), "float32")
+                     for v in (a.q_scale, a.k_scale, a.scale))
+
+    def key(b, n, j):
+        return k(*b, n, j) if a.transposeB else k(*b, j, n)
+
+    out_shape = (*shape_of(q)[:-1], shape_of(k)[-2 if a.transposeB else -1])
+    dot = te.compute(out_shape, lambda *i: te.sum(
+        (q(*i[:-1], d) * qs) * (key(i[:-2], i[-1], d) * ks), axis=d), name="attention_dot")
+    scores = te.compute(out_shape, lambda *i: dot(*i) * scale, name="attention_scores_scaled")
+    return _softmax_lower([scores], Attrs(axes=(last,)))
 
 
 def _at_row(t, axes, i):

@@ -55,11 +55,77 @@ def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
         last = found[-1]
         replaced[id(last)] = Node(op, (x,), last.outputs, attrs, span=last.span)
         dropped.update(id(n) for n in found)
-    if not replaced:
-        return graph
+    if replaced:
+        graph = _rewrite(graph, replaced, dropped)
+    return _fuse_attention(graph)
+
+
+def _rewrite(graph: Graph, replaced: dict[int, Node], dropped: set[int]) -> Graph:
+    """`graph` with each chain's last node replaced and the chain's other nodes dropped."""
     nodes = [replaced.get(id(n), n) for n in graph.nodes
              if id(n) in replaced or id(n) not in dropped]
     return retype(graph.replace(nodes=nodes))
+
+
+def _fuse_attention(graph: Graph) -> Graph:
+    """Rewrite every fused_softmax over the last axis of scaled scores, matmul(q * a,
+    k * b) * c (each scale optional, a one-element constant), into one `attention_scores`."""
+    consumers, outputs, producers = graph.consumers(), set(graph.outputs), graph.producers()
+    replaced: dict[int, Node] = {}
+    dropped: set[int] = set()
+    for node in graph.nodes:
+        if node.op == "fused_softmax" and \
+                node.attrs["axes"] == (len(graph.types[node.inputs[0]].shape) - 1,):
+            found = _attention_chain(graph, node, producers, consumers, outputs)
+            if found is not None and not any(id(n) in dropped for n in found[0]):
+                chain, inputs, attrs = found
+                replaced[id(node)] = Node("attention_scores", inputs, node.outputs, attrs,
+                                          span=node.span)
+                dropped.update(id(n) for n in chain)
+    return _rewrite(graph, replaced, dropped) if replaced else graph
+
+
+def _attention_chain(graph: Graph, softmax: Node, producers, consumers, outputs):
+    """(the chain's nodes, (q, k), attributes) of the scores `softmax` reads, else None."""
+    def inner(value: str, op: str) -> Node | None:
+        """The `op` node computing `value`, if the chain is its only reader."""
+        node = producers.get(value)
+        if node is None or node.op != op or value in outputs or \
+                len(consumers.get(value, [])) != 1:
+            return None
+        return node
+
+    def scaled(value: str) -> tuple[str, float, list[Node]]:
+        """(x, c, [the mul]) where `value` = x * c, c a scalar keeping x's shape, else
+        (value, 1.0, [])."""
+        mul = inner(value, "mul")
+        for x, c in (mul.inputs, mul.inputs[::-1]) if mul is not None else ():
+            factor = _scalar(graph, producers, c)
+            if factor is not None and graph.types[x].shape == graph.types[value].shape:
+                return x, factor, [mul]
+        return value, 1.0, []
+
+    scores, scale, post = scaled(softmax.inputs[0])
+    matmul = inner(scores, "matmul")
+    if matmul is None or matmul.attrs["transposeA"]:
+        return None
+    (q, q_scale, pre_q), (k, k_scale, pre_k) = (scaled(v) for v in matmul.inputs)
+    shapes = [graph.types[v].shape for v in (q, k)]
+    if len(shapes[0]) < 2 or shapes[0][:-2] != shapes[1][:-2] or \
+            graph.types[q].dtype != "float32":
+        return None  # broadcast batches stay a matmul
+    attrs = {"q_scale": q_scale, "k_scale": k_scale, "scale": scale,
+             "transposeB": bool(matmul.attrs["transposeB"])}
+    return [*pre_q, *pre_k, matmul, *post], (q, k), attrs
+
+
+def _scalar(graph: Graph, producers, name: str) -> float | None:
+    """The value of a one-element float constant `name`, also through the unsqueeze or
+    reshape that exporters put on a scalar before fold-constants runs, else None."""
+    node = producers.get(name)
+    if node is not None and node.op in ("unsqueeze", "nnef.reshape"):
+        name = node.inputs[0]
+    return _constant(graph, name)
 
 
 def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node] | None:
