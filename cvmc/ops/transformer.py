@@ -18,7 +18,17 @@ Bound: the max and x - max are exact, exp is the C library's expf (4 ULP, as NNE
 sum of K positive terms in a fixed order, one division: |y - y_ref| <= gamma(K + 2 + 8) |y|
 (docs/float.md's softmax bound).
 
-Accuracy (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)): the kernel sums
+attention_scores(q, k, q_scale, k_scale, scale, transposeB): the scores of attention and
+their softmax over the key axis, softmax((q * q_scale) @ (k * k_scale) * scale) (k^T where
+transposeB; a scale of 1 is an absent multiply: x * 1 is exact), one kernel instead of the
+mul, mul, matmul, mul and softmax exporters write (NNEF-Tools on PyTorch's attention
+scales q and k both, by d^-1/4). Bound: each score t = sum of D products q'_d k'_d, in a
+fixed order, then times c = scale, is within Delta = gamma(D + 2) |c| sum_d |q'_d k'_d| of
+the chain's (which rounds the exact dot product once); softmax is shift-invariant, so the
+scores' errors move y by a factor within exp(+-2 max_row Delta); then the softmax's own
+bound: |y - y_ref| <= (exp(2 Delta) - 1) |y| + exp(2 Delta) gamma(N + 10) |y|.
+
+Accuracy of layer_norm (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)): the kernel sums
 in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
 as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm + 2u|d|) / s + |y| (dv / (2(v +
 eps)) + 4u), s = sqrt(v + eps). The same bits at any thread count: a row is one thread's.
@@ -136,8 +146,7 @@ attention_scores = op(
     outputs=("y",), types="scalar, scalar -> scalar",
     attrs=(Attr("q_scale", "scalar", 1.0), Attr("k_scale", "scalar", 1.0),
            Attr("scale", "scalar", 1.0), Attr("transposeB", "bool", False)),
-    # 2 gamma(D) sum|q'||k'| + gamma(N + 10) in ULP of y for the OpCase's D = N = 8, |q|, |k|
-    # <= 1: the scores' error enters exp as an absolute error (see above)
+    # (2 Delta + gamma(N + 10)) |y| in ULP for the OpCase's D = N = 8, sum |q' k'| <= 6.05
     ulp=160)
 
 
