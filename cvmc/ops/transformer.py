@@ -28,8 +28,8 @@ the chain's (which rounds the exact dot product once); softmax is shift-invarian
 scores' errors move y by a factor within exp(+-2 max_row Delta); then the softmax's own
 bound: |y - y_ref| <= (exp(2 Delta) - 1) |y| + exp(2 Delta) gamma(N + 10) |y|.
 
-Accuracy of layer_norm (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)): the kernel sums
-in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
+Accuracy of layer_norm (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)):
+the kernel sums in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
 as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm + 2u|d|) / s + |y| (dv / (2(v +
 eps)) + 4u), s = sqrt(v + eps). The same bits at any thread count: a row is one thread's.
 """
