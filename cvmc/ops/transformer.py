@@ -29,9 +29,10 @@ scores' errors move y by a factor within exp(+-2 max_row Delta); then the softma
 bound: |y - y_ref| <= (exp(2 Delta) - 1) |y| + exp(2 Delta) gamma(N + 10) |y|.
 
 Accuracy of layer_norm (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)):
-the kernel sums in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
-as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm + 2u|d|) / s + |y| (dv / (2(v +
-eps)) + 4u), s = sqrt(v + eps). The same bits at any thread count: a row is one thread's.
+the kernel sums in float32 in a fixed order. The mean is off by dm <= gamma(K + 2)
+mean(|x|), the variance as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm +
+2u|d|) / s + |y| (dv / (2(v + eps)) + 4u), s = sqrt(v + eps). The same bits at any thread
+count: a row is one thread's.
 """
 from __future__ import annotations
 
