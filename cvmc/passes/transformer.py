@@ -69,7 +69,8 @@ def _rewrite(graph: Graph, replaced: dict[int, Node], dropped: set[int]) -> Grap
 
 def _fuse_attention(graph: Graph) -> Graph:
     """Rewrite every fused_softmax over the last axis of scaled scores, matmul(q * a,
-    k * b) * c (each scale optional, a one-element constant), into one `attention_scores`."""
+    k * b) * c (each scale optional, a one-element constant), plus an optional additive
+    mask, into one `attention_scores`."""
     consumers, outputs, producers = graph.consumers(), set(graph.outputs), graph.producers()
     replaced: dict[int, Node] = {}
     dropped: set[int] = set()
@@ -105,7 +106,22 @@ def _attention_chain(graph: Graph, softmax: Node, producers, consumers, outputs)
                 return x, factor, [mul]
         return value, 1.0, []
 
-    scores, scale, post = scaled(softmax.inputs[0])
+    value, add = softmax.inputs[0], inner(softmax.inputs[0], "add")
+    # an additive mask: the add's other operand, of the scores' rank (NNEF aligns left)
+    for x, mask in (add.inputs, add.inputs[::-1]) if add is not None else ():
+        if graph.types[x].shape == graph.types[value].shape and \
+                len(graph.types[mask].shape) == len(graph.types[x].shape) and \
+                graph.types[mask].dtype == "float32":
+            found = _scores(graph, x, scaled, inner)
+            if found is not None:
+                chain, inputs, attrs = found
+                return [*chain, add], (*inputs, mask), attrs
+    return _scores(graph, value, scaled, inner)
+
+
+def _scores(graph: Graph, value: str, scaled, inner):
+    """(nodes, (q, k), attributes) of scores `value` = matmul(q * a, k * b) * c, else None."""
+    scores, scale, post = scaled(value)
     matmul = inner(scores, "matmul")
     if matmul is None or matmul.attrs["transposeA"]:
         return None

@@ -804,4 +804,8 @@ CASES += [
     # (2 gamma(10) 6.05 + gamma(18)) |y| ~ 139 u |y|, within 160 ULP
     OpCase("attention_scores", [frand((2, 3, 8, 8), 113, 2.0), frand((2, 3, 8, 8), 114, 2.0)],
            {"q_scale": 0.35355338, "k_scale": 0.35355338, "scale": 1.0}),
+    # a causal mask, 0 or -inf (exact adds): the same bound
+    OpCase("attention_scores", [frand((2, 3, 8, 8), 113, 2.0), frand((2, 3, 8, 8), 114, 2.0),
+                                (np.triu(np.full((1, 1, 8, 8), -np.inf, np.float32), 1), None)],
+           {"q_scale": 0.35355338, "k_scale": 0.35355338, "transposeB": True}),
 ]

@@ -223,13 +223,23 @@ def _attention_bound(q, k, want, attrs) -> np.ndarray:
     return np.expm1(worst) * np.abs(want) + np.exp(worst) * softmax_bound(want, want.shape[-1])
 
 
-@pytest.mark.parametrize("text,inputs", [(ATTENTION, ("tq", "tk")), (SCORES, ("q", "k"))])
+# The exported chain with a causal mask (nn.TransformerEncoder(x, mask=...)): NNEF-Tools
+# adds it to the scores before the softmax.
+MASKED = ATTENTION.replace("( q, k, v )", "( q, k, v, m )").replace(
+    "    c = constant", "    m = external<scalar>(shape = [1, 1, 16, 16]);\n    c = constant"
+).replace("y = softmax(s, axes = [3]);", "a = add(s, m);\n    y = softmax(a, axes = [3]);")
+
+
+@pytest.mark.parametrize("text,inputs", [(ATTENTION, ("tq", "tk")), (SCORES, ("q", "k")),
+                                         (MASKED, ("tq", "tk", "m"))])
 def test_attention_scores_become_one_kernel_within_bound(text, inputs):
     source, g = parse_nnef(text, "att.nnef"), _fused(text)
     (node,) = [n for n in g.nodes if n.op == "attention_scores"]
-    assert not any(n.op in ("fused_softmax", "mul") for n in g.nodes)
-    assert node.outputs == ("y",)
+    assert not any(n.op in ("fused_softmax", "mul", "add") for n in g.nodes)
+    assert node.outputs == ("y",) and node.inputs == inputs
     feeds = {n: (v * 3).astype(np.float32) for n, v in random_inputs(source).items()}
+    if "m" in feeds:  # causal: 0 on and below the diagonal, -inf above (exact adds)
+        feeds["m"] = np.triu(np.full((1, 1, 16, 16), -np.inf, np.float32), 1)
     want = cvmc.reference_run(source, feeds)
     assert all(np.array_equal(w, cvmc.reference_run(g, feeds)[n]) for n, w in want.items())
     with tempfile.TemporaryDirectory(prefix="cvmc-att-") as tmp:
@@ -239,10 +249,13 @@ def test_attention_scores_become_one_kernel_within_bound(text, inputs):
     got = _run_at_1_and_2_threads(source, feeds)[0]
     # q and k as the scores read them: the transposes of the exported chain, or the inputs
     q, k = (feeds[n] for n in ("q", "k"))
-    if inputs == ("tq", "tk"):
+    if inputs[0] == "tq":
         q, k = np.transpose(q, (1, 2, 0, 3)), np.transpose(k, (1, 2, 3, 0))
     bound = _attention_bound(q, k, want["y"], node.attrs)
     assert np.all(np.abs(got.astype(np.float64) - want["y"]) <= bound)
+    if "m" in feeds:
+        masked = np.broadcast_to(feeds["m"] < 0, got.shape)
+        assert np.all(got[masked] == 0) and np.all(got[~masked] > 0)
 
 
 def test_attention_scores_read_elsewhere_are_left_alone():
