@@ -18,9 +18,15 @@ and NNEF's softmax fragment, expanded, becomes one `fused_softmax` node:
     m = max_reduce(x, axes);  e = exp(sub(x, m));  y = div(e, sum_reduce(e, axes))
 
 and GELU in its erf form, with NNEF-Tools' erf fragment expanded (`GELU_ERF`, 21 ops), one
-`gelu_erf`. In each, every intermediate has no reader outside the chain and is no graph
-output. Each op's reference rule is its chain: the reference interpreter's result is the
-same bits.
+`gelu_erf`. Then attention's scores, as NNEF-Tools converts PyTorch's attention (ONNX
+opset 14), become one `attention_scores` node (one kernel, `cvmc/lowering/attention.py`):
+
+    s = matmul(mul(q, a), mul(k, b));  t = add(mul(s, c), mask);  y = fused_softmax(t, [-1])
+
+(each mul by a one-element constant, and the mask, optional; k read transposed by the
+matmul's transposeB or transposed before). In each, every intermediate has no reader
+outside the chain and is no graph output. Each op's reference rule is its chain: the
+reference interpreter's result is the same bits.
 """
 from __future__ import annotations
 
@@ -34,8 +40,9 @@ from cvmc.passes.target import Target
 
 def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
     """Rewrite every matched layer-normalization chain into one `layer_norm` node, every
-    expanded softmax into one `fused_softmax` and every erf-form GELU into one `gelu_erf`;
-    the pipeline runs it for llvm."""
+    expanded softmax into one `fused_softmax`, every erf-form GELU into one `gelu_erf`,
+    then attention's scores and their softmax into one `attention_scores`; the pipeline
+    runs it for llvm."""
     consumers, outputs = graph.consumers(), set(graph.outputs)
     replaced: dict[int, Node] = {}  # id of the chain's last node -> the new node
     dropped: set[int] = set()
