@@ -246,6 +246,8 @@ OPTIONAL_INPUT_CALLS = {
                         "point_filter": ((3, 2, 1, 1), *_F), "bias": ((1, 3), *_F)}, {}),
     "separable_deconv": ({"input": ((1, 3, 4, 4), *_F), "plane_filter": ((2, 1, 3, 3), *_F),
                           "point_filter": ((3, 2, 1, 1), *_F), "bias": ((1, 2), *_F)}, {}),
+    "attention_scores": ({"q": ((1, 2, 3, 4), *_F), "k": ((1, 2, 4, 3), *_F),
+                          "mask": ((1, 1, 3, 3), *_F)}, {}),
 }
 
 

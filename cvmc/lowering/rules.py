@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cvmc.lowering.attention import schedule_attention
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise, schedule_depthwise_blocked
 from cvmc.lowering.pool import schedule_max_window
@@ -70,6 +71,9 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-float-conv", "conv_packed", (), schedule_conv_float),
     # NNEF's float depth-wise conv (multiplier 1; the layout pass leaves it as it is).
     ScheduleRule("cpu-float-depthwise", "conv", (), schedule_depthwise),
+    # Attention scores (cvmc/ops/transformer.py): one row of q k^T, scale and softmax per
+    # parallel step, the scores in a row buffer, the key axis vectorised.
+    ScheduleRule("cpu-attention", "attention_scores", (), schedule_attention),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]

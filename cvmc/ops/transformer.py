@@ -18,10 +18,23 @@ Bound: the max and x - max are exact, exp is the C library's expf (4 ULP, as NNE
 sum of K positive terms in a fixed order, one division: |y - y_ref| <= gamma(K + 2 + 8) |y|
 (docs/float.md's softmax bound).
 
-Accuracy (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)): the kernel sums
-in float32 in a fixed order. The mean is off by dm <= gamma(K + 2) mean(|x|), the variance
-as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm + 2u|d|) / s + |y| (dv / (2(v +
-eps)) + 4u), s = sqrt(v + eps). The same bits at any thread count: a row is one thread's.
+attention_scores(q, k, mask?, q_scale, k_scale, scale, transposeB): the scores of
+attention and their softmax over the key axis, softmax((q * q_scale) @ (k * k_scale) * scale
++ mask) (k^T where transposeB; a scale of 1 is an absent multiply: x * 1 is exact; the
+additive mask has the scores' rank, extents of 1 broadcast, -inf masks out), one kernel
+instead of the mul, mul, matmul, mul, add and softmax that exporters write (NNEF-Tools on
+PyTorch's attention scales q and k both, by d^-1/4). Bound: each score t = the sum of D
+products q'_d k'_d in a fixed order, times c = scale, plus the mask, is within Delta =
+gamma(D + 2) |c| sum_d |q'_d k'_d| + 2u |t + mask| of the chain's (which rounds the exact
+dot product once; a mask of 0 or -inf adds no rounding); softmax is shift-invariant, so the
+scores' errors move y by a factor within exp(+-2 max_row Delta); then the softmax's own
+bound: |y - y_ref| <= (exp(2 Delta) - 1) |y| + exp(2 Delta) gamma(N + 10) |y|.
+
+Accuracy of layer_norm (u = 2^-24, K = the reduced elements, gamma(n) = n u / (1 - n u)):
+the kernel sums in float32 in a fixed order. The mean is off by dm <= gamma(K + 2)
+mean(|x|), the variance as `moments`' (docs/float.md), dv; then |y - y_ref| <= (dm +
+2u|d|) / s + |y| (dv / (2(v + eps)) + 4u), s = sqrt(v + eps). The same bits at any thread
+count: a row is one thread's.
 """
 from __future__ import annotations
 
@@ -29,9 +42,10 @@ import math
 
 import numpy as np
 
+from cvmc.errors import OpRuleError
 from cvmc.ops.nnef_math import FORMULAS
 from cvmc.ops.nnef_std import reduce_shape
-from cvmc.ops.registry import Attr, Fusion, op
+from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 _F32 = np.float32
 
@@ -128,6 +142,78 @@ def _softmax_lower(xs, a):
         "float32", "expf", x(*i) - _at_row(peak, axes, i)), name="softmax_exp")
     total = te_reduce(e, axes, True, te.sum, "softmax_sum")
     return te.compute(x.shape, lambda *i: e(*i) / _at_row(total, axes, i), name="fused_softmax")
+
+
+attention_scores = op(
+    "attention_scores", family="transformer", seeds=("cvmc",), inputs=("q", "k", "mask?"),
+    outputs=("y",), types="scalar, scalar, scalar -> scalar",
+    attrs=(Attr("q_scale", "scalar", 1.0), Attr("k_scale", "scalar", 1.0),
+           Attr("scale", "scalar", 1.0), Attr("transposeB", "bool", False)),
+    # (2 Delta + gamma(N + 10)) |y| in ULP for the OpCase's D = N = 8, sum |q' k'| <= 6.05
+    ulp=160)
+
+
+@attention_scores.shape
+def _scores_shape(ins, a):
+    q, k = (tuple(t.shape) for t in ins[:2])
+    kd, n = (k[-1], k[-2]) if a.transposeB else (k[-2], k[-1])
+    if len(q) < 2 or len(q) != len(k) or q[:-2] != k[:-2] or q[-1] != kd:
+        raise OpRuleError(f"attention_scores: q {list(q)} and k {list(k)} (transposeB "
+                          f"{a.transposeB}) are not [..., M, D] and [..., D, N], equal "
+                          f"batch")
+    scores = (*q[:-1], n)
+    mask = tuple(ins[2].shape) if len(ins) == 3 else scores
+    if len(mask) != len(scores) or any(m not in (1, s) for m, s in zip(mask, scores)):
+        raise OpRuleError(f"attention_scores: the mask {list(mask)} is not the scores' "
+                          f"shape {list(scores)} with some extents 1")
+    return scores
+
+
+@attention_scores.reference
+def _scores_reference(xs, a):
+    # the chain, op by op as the interpreter runs it: each in float64, rounded to float32
+    def rounded(v):
+        return v.astype(_F32).astype(np.float64)
+
+    q = rounded(xs[0] * np.float64(_F32(a.q_scale)))
+    k = rounded(xs[1] * np.float64(_F32(a.k_scale)))
+    s = rounded(np.matmul(q, np.swapaxes(k, -1, -2) if a.transposeB else k))
+    s = rounded(s * np.float64(_F32(a.scale)))
+    if len(xs) == 3:
+        s = rounded(s + xs[2])
+    return _softmax_reference([s], Attrs(axes=(s.ndim - 1,)))
+
+
+@attention_scores.arith
+def _scores_arith(ins, outs, a):
+    """Per score: D multiply-adds, then the softmax's five (GOPS)."""
+    return 2 * ins[0].shape[-1] + 5
+
+
+@attention_scores.lower
+def _scores_lower(xs, a):
+    from cvmc.ops.te import shape_of, te, tirx
+
+    q, k = xs[:2]
+    depth, last = shape_of(q)[-1], len(shape_of(q)) - 1
+    d = te.reduce_axis((0, depth), name="d")
+    qs, ks, scale = (tirx.const(float(_F32(v)), "float32")
+                     for v in (a.q_scale, a.k_scale, a.scale))
+
+    def key(b, n, j):
+        return k(*b, n, j) if a.transposeB else k(*b, j, n)
+
+    out_shape = (*shape_of(q)[:-1], shape_of(k)[-2 if a.transposeB else -1])
+    dot = te.compute(out_shape, lambda *i: te.sum(
+        (q(*i[:-1], d) * qs) * (key(i[:-2], i[-1], d) * ks), axis=d), name="attention_dot")
+    def scaled(*i):
+        if len(xs) < 3:
+            return dot(*i) * scale
+        # the mask broadcasts: an extent of 1 repeats
+        mask = xs[2]
+        return dot(*i) * scale + mask(*[0 if e == 1 else v for e, v in zip(shape_of(mask), i)])
+    scores = te.compute(out_shape, scaled, name="attention_scores_scaled")
+    return _softmax_lower([scores], Attrs(axes=(last,)))
 
 
 def _at_row(t, axes, i):

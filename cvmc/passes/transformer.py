@@ -18,9 +18,15 @@ and NNEF's softmax fragment, expanded, becomes one `fused_softmax` node:
     m = max_reduce(x, axes);  e = exp(sub(x, m));  y = div(e, sum_reduce(e, axes))
 
 and GELU in its erf form, with NNEF-Tools' erf fragment expanded (`GELU_ERF`, 21 ops), one
-`gelu_erf`. In each, every intermediate has no reader outside the chain and is no graph
-output. Each op's reference rule is its chain: the reference interpreter's result is the
-same bits.
+`gelu_erf`. Then attention's scores, as NNEF-Tools converts PyTorch's attention (ONNX
+opset 14), become one `attention_scores` node (one kernel, `cvmc/lowering/attention.py`):
+
+    s = matmul(mul(q, a), mul(k, b));  t = add(mul(s, c), mask);  y = fused_softmax(t, [-1])
+
+(each mul by a one-element constant, and the mask, optional; k read transposed by the
+matmul's transposeB or transposed before). In each, every intermediate has no reader
+outside the chain and is no graph output. Each op's reference rule is its chain: the
+reference interpreter's result is the same bits.
 """
 from __future__ import annotations
 
@@ -34,8 +40,9 @@ from cvmc.passes.target import Target
 
 def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
     """Rewrite every matched layer-normalization chain into one `layer_norm` node, every
-    expanded softmax into one `fused_softmax` and every erf-form GELU into one `gelu_erf`;
-    the pipeline runs it for llvm."""
+    expanded softmax into one `fused_softmax`, every erf-form GELU into one `gelu_erf`,
+    then attention's scores and their softmax into one `attention_scores`; the pipeline
+    runs it for llvm."""
     consumers, outputs = graph.consumers(), set(graph.outputs)
     replaced: dict[int, Node] = {}  # id of the chain's last node -> the new node
     dropped: set[int] = set()
@@ -55,11 +62,93 @@ def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
         last = found[-1]
         replaced[id(last)] = Node(op, (x,), last.outputs, attrs, span=last.span)
         dropped.update(id(n) for n in found)
-    if not replaced:
-        return graph
+    if replaced:
+        graph = _rewrite(graph, replaced, dropped)
+    return _fuse_attention(graph)
+
+
+def _rewrite(graph: Graph, replaced: dict[int, Node], dropped: set[int]) -> Graph:
+    """`graph` with each chain's last node replaced and the chain's other nodes dropped."""
     nodes = [replaced.get(id(n), n) for n in graph.nodes
              if id(n) in replaced or id(n) not in dropped]
     return retype(graph.replace(nodes=nodes))
+
+
+def _fuse_attention(graph: Graph) -> Graph:
+    """Rewrite every fused_softmax over the last axis of scaled scores, matmul(q * a,
+    k * b) * c (each scale optional, a one-element constant), plus an optional additive
+    mask, into one `attention_scores`."""
+    consumers, outputs, producers = graph.consumers(), set(graph.outputs), graph.producers()
+    replaced: dict[int, Node] = {}
+    dropped: set[int] = set()
+    for node in graph.nodes:
+        if node.op == "fused_softmax" and \
+                node.attrs["axes"] == (len(graph.types[node.inputs[0]].shape) - 1,):
+            found = _attention_chain(graph, node, producers, consumers, outputs)
+            if found is not None and not any(id(n) in dropped for n in found[0]):
+                chain, inputs, attrs = found
+                replaced[id(node)] = Node("attention_scores", inputs, node.outputs, attrs,
+                                          span=node.span)
+                dropped.update(id(n) for n in chain)
+    return _rewrite(graph, replaced, dropped) if replaced else graph
+
+
+def _attention_chain(graph: Graph, softmax: Node, producers, consumers, outputs):
+    """(the chain's nodes, (q, k), attributes) of the scores `softmax` reads, else None."""
+    def inner(value: str, op: str) -> Node | None:
+        """The `op` node computing `value`, if the chain is its only reader."""
+        node = producers.get(value)
+        if node is None or node.op != op or value in outputs or \
+                len(consumers.get(value, [])) != 1:
+            return None
+        return node
+
+    def scaled(value: str) -> tuple[str, float, list[Node]]:
+        """(x, c, [the mul]) where `value` = x * c, c a scalar keeping x's shape, else
+        (value, 1.0, [])."""
+        mul = inner(value, "mul")
+        for x, c in (mul.inputs, mul.inputs[::-1]) if mul is not None else ():
+            factor = _scalar(graph, producers, c)
+            if factor is not None and graph.types[x].shape == graph.types[value].shape:
+                return x, factor, [mul]
+        return value, 1.0, []
+
+    value, add = softmax.inputs[0], inner(softmax.inputs[0], "add")
+    # an additive mask: the add's other operand, of the scores' rank (NNEF aligns left)
+    for x, mask in (add.inputs, add.inputs[::-1]) if add is not None else ():
+        if graph.types[x].shape == graph.types[value].shape and \
+                len(graph.types[mask].shape) == len(graph.types[x].shape) and \
+                graph.types[mask].dtype == "float32":
+            found = _scores(graph, x, scaled, inner)
+            if found is not None:
+                chain, inputs, attrs = found
+                return [*chain, add], (*inputs, mask), attrs
+    return _scores(graph, value, scaled, inner)
+
+
+def _scores(graph: Graph, value: str, scaled, inner):
+    """(nodes, (q, k), attributes) of scores `value` = matmul(q * a, k * b) * c, else None."""
+    scores, scale, post = scaled(value)
+    matmul = inner(scores, "matmul")
+    if matmul is None or matmul.attrs["transposeA"]:
+        return None
+    (q, q_scale, pre_q), (k, k_scale, pre_k) = (scaled(v) for v in matmul.inputs)
+    shapes = [graph.types[v].shape for v in (q, k)]
+    if len(shapes[0]) < 2 or shapes[0][:-2] != shapes[1][:-2] or \
+            graph.types[q].dtype != "float32":
+        return None  # broadcast batches stay a matmul
+    attrs = {"q_scale": q_scale, "k_scale": k_scale, "scale": scale,
+             "transposeB": bool(matmul.attrs["transposeB"])}
+    return [*pre_q, *pre_k, matmul, *post], (q, k), attrs
+
+
+def _scalar(graph: Graph, producers, name: str) -> float | None:
+    """The value of a one-element float constant `name`, also through the unsqueeze or
+    reshape that exporters put on a scalar before fold-constants runs, else None."""
+    node = producers.get(name)
+    if node is not None and node.op in ("unsqueeze", "nnef.reshape"):
+        name = node.inputs[0]
+    return _constant(graph, name)
 
 
 def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node] | None:

@@ -836,4 +836,12 @@ CASES += [
     OpCase("fused_softmax", [frand((2, 3, 8), 111)], {"axes": [2]}),
     # its bound, 64 u |x| (cvmc/ops/transformer.py), within gamma(128) gelu_erf(|x|) >= 64 u |x|
     OpCase("gelu_erf", [frand((4, 33), 112)], terms=126),
+    # D = N = 8, every sum_d |q'_d k'_d| <= 6.05: its bound (cvmc/ops/transformer.py),
+    # (2 gamma(10) 6.05 + gamma(18)) |y| ~ 139 u |y|, within 160 ULP
+    OpCase("attention_scores", [frand((2, 3, 8, 8), 113, 2.0), frand((2, 3, 8, 8), 114, 2.0)],
+           {"q_scale": 0.35355338, "k_scale": 0.35355338, "scale": 1.0}),
+    # a causal mask, 0 or -inf (exact adds): the same bound
+    OpCase("attention_scores", [frand((2, 3, 8, 8), 113, 2.0), frand((2, 3, 8, 8), 114, 2.0),
+                                (np.triu(np.full((1, 1, 8, 8), -np.inf, np.float32), 1), None)],
+           {"q_scale": 0.35355338, "k_scale": 0.35355338, "transposeB": True}),
 ]

@@ -172,3 +172,100 @@ def test_chain_with_an_outside_reader_is_left_alone():
 def test_other_epsilon_position_or_exponent_is_left_alone():
     text = _document().replace("p = pow(d, 2.0);", "p = pow(d, 3.0);")
     assert "layer_norm" not in [n.op for n in _fused(text).nodes]
+
+
+# Self-attention as NNEF-Tools converts PyTorch's nn.MultiheadAttention (ONNX opset 14, a
+# 2-layer nn.TransformerEncoder, seq-first): q, k, v [seq, batch, heads, d] transposed to
+# heads-first, K to [.., d, seq]; both scaled by sqrt(1/sqrt(d)) (a [1] weight unsqueezed),
+# the scores' softmax, then the matmul with V.
+ATTENTION = """version 1.0;
+graph G( q, k, v ) -> ( y, o )
+{
+    q = external<scalar>(shape = [16, 1, 2, 8]);
+    k = external<scalar>(shape = [16, 1, 2, 8]);
+    v = external<scalar>(shape = [16, 1, 2, 8]);
+    c = constant<scalar>(shape = [1], value = [0.3535533845424652]);
+    tv = transpose(v, axes = [1, 2, 0, 3]);
+    tk = transpose(k, axes = [1, 2, 3, 0]);
+    uk = unsqueeze(c, axes = [0, 1, 2]);
+    sk = mul(tk, uk);
+    tq = transpose(q, axes = [1, 2, 0, 3]);
+    uq = unsqueeze(c, axes = [0, 1, 2]);
+    sq = mul(tq, uq);
+    s = matmul(sq, sk);
+    y = softmax(s, axes = [3]);
+    o = matmul(y, tv);
+}
+"""
+# The other form: K read transposed by the matmul, the scale on the scores.
+SCORES = """version 1.0;
+graph G( q, k ) -> ( y )
+{
+    q = external<scalar>(shape = [2, 3, 12, 8]);
+    k = external<scalar>(shape = [2, 3, 24, 8]);
+    s = matmul(q, k, transposeB = true);
+    t = mul(s, 0.125);
+    y = softmax(t, axes = [3]);
+}
+"""
+
+
+def _attention_bound(q, k, want, attrs) -> np.ndarray:
+    """cvmc/ops/transformer.py's attention_scores bound: each score within D = gamma(d + 2)
+    |c| sum_d |q'_d k'_d| moves y by a factor within exp(+-2 max D) (softmax is
+    shift-invariant), then the softmax's own bound."""
+    q = np.abs(q.astype(np.float64) * np.float32(attrs["q_scale"]))
+    k = np.abs(k.astype(np.float64) * np.float32(attrs["k_scale"]))
+    depth = q.shape[-1]
+    dots = np.matmul(q, np.swapaxes(k, -1, -2) if attrs["transposeB"] else k)
+    gamma = (depth + 2) * U / (1 - (depth + 2) * U)
+    worst = 2 * gamma * abs(np.float32(attrs["scale"])) * dots.max(axis=-1, keepdims=True)
+    return np.expm1(worst) * np.abs(want) + np.exp(worst) * softmax_bound(want, want.shape[-1])
+
+
+# The exported chain with a causal mask (nn.TransformerEncoder(x, mask=...)): NNEF-Tools
+# adds it to the scores before the softmax.
+MASKED = ATTENTION.replace("( q, k, v )", "( q, k, v, m )").replace(
+    "    c = constant", "    m = external<scalar>(shape = [1, 1, 16, 16]);\n    c = constant"
+).replace("y = softmax(s, axes = [3]);", "a = add(s, m);\n    y = softmax(a, axes = [3]);")
+
+
+@pytest.mark.parametrize("text,inputs", [(ATTENTION, ("tq", "tk")), (SCORES, ("q", "k")),
+                                         (MASKED, ("tq", "tk", "m"))])
+def test_attention_scores_become_one_kernel_within_bound(text, inputs):
+    source, g = parse_nnef(text, "att.nnef"), _fused(text)
+    (node,) = [n for n in g.nodes if n.op == "attention_scores"]
+    assert not any(n.op in ("fused_softmax", "mul", "add") for n in g.nodes)
+    assert node.outputs == ("y",) and node.inputs == inputs
+    feeds = {n: (v * 3).astype(np.float32) for n, v in random_inputs(source).items()}
+    if "m" in feeds:  # causal: 0 on and below the diagonal, -inf above (exact adds)
+        feeds["m"] = np.triu(np.full((1, 1, 16, 16), -np.inf, np.float32), 1)
+    want = cvmc.reference_run(source, feeds)
+    assert all(np.array_equal(w, cvmc.reference_run(g, feeds)[n]) for n, w in want.items())
+    with tempfile.TemporaryDirectory(prefix="cvmc-att-") as tmp:
+        result = cvmc.compile(source, Path(tmp) / "m.cvmx", target="llvm", mcpu="znver3")
+    assert [k["schedule"] for k in result.plan["kernels"] if "attention_scores" in k["ops"]] \
+        == ["cpu-attention"]
+    got = _run_at_1_and_2_threads(source, feeds)[0]
+    # q and k as the scores read them: the transposes of the exported chain, or the inputs
+    q, k = (feeds[n] for n in ("q", "k"))
+    if inputs[0] == "tq":
+        q, k = np.transpose(q, (1, 2, 0, 3)), np.transpose(k, (1, 2, 3, 0))
+    bound = _attention_bound(q, k, want["y"], node.attrs)
+    assert np.all(np.abs(got.astype(np.float64) - want["y"]) <= bound)
+    if "m" in feeds:
+        masked = np.broadcast_to(feeds["m"] < 0, got.shape)
+        assert np.all(got[masked] == 0) and np.all(got[~masked] > 0)
+
+
+def test_attention_scores_read_elsewhere_are_left_alone():
+    text = SCORES.replace("-> ( y )", "-> ( y, t )")
+    ops = [n.op for n in _fused(text).nodes]
+    assert "attention_scores" not in ops and "fused_softmax" in ops
+
+
+def test_attention_with_broadcast_batch_or_softmax_over_queries_is_left_alone():
+    broadcast = SCORES.replace("[2, 3, 24, 8]", "[1, 3, 24, 8]")
+    assert "attention_scores" not in [n.op for n in _fused(broadcast).nodes]
+    queries = SCORES.replace("axes = [3]", "axes = [2]")
+    assert "attention_scores" not in [n.op for n in _fused(queries).nodes]
