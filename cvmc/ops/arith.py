@@ -80,7 +80,8 @@ _RULES = {
     "matmul": _matmul,
     "cinn.dot": lambda ins, outs, a: _mac(_size(outs[0].shape), ins[0].shape[-1]),
     # windows: one comparison or addition per tap; multilinear: a multiply-add per corner
-    "max_pool2d": lambda ins, outs, a: _size(outs[0].shape) * math.prod(a.pool_size),
+    **dict.fromkeys(("max_pool2d", "max_pool2d_blocked"),
+                    lambda ins, outs, a: _size(outs[0].shape) * math.prod(a.pool_size)),
     "box": _box_arith(False),
     "argmax_pool": _box_arith(False),
     "nnef.max_window": _box_arith(False),

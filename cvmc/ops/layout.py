@@ -424,7 +424,8 @@ def _conv_packed_lower(xs, a):
 
 
 # GOPS: C/G x taps multiply-adds per output element, as conv's
-conv_packed.arith(lambda ins, outs, a: 2 * math.prod(ins[1].shape[1:4]))
+# 2 per multiply-add: output elements x C/G x KH x KW (the `arith` rule counts a node's total)
+conv_packed.arith(lambda ins, outs, a: 2 * outs[0].size * math.prod(ins[1].shape[1:4]))
 conv_packed.cost(lambda ins, outs, a: math.prod(ins[1].shape[1:4]))
 
 
@@ -537,7 +538,8 @@ def _depthwise_blocked_lower(xs, a):
 
 @depthwise_conv2d_blocked.arith
 def _depthwise_blocked_arith(ins, outs, a):
-    return 2 * ins[1].shape[2] * ins[1].shape[3]
+    """2 per multiply-add: KH x KW per output element."""
+    return 2 * outs[0].size * ins[1].shape[2] * ins[1].shape[3]
 
 
 @depthwise_conv2d_blocked.cost

@@ -80,7 +80,7 @@ def _layer_norm_reference(xs, a):
 @layer_norm.arith
 def _layer_norm_arith(ins, outs, a):
     """Per element: sum, subtract, square, sum, divide (GOPS)."""
-    return 5
+    return 5 * outs[0].size
 
 
 @layer_norm.lower
@@ -128,7 +128,7 @@ def _softmax_reference(xs, a):
 @fused_softmax.arith
 def _softmax_arith(ins, outs, a):
     """Per element: max, subtract, exp, sum, divide (GOPS)."""
-    return 5
+    return 5 * outs[0].size
 
 
 @fused_softmax.lower
@@ -187,7 +187,7 @@ def _scores_reference(xs, a):
 @attention_scores.arith
 def _scores_arith(ins, outs, a):
     """Per score: D multiply-adds, then the softmax's five (GOPS)."""
-    return 2 * ins[0].shape[-1] + 5
+    return outs[0].size * (2 * ins[0].shape[-1] + 5)
 
 
 @attention_scores.lower
@@ -269,8 +269,8 @@ def _gelu_reference(xs, a):
 
 @gelu_erf.arith
 def _gelu_arith(ins, outs, a):
-    """The chain's 21 element-wise ops (GOPS)."""
-    return 21
+    """The chain's 21 element-wise ops per element (GOPS)."""
+    return 21 * outs[0].size
 
 
 @gelu_erf.lower

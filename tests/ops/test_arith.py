@@ -35,6 +35,16 @@ CASES = [
     ("deconv 4->6 3x3 /2", lambda: count(
         "deconv", [(1, 4, 5, 5), (4, 6, 3, 3)], padding=[(0, 0), (0, 0)], stride=[2, 2],
         out_shape=(1, 6, 11, 11)), 2 * 100 * 6 * 9),
+    ("conv_packed (float) 4->6 3x3, OIHW8o", lambda: count(
+        "conv_packed", [(1, 4, 5, 5), (1, 4, 3, 3, 8)], padding=[(1, 1), (1, 1)],
+        channels=6, out_shape=(1, 6, 5, 5)), 2 * 150 * 4 * 9),
+    ("depthwise_conv2d_blocked 3x3", lambda: count(
+        "depthwise_conv2d_blocked", [(1, 1, 4, 4, 16), (1, 1, 3, 3, 16)], padding=[1, 1],
+        out_shape=(1, 1, 4, 4, 16), **INT8), 2 * 256 * 9),
+    # attention scores: D multiply-adds per score, then softmax's max, sub, exp, sum, div
+    ("attention_scores 2 heads 3x5, D 4", lambda: count(
+        "attention_scores", [(1, 2, 3, 4), (1, 2, 4, 5)], out_shape=(1, 2, 3, 5)),
+     30 * (2 * 4 + 5)),
     ("conv2d int8 g2", lambda: count(
         "conv2d", [(1, 4, 5, 5), (6, 2, 3, 3)], padding=[1, 1], groups=2,
         out_shape=(1, 6, 5, 5), **INT8), 2 * 150 * 18),
@@ -69,6 +79,9 @@ CASES = [
     ("debox 2x2 /2", lambda: count(
         "debox", [(1, 1, 3, 3)], size=[1, 1, 2, 2], stride=[1, 1, 2, 2],
         padding=[(0, 0)] * 4, out_shape=(1, 1, 6, 6)), 9 * 4),
+    ("max_pool2d_blocked int8 3x3 /2", lambda: count(
+        "max_pool2d_blocked", [(1, 1, 8, 8, 16)], pool_size=[3, 3], strides=[2, 2],
+        padding=[1, 1], out_shape=(1, 1, 4, 4, 16), **INT8), 256 * 9),
     ("max_pool2d int8 3x3 /2", lambda: count(
         "max_pool2d", [(1, 4, 8, 8)], pool_size=[3, 3], strides=[2, 2], padding=[1, 1],
         out_shape=(1, 4, 4, 4), **INT8), 64 * 9),
