@@ -21,6 +21,8 @@ from tests.oputil import sum_bound
 CASES = {
     "linear-bias-relu": ((12, 40), (32, 40), False, True, True, True),
     "linear-odd-rows": ((5, 24), (48, 24), False, True, True, True),
+    # 13 rows: no divisor fills the 6-row tile, so two full tiles and a masked last one
+    "prime-rows": ((13, 24), (24, 32), False, False, True, True),
     "batched-activations": ((2, 4, 9, 16), (2, 4, 16, 24), False, False, False, False),
     "broadcast-batch-transposeA": ((3, 10, 6), (1, 10, 16), True, False, True, True),
     "columns-not-whole-vectors": ((7, 8), (8, 5), False, False, True, True),
