@@ -144,18 +144,31 @@ class Memory:
 
 
 @dataclass
+class CompileTime:
+    """`cvmc.compile` of a network (TVM already imported): with an empty kernel cache of its
+    own (cold), then once more with the cache that compile filled (warm: a recompile)."""
+
+    workload: str
+    kernels: int
+    cold_s: float
+    warm_s: float
+
+
+@dataclass
 class Results:
     """Everything one run measured."""
 
     rows: list[Row] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
     memory: list[Memory] = field(default_factory=list)
+    compiles: list[CompileTime] = field(default_factory=list)
     untimed: list[str] = field(default_factory=list)  # baselines whose output was wrong
 
     def extend(self, other: Results) -> None:
         self.rows += other.rows
         self.slowdowns += other.slowdowns
         self.memory += other.memory
+        self.compiles += other.compiles
         self.untimed += other.untimed
 
 
@@ -570,14 +583,41 @@ def _check_equal(what: str, got: dict[str, np.ndarray], expected: dict[str, np.n
                                     f"{bad} of {value.size} elements")
 
 
+def compile_times(name: str, graph, artifact: Path) -> CompileTime:
+    """Compile `graph` into `artifact` twice, the first time with an empty kernel cache of
+    its own (`CVMC_CACHE_DIR`), and time both."""
+    import cvmc
+
+    saved = os.environ.get("CVMC_CACHE_DIR")
+    seconds = []
+    with tempfile.TemporaryDirectory(prefix="cvmc-bench-cache-") as cache:
+        os.environ["CVMC_CACHE_DIR"] = cache
+        try:
+            for _ in range(2):
+                start = time.perf_counter()
+                result = cvmc.compile(graph, artifact)
+                seconds.append(time.perf_counter() - start)
+        finally:
+            if saved is None:
+                os.environ.pop("CVMC_CACHE_DIR")
+            else:
+                os.environ["CVMC_CACHE_DIR"] = saved
+    return CompileTime(name, len(result.plan["kernels"]), *seconds)
+
+
 def _prepare(w: Workload, threads: int, tmp: Path):
-    """(loaded cvmc model, its Impl, the baselines): compiled, every output verified."""
+    """(loaded cvmc model, its Impl, the baselines, its compile times for a network):
+    compiled, every output verified."""
     import cvmc_runtime
 
     import cvmc
 
     graph = cvmc.load_graph(_model_folder(w, tmp))
-    cvmc.compile(graph, tmp / "model.cvmx")
+    if w.network is not None:
+        compiled = compile_times(w.name, graph, tmp / "model.cvmx")
+    else:
+        compiled = None
+        cvmc.compile(graph, tmp / "model.cvmx")
     model = cvmc_runtime.load(tmp / "model.cvmx")
     ref = cvmc.reference_run(graph, w.inputs)
     _check_equal(f"cvmc {w.name}", model.run(w.inputs), ref)
@@ -590,16 +630,17 @@ def _prepare(w: Workload, threads: int, tmp: Path):
         impls += w.onnx(w, ref, threads)
     if w.openvino is not None and openvino_available():
         impls += w.openvino(w, ref, threads)
-    return model, Impl("cvmc", lambda: model.run(w.inputs), "cvmc == reference"), impls
+    return model, Impl("cvmc", lambda: model.run(w.inputs), "cvmc == reference"), impls, \
+        compiled
 
 
 def measure(w: Workload, threads: int, repeat: int, tmp: Path,
             contention: bool = False) -> Results:
     """Compile, verify and time one workload against each of its baselines; for a whole
     network also its memory, and with `contention` its slowdowns beside busy processes."""
-    model, cvmc_impl, impls = _prepare(w, threads, tmp)
+    model, cvmc_impl, impls, compiled = _prepare(w, threads, tmp)
     cpu = model.plan["target"].get("mcpu", "?")
-    results = Results()
+    results = Results(compiles=[compiled] if compiled else [])
     results.untimed = [f"{w.name}: {impl.wrong}" for impl in impls if impl.wrong]
     impls = [impl for impl in impls if not impl.wrong]
     for impl in impls:
@@ -836,6 +877,12 @@ def report(results: Results) -> None:
     if results.memory:
         print("\nloaded-model memory (benchmarks/memory.py):")
         print(memory_table(results.memory), end="")
+    if results.compiles:
+        print("\ncompile time (cvmc.compile, TVM imported; cold: an empty kernel cache, "
+              "warm: compiled again):")
+        print("| workload | kernels | cold s | warm s |\n| --- | ---: | ---: | ---: |")
+        for c in results.compiles:
+            print(f"| {c.workload} | {c.kernels} | {c.cold_s:.2f} | {c.warm_s:.2f} |")
     if results.slowdowns:
         print("\ncontention: runs beside processes spinning on cores "
               f"{', '.join(map(str, results.slowdowns[-1].busy_cores))} "
@@ -886,6 +933,7 @@ def main(argv: list[str] | None = None) -> int:
              "geomeans": geomeans(results.rows),
              "memory": [asdict(m) for m in results.memory],
              "contention": [asdict(s) for s in results.slowdowns],
+             "compile": [asdict(c) for c in results.compiles],
              "untimed": results.untimed}, indent=1))
     return 0
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -270,6 +271,7 @@ def test_networks_compile_to_the_reference_and_measure(bench, name, tmp_path, mo
     import cvmc
 
     monkeypatch.setattr(bench, "CONTENTION_REPEAT", 3)  # the path, not a p99 worth reading
+    user_cache = os.environ.get("CVMC_CACHE_DIR")
 
     w = bench.network(name, 32)
     results = bench.measure(w, 1, 1, tmp_path, contention=True)
@@ -295,6 +297,12 @@ def test_networks_compile_to_the_reference_and_measure(bench, name, tmp_path, mo
     assert memory.plan_bytes >= model.plan["arena"]["bytes"]
     assert len(results.memory) == 1 + len(expected)
     assert all(m.first_bytes > 0 for m in results.memory)
+    # compiled cold (an empty kernel cache of its own), then warm; the user's cache setting
+    # is left as it was
+    (compiled,) = results.compiles
+    assert compiled.kernels == len(model.plan["kernels"])
+    assert compiled.cold_s > 0 and compiled.warm_s > 0
+    assert os.environ.get("CVMC_CACHE_DIR") == user_cache
 
 
 def test_implementations_are_timed_in_turns(bench, monkeypatch):
