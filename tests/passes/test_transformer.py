@@ -97,17 +97,23 @@ def _run_at_1_and_2_threads(graph, feeds) -> list[np.ndarray]:
     return runs
 
 
+def _one_op_run(text: str, op: str, scale: float):
+    """(feeds, reference output, compiled output) of document `text` on random x times
+    `scale`, after checking the pass makes it the one op `op` of the same reference bits."""
+    source = parse_nnef(text, "doc.nnef")
+    g = _fused(text)
+    assert [n.op for n in g.nodes] == [op]
+    feeds = {"x": (random_inputs(source)["x"] * scale).astype(np.float32)}
+    want = cvmc.reference_run(source, feeds)["y"]
+    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
+    return feeds, want, _run_at_1_and_2_threads(source, feeds)[0]
+
+
 def test_softmax_becomes_one_kernel_within_bound():
     text = ("version 1.0;\ngraph G( x ) -> ( y )\n{\n"
             "    x = external<scalar>(shape = [2, 4, 77]);\n"
             "    y = softmax(x, axes = [2]);\n}\n")
-    source = parse_nnef(text, "sm.nnef")
-    g = _fused(text)
-    assert [n.op for n in g.nodes] == ["fused_softmax"]
-    feeds = {"x": (random_inputs(source)["x"] * 8).astype(np.float32)}
-    want = cvmc.reference_run(source, feeds)["y"]
-    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
-    got = _run_at_1_and_2_threads(source, feeds)[0]
+    _, want, got = _one_op_run(text, "fused_softmax", 8)
     assert np.all(np.abs(got.astype(np.float64) - want) <= softmax_bound(want, 77))
 
 
@@ -136,13 +142,7 @@ graph G( x ) -> ( y )
 
 
 def test_gelu_erf_becomes_one_op_within_bound():
-    source = parse_nnef(GELU, "gelu.nnef")
-    g = _fused(GELU)
-    assert [n.op for n in g.nodes] == ["gelu_erf"]
-    feeds = {"x": (random_inputs(source)["x"] * 3).astype(np.float32)}
-    want = cvmc.reference_run(source, feeds)["y"]
-    assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
-    got = _run_at_1_and_2_threads(source, feeds)[0]
+    feeds, want, got = _one_op_run(GELU, "gelu_erf", 3)
     x = feeds["x"].astype(np.float64)
     assert np.all(np.abs(got.astype(np.float64) - want) <= 64 * U * np.abs(x))
     # and it is GELU: A&S 7.1.26 is within 1.5e-7 of erf
