@@ -24,7 +24,7 @@ from cvmc.lowering.schedule import (
 )
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
 from cvmc.lowering.x86_float import schedule_conv_float
-from cvmc.lowering.x86_matmul import schedule_matmul
+from cvmc.lowering.x86_matmul import schedule_matmul, schedule_matmul_packed
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.target import Target
 
@@ -63,6 +63,14 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
                  functools.partial(schedule_matmul, lanes=8, registers=16)),
     ScheduleRule("cpu-matmul", "matmul", (), functools.partial(schedule_matmul, lanes=4,
                                                                   registers=16)),
+    # matmul on a constant B packed in column panels (cvmc/passes/matmul_weights.py): the
+    # same tile, one panel wide, its K loop blocked so that a panel block stays in L1.
+    ScheduleRule("x86-avx512-matmul-packed", "matmul_packed", ("avx512f",),
+                 functools.partial(schedule_matmul_packed, lanes=16, registers=32)),
+    ScheduleRule("x86-avx2-matmul-packed", "matmul_packed", ("avx2", "fma"),
+                 functools.partial(schedule_matmul_packed, lanes=8, registers=16)),
+    ScheduleRule("cpu-matmul-packed", "matmul_packed", (),
+                 functools.partial(schedule_matmul_packed, lanes=4, registers=16)),
     # Float convs on filters packed OIHW{8|16}o (cvmc/passes/layout_float.py): a register
     # tile of FMAs, output channels in the lanes; the tile sized by the vector registers.
     ScheduleRule("x86-avx512-float-conv", "conv_packed", ("avx512f",),

@@ -6,6 +6,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     cinn_conv,
     elemwise,
     layout,
+    matmul,
     nn,
     nnef_math,
     nnef_nn,

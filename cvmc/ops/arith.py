@@ -78,6 +78,8 @@ _RULES = {
     "cinn.conv": _cinn_conv,
     "dense": lambda ins, outs, a: _mac(_size(outs[0].shape), ins[1].shape[1]),
     "matmul": _matmul,
+    # B packed (*batch, P, K, C): K multiply-adds per output element, as matmul's
+    "matmul_packed": lambda ins, outs, a: _mac(_size(outs[0].shape), ins[1].shape[-2]),
     "cinn.dot": lambda ins, outs, a: _mac(_size(outs[0].shape), ins[0].shape[-1]),
     # windows: one comparison or addition per tap; multilinear: a multiply-add per corner
     **dict.fromkeys(("max_pool2d", "max_pool2d_blocked"),

@@ -11,6 +11,18 @@ The kernel then reads a row of the weight along the vector of output columns
 (`cvmc.lowering.x86_matmul`); with the transposed weight each output column walks its own
 row, which no vector load can gather (the transformer's linear layers ran at 2 GOPS).
 The sums are the same in the same order: the result is the same bits.
+
+`pack_matmul_weights` then packs such a weight (*batch, K, N) into column panels
+(*batch, P, K, C), P = ceil(N / C), C the kernel tile's columns (two vectors of float32):
+
+    wz = pad(w, padding = [..., (0, 0), (0, -N % C)])              # where N % C != 0
+    wr = nnef.reshape(wz, shape = [*batch, K, P, C])
+    wp = nnef.transpose(wr, axes = [..., r - 1, r - 2, r])           # (*batch, P, K, C)
+    y  = matmul_packed(x, wp, columns = N)
+
+folded at compile time too: each panel is one contiguous K x C block that the kernel reads
+row after row and keeps a K block of in L1 (`cvmc/ops/matmul.py`). The sums are the same
+in the same order.
 """
 from __future__ import annotations
 
@@ -18,6 +30,7 @@ from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
 from cvmc.passes.layout import _fresh
+from cvmc.passes.layout_float import _node, float_conv_block
 from cvmc.passes.target import Target
 
 
@@ -42,3 +55,39 @@ def untranspose_matmul_weights(graph: Graph, target: Target | None = None) -> Gr
                           {**node.attrs, "transposeB": False}, span=node.span))
         changed = True
     return retype(graph.replace(nodes=nodes)) if changed else graph
+
+
+def matmul_panel_columns(target: Target) -> int:
+    """The columns of a packed panel on `target`'s CPU: two vectors of float32."""
+    return 2 * float_conv_block(target)
+
+
+def pack_matmul_weights(graph: Graph, target: Target) -> Graph:
+    """Rewrite every matmul of a constant B (a weight, or computed from weights only:
+    folded below), neither operand transposed, into matmul_packed on B packed into column
+    panels (llvm)."""
+    cols = matmul_panel_columns(target)
+    taken, nodes = set(graph.values()), []
+    constant = set(graph.constants)
+    for node in graph.nodes:
+        if all(i in constant for i in node.inputs):
+            constant.update(node.outputs)
+        if node.op != "matmul" or node.attrs["transposeA"] or node.attrs["transposeB"] or \
+                node.inputs[1] not in constant:
+            nodes.append(node)
+            continue
+        a, w = node.inputs
+        *batch, k, n = graph.types[w].shape
+        rank = len(batch) + 2
+        steps = ([("pad", {"padding": [(0, 0)] * (rank - 1) + [(0, -n % cols)]})]
+                 if n % cols else []) + \
+            [("nnef.reshape", {"shape": [*batch, k, -(-n // cols), cols]}),
+             ("nnef.transpose", {"axes": [*range(rank - 2), rank - 1, rank - 2, rank]})]
+        value = w
+        for op, attrs in steps:
+            out = _fresh(f"{w}_packed", taken)
+            nodes.append(_node(op, (value,), out, attrs, node.span))
+            value = out
+        nodes.append(_node("matmul_packed", (a, value), node.outputs[0], {"columns": n},
+                           node.span))
+    return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph

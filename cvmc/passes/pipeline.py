@@ -10,7 +10,7 @@ from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
 from cvmc.passes.layout_float import pack_float_convs
-from cvmc.passes.matmul_weights import untranspose_matmul_weights
+from cvmc.passes.matmul_weights import pack_matmul_weights, untranspose_matmul_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants, simplify_float
 from cvmc.passes.target import Target
 from cvmc.passes.transformer import fuse_transformer
@@ -42,6 +42,9 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
     # so that the CPU kernel reads weight rows along its vector of output columns.
     ("untranspose-matmul-weights", untranspose_matmul_weights, ("llvm",)),
+    # A matmul's constant B is packed into column panels (P, K, 16 or 32 columns), folded
+    # just below: the CPU kernel reads each panel contiguously and K-blocks it in L1.
+    ("pack-matmul-weights", pack_matmul_weights, ("llvm",)),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
     ("fold-constants", fold_constants, ()),
     # The stdlib's float max / min / clamp / max_pool, expanded by the frontend into

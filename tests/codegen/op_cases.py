@@ -795,6 +795,25 @@ CONV_PACKED_CASES = [
                  8, {"padding": [(1, 1), (1, 1)]}, exact=True),
 ]
 CASES += CONV_PACKED_CASES
+# ---- matmul_packed: matmul on a B packed in column panels (cvmc/ops/matmul.py) ----------
+def column_panels(b: tuple[np.ndarray, None], cols: int) -> tuple[np.ndarray, None]:
+    """B (*batch, K, N) packed (*batch, P, K, cols), written here with NumPy: zero-pad N to
+    a multiple of `cols`, split it into (P, cols) and move P before K."""
+    arr = b[0]
+    arr = np.pad(arr, [(0, 0)] * (arr.ndim - 1) + [(0, -arr.shape[-1] % cols)])
+    arr = arr.reshape(*arr.shape[:-1], -1, cols)
+    return np.swapaxes(arr, -3, -2).copy(), None
+
+
+CASES += [
+    # 20 columns in 2 panels of 16 (the second padded), B's batch broadcast over A's
+    OpCase("matmul_packed", [frand((2, 5, 24), 160), column_panels(frand((1, 24, 20), 161), 16)],
+           {"columns": 20}, weights=(1,), terms=24),
+    # 13 rows (a masked last row tile), K = 263 (prime: a partial last K block), 9 panels of
+    # 16 (K-blocked), on integer values: every partial sum is exact, the reference's bits
+    OpCase("matmul_packed", [irand((13, 263), 162), column_panels(irand((263, 136), 163), 16)],
+           {"columns": 136}, weights=(1,)),
+]
 # NNEF conv cases the float layout pass packs on the CPU (the compiled graph holds
 # conv_packed): channels not a multiple of 8, 1x1, depth-wise with multiplier 1 (not
 # packed: its own rule), a 7x7 stride-2 stem with bias

@@ -60,6 +60,8 @@ def _run(graph, mcpu: str, feeds: dict, threads: int) -> np.ndarray:
                                        ("x86-64", "cpu-matmul")])
 @pytest.mark.parametrize("name", CASES)
 def test_matmul_within_bound_and_thread_count_free(name, mcpu, rule):
+    """A constant B (A not transposed) is packed: the packed row
+    (tests/lowering/test_matmul_packed.py); any other takes the row of `rule` where it fits."""
     graph = _graph(name)
     rng = np.random.default_rng(3)
     feeds = {i: rng.standard_normal(graph.types[i].shape).astype(np.float32)
@@ -78,17 +80,22 @@ def test_matmul_within_bound_and_thread_count_free(name, mcpu, rule):
     terms = (sa[-2] if ta else sa[-1]) + epilogue
     assert np.all(np.abs(one - want) <= sum_bound(magnitude, terms))
     rules = {k["schedule"] for k in result.plan["kernels"]}
+    packed = const_b and not ta
     # the tile needs whole vectors of output columns and B's rows along them
     fits = (sb[-2] if tb else sb[-1]) % 4 == 0 and (const_b or not tb)
-    assert (rule in rules) == fits, rules
+    assert (f"{rule}-packed" in rules) == packed, rules
+    assert (rule in rules) == (fits and not packed), rules
 
 
 def test_constant_transposed_weight_is_transposed_at_compile_time():
-    graph = run_pipeline(_graph("linear-bias-relu"), target=Target.make("llvm", "znver3"))
-    (mm,) = [n for n in graph.nodes if n.op == "matmul"]
-    assert mm.attrs["transposeB"] is False
-    w = graph.constants[mm.inputs[1]]
-    assert w.shape == (40, 32)
+    graph = _graph("linear-bias-relu")
+    w = graph.constants["w"]
+    graph = run_pipeline(graph, target=Target.make("llvm", "znver3"))
+    (mm,) = [n for n in graph.nodes if n.op.startswith("matmul")]
+    # transposed back, then packed into 2 panels of 16 columns (matmul_packed)
+    packed = graph.constants[mm.inputs[1]]
+    assert mm.op == "matmul_packed" and packed.shape == (2, 40, 16)
+    assert np.array_equal(packed[1], w.T[:, 16:])
     assert not any(n.op == "nnef.transpose" for n in graph.nodes)
 
 
@@ -97,5 +104,5 @@ def test_avx512_row_takes_matmul_on_an_avx512_cpu():
     with tempfile.TemporaryDirectory(prefix="cvmc-mm-") as tmp:
         result = cvmc.compile(_graph("linear-bias-relu"), Path(tmp) / "m.cvmx", target="llvm",
                               mcpu="skylake-avx512")
-    assert [k["schedule"] for k in result.plan["kernels"] if "matmul" in k["ops"]] == \
-        ["x86-avx512-matmul"]
+    assert [k["schedule"] for k in result.plan["kernels"] if "matmul_packed" in k["ops"]] == \
+        ["x86-avx512-matmul-packed"]
