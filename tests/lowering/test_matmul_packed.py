@@ -111,11 +111,15 @@ def test_k_blocked_sums_are_the_unblocked_tiles_bits():
 @pytest.mark.parametrize("mcpu,cols", [("znver3", 16), ("skylake-avx512", 32)])
 def test_weight_packed_at_compile_time(mcpu, cols):
     """The graph after the passes holds B packed (P, K, cols), built here with NumPy from
-    the transposed weight, and no transpose, pad or reshape: nothing repacks at run time."""
+    the transposed weight, and no transpose, pad or reshape: nothing repacks at run time;
+    the passes run again change nothing."""
     graph = _graph("transposed-weight")
     w = graph.constants["w"]  # (150, 300): N x K
-    graph = run_pipeline(graph, target=Target.make("llvm", mcpu))
+    target = Target.make("llvm", mcpu)
+    graph = run_pipeline(graph, target=target)
     assert [n.op for n in graph.nodes] == ["matmul_packed", "cinn.add", "nnef.select_max"]
+    again = run_pipeline(graph, target=target)
+    assert again.nodes == graph.nodes and again.constants.keys() == graph.constants.keys()
     packed = graph.constants[graph.nodes[0].inputs[1]]
     panels = -(-150 // cols)
     want = np.zeros((300, panels * cols), np.float32)
