@@ -63,6 +63,9 @@ CASES = [
                                           out_shape=(3, 5)), 2 * 15 * 4),
     ("matmul transposed A", lambda: count("matmul", [(4, 3), (4, 5)], transposeA=True,
                                           out_shape=(3, 5)), 2 * 15 * 4),
+    # packed B (P, K, C): 5 columns in one panel of 16, the padding columns not counted
+    ("matmul_packed", lambda: count("matmul_packed", [(2, 3, 4), (1, 1, 4, 16)], columns=5,
+                                    out_shape=(2, 3, 5)), 2 * 30 * 4),
     ("dense int8", lambda: count("dense", [(2, 7), (3, 7)], out_shape=(2, 3), **INT8),
      2 * 6 * 7),
     ("cinn dot", lambda: count("cinn.dot", [(3, 4), (4, 2)], out_shape=(3, 2)), 2 * 6 * 4),
