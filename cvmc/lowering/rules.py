@@ -25,6 +25,7 @@ from cvmc.lowering.schedule import (
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
 from cvmc.lowering.x86_float import schedule_conv_float
 from cvmc.lowering.x86_matmul import schedule_matmul
+from cvmc.lowering.x86_norm import schedule_layer_norm, schedule_softmax, schedule_sum_rows
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.target import Target
 
@@ -74,6 +75,12 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     # Attention scores (cvmc/ops/transformer.py): one row of q k^T, scale and softmax per
     # parallel step, the scores in a row buffer, the key axis vectorised.
     ScheduleRule("cpu-attention", "attention_scores", (), schedule_attention),
+    # Float row reductions (cvmc/lowering/x86_norm.py): one row per parallel step, sums in
+    # vector lanes in a fixed order; layer_norm's statistics in two passes over its row,
+    # softmax's exps once each into a row buffer.
+    ScheduleRule("cpu-sum-rows", "sum_reduce", (), schedule_sum_rows),
+    ScheduleRule("cpu-layer-norm", "layer_norm", (), schedule_layer_norm),
+    ScheduleRule("cpu-softmax", "fused_softmax", (), schedule_softmax),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]
