@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from cvmc.lowering.attention import schedule_attention
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise, schedule_depthwise_blocked
-from cvmc.lowering.pool import schedule_max_window
+from cvmc.lowering.pool import schedule_box, schedule_max_window
 from cvmc.lowering.schedule import (
     cuda_target,
     schedule_cpu,
@@ -56,6 +56,9 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
                  schedule_depthwise_blocked),
     # NNEF max_pool (the simplify pass's max_window): columns in lanes, window unrolled.
     ScheduleRule("cpu-max-window", "nnef.max_window", (), schedule_max_window),
+    # NNEF avg_pool (box, then its division by the window): as max_window, the taps summed
+    # in row-major order in every lane.
+    ScheduleRule("cpu-box", "box", (), schedule_box),
     # Float matmul (and linear, its weight transposed back at compile time): a register
     # tile of rows x 1-2 vectors of columns over the whole K loop, epilogue under it.
     ScheduleRule("x86-avx512-matmul", "matmul", ("avx512f",),

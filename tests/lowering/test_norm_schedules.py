@@ -1,8 +1,9 @@
-"""The float row-reduction schedules (cvmc/lowering/x86_norm.py): sum_reduce / mean_reduce
-(cpu-sum-rows), layer_norm (cpu-layer-norm) and fused_softmax (cpu-softmax) take their
-rules, stay within their stated bounds of the reference interpreter on random data (rows
-that are not a multiple of the vector width, prime rows, 1-element axes, softmax inputs of
-+-80 and -inf entries) and give the same bits at 1 and 2 threads."""
+"""The float row-reduction and window schedules (cvmc/lowering/x86_norm.py, pool.py):
+sum_reduce / mean_reduce (cpu-sum-rows), layer_norm (cpu-layer-norm), fused_softmax
+(cpu-softmax) and average pooling (box, cpu-box) take their rules, stay within their
+stated bounds of the reference interpreter on random data (rows that are not a multiple of
+the vector width, prime rows, 1-element axes, softmax inputs of +-80 and -inf entries) and
+give the same bits at 1 and 2 threads."""
 from __future__ import annotations
 
 import os
@@ -124,3 +125,25 @@ def test_layer_norm_rows_within_bound(shape, axes):
     bound = np.abs(feeds["g"]) * _layer_norm_bound(feeds["x"], r, 1e-5, n) \
         + 4 * U * (np.abs(want) + np.abs(feeds["b"]))
     assert np.all(np.abs(got - want) <= bound)
+
+
+# (shape, size, stride, padding): 2x2 stride 2 (DenseNet's transitions), 3x3 padded on
+# 13 columns (a prime: one lane), 3x3 stride 1 on 16 columns
+@pytest.mark.parametrize("shape,size,stride,pad", [
+    ((1, 8, 12, 12), 2, 2, 0), ((2, 3, 9, 13), 3, 1, 1), ((1, 4, 6, 16), 3, 1, 0)])
+def test_average_pool_columns_in_lanes(shape, size, stride, pad):
+    text = _doc(shape, f"y = avg_pool(x, size = [1, 1, {size}, {size}], stride = [1, 1, "
+                       f"{stride}, {stride}], padding = [(0, 0), (0, 0), ({pad}, {pad}), "
+                       f"({pad}, {pad})], border = 'constant');")
+    assert _rules(text) == {"cpu-box"}
+    x = _random(shape)
+    want, got = _run(text, {"x": x})
+    # box's bound (docs/float.md): K = the window's taps + 1 (normalized), S = avg of |x|
+    magnitude, _ = _run(text, {"x": np.abs(x)})
+    assert np.all(np.abs(got - want) <= sum_bound(magnitude.astype(np.float64), size * size + 1))
+
+
+def test_average_pool_ignore_border_keeps_the_default_rule():
+    text = _doc((1, 2, 6, 6), "y = avg_pool(x, size = [1, 1, 3, 3], padding = [(0, 0), "
+                              "(0, 0), (1, 1), (1, 1)], border = 'ignore');")
+    assert _rules(text) == {"cpu-default"}
