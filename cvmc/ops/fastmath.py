@@ -12,11 +12,13 @@ The lowering chooses, per compile (`vector_exp`); the reference interpreter does
                                                             subnormal result rounds once)
 
 x is first clamped into [-104, 88.8], outside which exp rounds to 0 or overflows to inf
-either way; a NaN stays NaN. Measured over every float32 in [-104, 88.8] (the clamp's
-range; tests/ops/test_fastmath.py sweeps densely): within 2 ULP of the correctly rounded
-exp (docs/float.md). Every lane computes the same operations in the same order, so the bits
-do not depend on the vector width or the thread count, nor on the glibc version; LLVM may
-contract a multiply and an add into an FMA on a CPU that has one (within the same bound).
+either way; a NaN stays NaN. Measured over all 2,239,863,196 float32 values in [-104, 88.8]
+on a Zen 3 (with FMA): within 1 ULP of the correctly rounded exp (NumPy's float64 exp rounded
+to float32); built without FMA, 1 ULP over every 13th value (docs/float.md;
+tests/ops/test_fastmath.py sweeps densely). Every lane computes the same operations in the
+same order, so the bits do not depend on the vector width or the thread count, nor on the
+glibc version; LLVM may contract a multiply and an add into an FMA on a CPU that has one
+(within the same bound).
 """
 from __future__ import annotations
 

