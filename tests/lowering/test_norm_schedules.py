@@ -3,7 +3,8 @@ sum_reduce / mean_reduce (cpu-sum-rows), layer_norm (cpu-layer-norm), fused_soft
 (cpu-softmax) and average pooling (box, cpu-box) take their rules, stay within their
 stated bounds of the reference interpreter on random data (rows that are not a multiple of
 the vector width, prime rows, 1-element axes, softmax inputs of +-80 and -inf entries) and
-give the same bits at 1 and 2 threads."""
+give the same bits at 1 and 2 threads; attention's exps (vectorised) at large magnitudes
+with a -inf mask."""
 from __future__ import annotations
 
 import os
@@ -20,9 +21,15 @@ from cvmc.lowering.lower import lower_graph
 from cvmc.lowering.rules import schedule_llvm
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
-from tests.nnefutil import mean_bound, softmax_bound
+from tests.nnefutil import mean_bound, random_inputs, softmax_bound
 from tests.oputil import sum_bound
-from tests.passes.test_transformer import _document, _layer_norm_bound
+from tests.passes.test_transformer import (
+    MASKED,
+    _attention_bound,
+    _document,
+    _fused,
+    _layer_norm_bound,
+)
 
 U = 2.0**-24
 TARGET = Target.make("llvm", "znver3")
@@ -147,3 +154,21 @@ def test_average_pool_ignore_border_keeps_the_default_rule():
     text = _doc((1, 2, 6, 6), "y = avg_pool(x, size = [1, 1, 3, 3], padding = [(0, 0), "
                               "(0, 0), (1, 1), (1, 1)], border = 'ignore');")
     assert _rules(text) == {"cpu-default"}
+
+
+def test_attention_exps_at_large_magnitudes_with_a_causal_mask():
+    # the exported attention chain with a -inf mask, scores of up to about +-80: the
+    # vectorised exps of the cpu-attention kernel within attention_scores' bound
+    source = parse_nnef(MASKED, "att.nnef")
+    (node,) = [n for n in _fused(MASKED).nodes if n.op == "attention_scores"]
+    feeds = {n: (v * 12).astype(np.float32) for n, v in random_inputs(source).items()}
+    feeds["m"] = np.triu(np.full((1, 1, 16, 16), -np.inf, np.float32), 1)
+    want, got = _run(MASKED, feeds)
+    q = np.transpose(feeds["q"], (1, 2, 0, 3))
+    k = np.transpose(feeds["k"], (1, 2, 3, 0))
+    scores = np.abs(np.matmul(q * np.float32(node.attrs["q_scale"]),
+                              k * np.float32(node.attrs["k_scale"])) * node.attrs["scale"])
+    assert scores.max() > 60
+    assert np.all(np.abs(got - want) <= _attention_bound(q, k, want, node.attrs))
+    masked = np.broadcast_to(feeds["m"] < 0, got.shape)
+    assert np.all(got[masked] == 0)
