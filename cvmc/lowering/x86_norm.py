@@ -4,7 +4,8 @@ pooling), `layer_norm` (instance normalization is layer_norm over H*W) and
 
 A row is one output of the reduction: all of it runs in one parallel step, so the bits do
 not depend on the thread count. Over innermost (contiguous) axes, the row's K elements are
-summed into L partial sums held in vector lanes (L = the largest divisor of K up to 8):
+summed into L partial sums held in vector lanes (L = the largest divisor of K up to 8; a
+prime K keeps one sum in order):
 element k goes to lane k mod L, in the order k = 0, 1, ...; then the L partial sums are
 added in lane order. That is another fixed order of the same K terms: `sum_reduce`'s bound
 gamma(K + 2) * sum(|terms|) (docs/float.md) holds for any order. Over outer axes (NCHW
@@ -24,22 +25,26 @@ from cvmc.lowering.schedule import _root_blocks, epilogue_under, inline_all, lar
 _LANES = 8  # float32 lanes of one AVX2 register
 
 
+def _reduced(sch, block) -> int:
+    """How many reduction iterators `block` has."""
+    return sum(1 for it in sch.get(block).iter_vars if it.iter_type != 0)
+
+
 def _reduction_blocks(sch, func_name: str):
-    """The kernel's blocks, reductions first, each as (block, number of reduction iters)."""
-    blocks = [(b, sum(1 for it in sch.get(b).iter_vars if it.iter_type != 0))
-              for b in _root_blocks(sch, func_name)]
+    """([(reduction block, its reduction iterators)], [the other blocks]) of the kernel."""
+    blocks = [(b, _reduced(sch, b)) for b in _root_blocks(sch, func_name)]
     return [b for b in blocks if b[1]], [b for b, n in blocks if not n]
 
 
-def _reduces_innermost(sch, block) -> bool:
-    """True if the block's reduction iterators index the innermost axes of the input it
-    reads (a row reduction), False if the innermost axis is one of its spatial ones."""
+def _reduces_trailing(sch, block) -> bool:
+    """True if the block's reduction iterators index the last axes of the input it reads,
+    in order (a row reduction over contiguous memory)."""
     node = sch.get(block)
-    reduced = {it.var for it in node.iter_vars if it.iter_type != 0}
+    reduced = [it.var for it in node.iter_vars if it.iter_type != 0]
     source = next(r for r in node.reads
                   if not any(r.source.same_as(w.source) for w in node.writes))
-    last = source.region[-1].min
-    return any(last.same_as(v) for v in reduced)
+    last = [d.min for d in source.region[-len(reduced):]]
+    return len(last) == len(reduced) and all(i.same_as(v) for i, v in zip(last, reduced))
 
 
 def rfactor_lanes(sch, block, lanes: int = _LANES):
@@ -47,8 +52,7 @@ def rfactor_lanes(sch, block, lanes: int = _LANES):
     partial sums over a lane axis (rfactor); `block` then adds the lanes in lane order.
     The partial block, or None for a row of prime length (one sum in order). Call before
     moving either block: `vectorize_lanes` then vectorises the partial one where it is."""
-    loops = sch.get_loops(block)
-    reductions = sum(1 for it in sch.get(block).iter_vars if it.iter_type != 0)
+    loops, reductions = sch.get_loops(block), _reduced(sch, block)
     k = sch.fuse(*loops[-reductions:]) if reductions > 1 else loops[-1]
     width = largest_divisor(int(sch.get(k).extent), lanes)
     if width == 1:
@@ -73,8 +77,7 @@ def _columns_in_lanes(sch, block, lanes: int = _LANES) -> None:
     """A reduction over outer axes: the block's last spatial loop (its input's contiguous
     axis) split into vector lanes under the reduction loops."""
     loops = sch.get_loops(block)
-    reductions = sum(1 for it in sch.get(block).iter_vars if it.iter_type != 0)
-    spatial, reduced = loops[:-reductions], loops[-reductions:]
+    spatial, reduced = loops[:-_reduced(sch, block)], loops[-_reduced(sch, block):]
     column, lane = sch.split(spatial[-1], [None, largest_divisor(
         int(sch.get(spatial[-1]).extent), lanes)])
     sch.reorder(column, *reduced, lane)
@@ -93,13 +96,13 @@ def schedule_sum_rows(sch, func_name: str) -> None:
         raise ValueError(f"{func_name}: not one sum_reduce block")
     (block, count), = reductions
     spatial = len(sch.get_loops(block)) - count
-    if _reduces_innermost(sch, block):
+    if _reduces_trailing(sch, block):
         partial = rfactor_lanes(sch, block)
         row = _fused_rows(sch, block, spatial)
-        _compute_at(sch, [partial], row)
+        _compute_at(sch, [partial], [partial], row)
         epilogue_under(sch, block, row)
         return
-    # over outer axes: rows are all but the last spatial loop, which goes in the lanes
+    # over other axes: rows are all but the last spatial loop, which goes in the lanes
     if spatial < 2:
         raise ValueError(f"{func_name}: no row loop outside the contiguous axis")
     row = _fused_rows(sch, block, spatial - 1)
@@ -117,15 +120,15 @@ def _fused_rows(sch, block, count: int):
     return row
 
 
-def _compute_at(sch, blocks, row) -> None:
-    """Each of `blocks` (consumers first; None skipped) computed under `row`, and each
-    partial-sum block among them vectorised over its lanes."""
+def _compute_at(sch, blocks, partials, row) -> None:
+    """Each of `blocks` (consumers first; None skipped) computed under `row`, then each of
+    `partials` (`rfactor_lanes`' blocks among them) vectorised over its lanes."""
     for block in blocks:
         if block is not None:
             sch.compute_at(block, row, preserve_unit_loops=True)
-    for block in blocks:
-        if block is not None and sch.get(block).name_hint.endswith("_rf"):
-            vectorize_lanes(sch, block, row)
+    for partial in partials:
+        if partial is not None:
+            vectorize_lanes(sch, partial, row)
 
 
 def _vectorize_row(sch, block) -> None:
@@ -146,13 +149,13 @@ def schedule_layer_norm(sch, func_name: str) -> None:
     if names != ["layer_norm_sum", "layer_norm_var"] or len(others) != 1:
         raise ValueError(f"{func_name}: not a layer_norm kernel")
     (total, count), (var, _) = reductions
-    if not _reduces_innermost(sch, total):
-        raise ValueError(f"{func_name}: layer_norm over outer axes")
+    if not _reduces_trailing(sch, total):
+        raise ValueError(f"{func_name}: layer_norm over axes that are not the last ones")
     partials = [rfactor_lanes(sch, total), rfactor_lanes(sch, var)]
     output = others[0]
     row = _fused_rows(sch, output, len(sch.get_loops(output)) - count)
     _vectorize_row(sch, output)
-    _compute_at(sch, [var, partials[1], total, partials[0]], row)
+    _compute_at(sch, [var, partials[1], total, partials[0]], partials, row)
 
 
 def schedule_softmax(sch, func_name: str) -> None:
@@ -163,11 +166,12 @@ def schedule_softmax(sch, func_name: str) -> None:
     if set(blocks) != {"softmax_max", "softmax_exp", "softmax_sum", "fused_softmax"}:
         raise ValueError(f"{func_name}: not a fused_softmax kernel")
     peak, total, output = blocks["softmax_max"], blocks["softmax_sum"], blocks["fused_softmax"]
-    if not _reduces_innermost(sch, peak):
-        raise ValueError(f"{func_name}: softmax over outer axes")
-    count = sum(1 for it in sch.get(peak).iter_vars if it.iter_type != 0)
+    if not _reduces_trailing(sch, peak):
+        raise ValueError(f"{func_name}: softmax over axes that are not the last ones")
+    count = _reduced(sch, peak)
     partials = [rfactor_lanes(sch, peak), rfactor_lanes(sch, total)]
     row = _fused_rows(sch, output, len(sch.get_loops(output)) - count)
     _vectorize_row(sch, output)
-    _compute_at(sch, [total, partials[1], blocks["softmax_exp"], peak, partials[0]], row)
+    _compute_at(sch, [total, partials[1], blocks["softmax_exp"], peak, partials[0]], partials,
+                row)
     _vectorize_row(sch, blocks["softmax_exp"])
