@@ -5,7 +5,8 @@ The parallel loop runs over the rows. Under each, the row of scores is computed 
 row buffer, the D products of each score summed in the order d = 0, 1, ... with the key
 axis in the vector lanes (k's rows are contiguous along it: the exporters' explicit
 transpose of K puts the key axis last); then the row's max, its exps (once each, into a
-second row buffer), their sum in key order, and the division, vectorised. A row is one
+second row buffer, vectorised: the CPU's exp is a polynomial, cvmc/ops/fastmath.py), their
+sum in key order, and the division, vectorised. A row is one
 thread's, so the result has the same bits at any TVM_NUM_THREADS.
 """
 from __future__ import annotations
@@ -37,4 +38,6 @@ def schedule_attention(sch, func_name: str) -> None:
     sch.vectorize(n)
     init = sch.decompose_reduction(blocks[_DOT], d)
     sch.vectorize(sch.get_loops(init)[-1])
+    # the exps (cvmc/ops/fastmath.py's polynomial on the CPU) over the key axis in lanes
+    sch.vectorize(sch.get_loops(blocks[_EXP])[-1])
     sch.vectorize(key)

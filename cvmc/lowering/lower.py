@@ -14,6 +14,7 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
+from cvmc.ops.fastmath import vector_exp
 from cvmc.ops.registry import Attrs
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.fusion import Group, fuse_kernels, kernel_groups
@@ -141,17 +142,19 @@ def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
     # A graph straight from a frontend has no partition yet: the fusion pass makes it.
     groups = kernel_groups(graph if graph.kernels else fuse_kernels(graph, target))
     funcs, scratch = {}, {}
-    for index, group in enumerate(groups):
-        ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))
-        symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
-        funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
-                                            graph.types, symbol)
-        if cuda and needs_global_memory(funcs[symbol], target):
+    # exp on the CPU: the vectorising polynomial (cvmc/ops/fastmath.py); CUDA: its expf
+    with vector_exp(not cuda):
+        for index, group in enumerate(groups):
+            ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))
+            symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
             funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
-                                                graph.types, symbol, scratch=True)
-        scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),
-                            "dtype": dtype, "bytes": int(np.prod(shape, dtype=np.int64))
-                            * np.dtype(dtype).itemsize} for i, (shape, dtype) in enumerate(specs)]
+                                                graph.types, symbol)
+            if cuda and needs_global_memory(funcs[symbol], target):
+                funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
+                                                    graph.types, symbol, scratch=True)
+            scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),
+                                "dtype": dtype, "bytes": int(np.prod(shape, dtype=np.int64))
+                                * np.dtype(dtype).itemsize} for i, (shape, dtype) in enumerate(specs)]
     plan = execution_plan(graph, groups, list(funcs))
     for kernel in plan["kernels"]:
         kernel["args"] += [s["name"] for s in scratch[kernel["symbol"]]]

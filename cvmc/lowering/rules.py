@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from cvmc.lowering.attention import schedule_attention
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import schedule_depthwise, schedule_depthwise_blocked
-from cvmc.lowering.pool import schedule_max_window
+from cvmc.lowering.pool import schedule_box, schedule_max_window
 from cvmc.lowering.schedule import (
     cuda_target,
     schedule_cpu,
@@ -25,6 +25,7 @@ from cvmc.lowering.schedule import (
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
 from cvmc.lowering.x86_float import schedule_conv_float
 from cvmc.lowering.x86_matmul import schedule_matmul, schedule_matmul_packed
+from cvmc.lowering.x86_norm import schedule_layer_norm, schedule_softmax, schedule_sum_rows
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.target import Target
 
@@ -55,6 +56,9 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
                  schedule_depthwise_blocked),
     # NNEF max_pool (the simplify pass's max_window): columns in lanes, window unrolled.
     ScheduleRule("cpu-max-window", "nnef.max_window", (), schedule_max_window),
+    # NNEF avg_pool (box, then its division by the window): as max_window, the taps summed
+    # in row-major order in every lane.
+    ScheduleRule("cpu-box", "box", (), schedule_box),
     # Float matmul (and linear, its weight transposed back at compile time): a register
     # tile of rows x 1-2 vectors of columns over the whole K loop, epilogue under it.
     ScheduleRule("x86-avx512-matmul", "matmul", ("avx512f",),
@@ -82,6 +86,12 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     # Attention scores (cvmc/ops/transformer.py): one row of q k^T, scale and softmax per
     # parallel step, the scores in a row buffer, the key axis vectorised.
     ScheduleRule("cpu-attention", "attention_scores", (), schedule_attention),
+    # Float row reductions (cvmc/lowering/x86_norm.py): one row per parallel step, sums in
+    # vector lanes in a fixed order; layer_norm's statistics in two passes over its row,
+    # softmax's exps once each into a row buffer.
+    ScheduleRule("cpu-sum-rows", "sum_reduce", (), schedule_sum_rows),
+    ScheduleRule("cpu-layer-norm", "layer_norm", (), schedule_layer_norm),
+    ScheduleRule("cpu-softmax", "fused_softmax", (), schedule_softmax),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]

@@ -445,6 +445,10 @@ NNEF_CASES += [
                                               "normalize": True}, terms=12 + 1),
     OpCase("box", [frand((1, 2, 6, 6), 64)], {"size": [1, 1, 1, 1], "stride": [1, 1, 2, 3],
                                               "padding": [(0, 0)] * 4}, terms=1),
+    # avg_pool with a constant border: the cpu-box rule (columns in lanes, taps unrolled)
+    OpCase("box", [frand((1, 3, 9, 16), 68)],
+           {"size": [1, 1, 3, 3], "padding": [(0, 0), (0, 0), (1, 1), (1, 1)],
+            "normalize": True}, terms=9 + 1),
     OpCase("debox", [frand((1, 2, 3, 3), 65)],
            {"size": [1, 1, 3, 3], "stride": [1, 1, 2, 2], "normalize": True,
             "padding": [(0, 0), (0, 0), (1, 1), (1, 1)]}, terms=9 + 1),
