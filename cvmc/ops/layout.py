@@ -425,8 +425,9 @@ def _conv_packed_acc(x, wp, a, data_block: int):
     from cvmc.ops.te import shape_of, te
 
     ocb, cg, kh, kw, block = shape_of(wp)
-    nchw = _transformed_shape(shape_of(x), _to_plain(data_block)) if data_block else \
-        shape_of(x)
+    nchw = shape_of(x)
+    if data_block:  # one group: the filter's channels, the block's padding left out
+        nchw = (nchw[0], cg, nchw[2], nchw[3])
     out, dims, groups = _conv_geometry("conv_packed", _conv_attrs(a, nchw[1], cg), nchw,
                                        (a.channels, cg, kh, kw), False)
     blocks_per_group = ocb // groups

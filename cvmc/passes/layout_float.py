@@ -94,7 +94,8 @@ def _node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span) -> N
 # of channels (DenseNet).
 _ELEMENTWISE = (Fusion.ELEMWISE, Fusion.BROADCAST)
 # Pools (NNEF's max_pool after the simplify pass, avg_pool's box) whose window covers
-# rows and columns only: on NCHW{B}c the window gains a lane axis of size 1.
+# rows and columns only: on NCHW{B}c the window gains a lane axis of size 1 (an attribute
+# left empty, the default, means the same on any rank).
 _POOLS = ("nnef.max_window", "box")
 _PLANE_WINDOW = {"size": (1, 1), "padding": ((0, 0), (0, 0)), "stride": (1, 1),
                  "dilation": (1, 1)}
@@ -123,7 +124,7 @@ def _computes_blocked(graph: Graph, node: Node, blocked: set[str], block: int) -
         return node.inputs[0] in blocked
     if node.op in _POOLS:
         return node.inputs[0] in blocked and all(
-            len(node.attrs[k]) == 4 and tuple(node.attrs[k][:2]) == one
+            node.attrs[k] == () or len(node.attrs[k]) == 4 and tuple(node.attrs[k][:2]) == one
             for k, one in _PLANE_WINDOW.items())
     if node.op == "concat":
         return node.attrs["axis"] == 1 and all(i in blocked for i in node.inputs)
@@ -230,7 +231,9 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
             node = _node("depthwise_conv_blocked", (name[x], packed, *bias), out, attrs,
                          node.span)
         elif computes and node.op in _POOLS:
-            attrs = {**node.attrs, **{k: (*node.attrs[k], v) for k, v in _LANE_WINDOW.items()}}
+            # () (the defaults: 1s, NNEF's automatic padding) means the same on any rank
+            attrs = {**node.attrs, **{k: (*node.attrs[k], v) for k, v in _LANE_WINDOW.items()
+                                      if node.attrs[k] != ()}}
             node = _node(node.op, (name[node.inputs[0]],), out, attrs, node.span)
         elif computes:
             shape = types[out].shape
