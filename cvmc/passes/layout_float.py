@@ -90,8 +90,9 @@ def _node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span) -> N
 # ---- block-float-activations ----------------------------------------------------------
 # Ops that compute the same values on NCHW{B}c as on NCHW, besides the convs: element-wise
 # ones (NNEF broadcasting: a per-channel operand is blocked too), a sum over H and W (the
-# global average pool; each channel's sum in the same order), a concat along whole blocks
-# of channels (DenseNet).
+# global average pool; each channel's sum in the same order), pools. Not concat: DenseNet
+# with its concats (and the batch norms after them) blocked ran 0.6-0.7x as fast as with
+# them NCHW (the default schedule's concat of NCHW8c tensors; 1 and 2 threads, loaded).
 _ELEMENTWISE = (Fusion.ELEMWISE, Fusion.BROADCAST)
 # Pools (NNEF's max_pool after the simplify pass, avg_pool's box) whose window covers
 # rows and columns only: on NCHW{B}c the window gains a lane axis of size 1 (an attribute
@@ -118,7 +119,11 @@ def _computes_blocked(graph: Graph, node: Node, blocked: set[str], block: int) -
     if len(node.outputs) != 1 or len(shape) != 4 or shape[1] % block:
         return False
     if node.op == "conv_packed":
-        return True
+        # A 1x1 map (squeeze-excite) stays NCHW: its epilogue (a sigmoid) then runs once
+        # per channel in the conv's kernel; blocked, the fused broadcast scale after it
+        # ran it once per pixel of the scaled map, unvectorised (EfficientNet-B0's first
+        # squeeze-excite kernel: 0.19 -> 2.8 ms).
+        return shape[2] * shape[3] > 1
     if _depthwise(graph, node) or node.op == "sum_reduce" and \
             list(node.attrs["axes"]) == [2, 3]:
         return node.inputs[0] in blocked
@@ -126,8 +131,6 @@ def _computes_blocked(graph: Graph, node: Node, blocked: set[str], block: int) -
         return node.inputs[0] in blocked and all(
             node.attrs[k] == () or len(node.attrs[k]) == 4 and tuple(node.attrs[k][:2]) == one
             for k, one in _PLANE_WINDOW.items())
-    if node.op == "concat":
-        return node.attrs["axis"] == 1 and all(i in blocked for i in node.inputs)
     if lookup(node.op).fusion not in _ELEMENTWISE:
         return False
     # An operand of the result's shape is blocked; every other one broadcasts per channel
@@ -158,8 +161,8 @@ def _decide(graph: Graph, block: int) -> set[str]:
     """The values computed blocked: each that can be (`_computes_blocked`), but a conv's
     result that nothing reads blocked (written NCHW, as the conv's stores are cheaper than
     blocked ones and a transform back). Any other op keeps computing blocked when its
-    reader does not read so: one transform back after it, where unblocking it would move
-    the transform to each of its inputs (DenseNet's last concat has 17)."""
+    reader does not read so: one transform back after it, where unblocking it could move
+    the transform to each of its inputs."""
     blocked: set[str] = set()
     for node in graph.nodes:
         if _computes_blocked(graph, node, blocked, block):

@@ -171,20 +171,21 @@ def _graph():
 
 
 def test_the_pass_keeps_the_chain_blocked():
-    """Every conv reads or writes NCHW8c, the depth-wise one is depthwise_conv_blocked, the
-    pools, the sum and the scale run blocked; transforms: none in (x is read by the stem
-    conv, which reads NCHW), one back for each of the graph's outputs p and q and for the
-    squeeze's 4 channels (not whole blocks: that conv writes NCHW and the next reads it)."""
+    """Convs read or write NCHW8c, the depth-wise one is depthwise_conv_blocked, the pools,
+    the sum and the scale run blocked; transforms: none for x (the stem conv reads NCHW),
+    one back for each of the graph's outputs p and q, one in for the excitation (its convs
+    on 1x1 maps write NCHW; the squeeze's 4 channels are not whole blocks anyway)."""
     g = run_pipeline(_graph(), target=ZNVER3)
     ops = [n.op for n in g.nodes]
-    assert "conv_packed" not in ops and "conv" not in ops
-    assert ops.count("conv_packed_blocked") == 6 and ops.count("depthwise_conv_blocked") == 1
-    transforms = [n for n in g.nodes if n.op == "float_layout_transform"]
-    assert sorted(n.outputs[0] for n in transforms) == ["p", "q"]
-    assert all(n.attrs["dst_layout"] == "NCHW" for n in transforms)
+    assert "conv" not in ops and ops.count("conv_packed") == 1  # cx: NCHW in and out
+    assert ops.count("conv_packed_blocked") == 5 and ops.count("depthwise_conv_blocked") == 1
+    transforms = {(n.inputs[0], n.attrs["dst_layout"]) for n in g.nodes
+                  if n.op == "float_layout_transform"}
+    assert transforms == {("p_nchw8c", "NCHW"), ("q_nchw8c", "NCHW"), ("v", "NCHW8c")}
     layouts = {n.outputs[0]: (n.attrs["data_layout"], n.attrs["out_layout"])
                for n in g.nodes if n.op == "conv_packed_blocked"}
     assert layouts["c0"] == ("NCHW", "NCHW8c") and layouts["t"] == ("NCHW8c", "NCHW")
+    assert "cx" not in layouts  # squeeze-excite's 1x1 maps stay NCHW
     assert layouts["y"] == ("NCHW8c", "NCHW")  # a graph output: written NCHW directly
     assert list(g.outputs) == ["y", "x", "p", "q"] and g.types["p"].shape == (1, 16, 5, 6)
     # the epilogues stay in their conv's kernel
