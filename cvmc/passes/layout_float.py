@@ -116,7 +116,10 @@ def _computes_blocked(graph: Graph, node: Node, blocked: set[str], block: int) -
     """Whether `node` can compute its result blocked, given the values already blocked."""
     types, out = graph.types, node.outputs[0]
     shape = types[out].shape
-    if len(node.outputs) != 1 or len(shape) != 4 or shape[1] % block:
+    # float32 only: float_layout_transform moves float32 (a comparison's bool result, if
+    # the simplify pass left one, stays NCHW and so does its select)
+    if len(node.outputs) != 1 or len(shape) != 4 or shape[1] % block or \
+            types[out].dtype != "float32":
         return False
     if node.op == "conv_packed":
         # A 1x1 map (squeeze-excite) stays NCHW: its epilogue (a sigmoid) then runs once
@@ -137,8 +140,9 @@ def _computes_blocked(graph: Graph, node: Node, blocked: set[str], block: int) -
     # and, if it is computed at run time NCHW, is smaller: a transform of a whole
     # activation (and then one back) would cost more than the conv's NCHW stores.
     return any(i in blocked and types[i].shape == shape for i in node.inputs) and all(
-        _per_channel(types[i].shape, shape) and (
-            i in blocked or i in graph.constants or types[i].shape != shape)
+        _per_channel(types[i].shape, shape) and (i in blocked or types[i].dtype == "float32"
+                                                 and (i in graph.constants or
+                                                      types[i].shape != shape))
         for i in node.inputs)
 
 
@@ -176,7 +180,7 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
     """Keep float activations NCHW{B}c (B = `float_conv_block`) between packed convs and
     through the ops between them (`_computes_blocked`; llvm): conv_packed becomes
     conv_packed_blocked reading and/or writing them, a depth-wise conv
-    depthwise_conv_blocked on a filter packed at compile time. A `layout_transform` to
+    depthwise_conv_blocked on a filter packed at compile time. A float_layout_transform to
     NCHW{B}c brings in an operand computed NCHW (a per-channel constant: folded), one back
     to NCHW, under the value's name, serves any other reader and a graph output."""
     block = float_conv_block(target)
