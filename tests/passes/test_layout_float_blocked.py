@@ -270,3 +270,40 @@ def test_same_bits_at_1_and_2_threads(tmp_path):
     one = run_digests(tmp_path / "m.cvmx", tmp_path / "feeds.npz", 1, runs=3)
     two = run_digests(tmp_path / "m.cvmx", tmp_path / "feeds.npz", 2, runs=3)
     assert len(one) == 1 and one == two
+
+
+def test_blocked_pools_exact(tmp_path):
+    """A stem (conv, relu, 3x3 stride-2 max pool with 'ignore' padding) and a 2x2 average
+    pool, blocked: on integer-valued data every value is exact, so compiled equals the
+    reference; the max pool takes its own row on the blocked layout."""
+    doc = """version 1.0;
+graph G( x ) -> ( p, q )
+{
+    x = external<scalar>(shape = [1, 3, 13, 14]);
+    w = variable<scalar>(shape = [16, 3, 3, 3], label = "w");
+    v = variable<scalar>(shape = [8, 16, 1, 1], label = "v");
+    c = conv(x, w, 0.0, padding = [(1, 1), (1, 1)]);
+    h = relu(c);
+    m = max_pool(h, size = [1, 1, 3, 3], padding = [(0, 0), (0, 0), (1, 1), (1, 1)],
+                 stride = [1, 1, 2, 2], border = 'ignore');
+    a = avg_pool(m, size = [1, 1, 2, 2], stride = [1, 1, 2, 2], border = 'constant');
+    p = conv(m, v, 0.0);
+    q = conv(a, v, 0.0);
+}
+"""
+    rng = np.random.default_rng(11)
+    g = parse_nnef(doc, "g.nnef")
+    g = g.replace(constants={**g.constants,
+                             "w": rng.integers(-2, 3, (16, 3, 3, 3)).astype(np.float32),
+                             "v": rng.integers(-2, 3, (8, 16, 1, 1)).astype(np.float32)})
+    after = run_pipeline(g, target=ZNVER3)
+    pools = [n for n in after.nodes if n.op in ("nnef.max_window", "box")]
+    assert [len(after.types[n.outputs[0]].shape) for n in pools] == [5, 5]
+    assert not [n for n in after.nodes if n.op == "float_layout_transform"]
+    feeds = {"x": rng.integers(-3, 4, (1, 3, 13, 14)).astype(np.float32)}
+    want, got = run_both(g, feeds)
+    for key in want:
+        assert np.array_equal(want[key], got[key]), key
+    plan = compile_model(g, tmp_path / "m.cvmx", "llvm", "znver3").plan
+    assert [k["schedule"] for k in plan["kernels"] if k["ops"][0] == "nnef.max_window"] == \
+        ["cpu-max-window"]
