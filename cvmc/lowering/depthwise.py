@@ -128,7 +128,8 @@ _BLOCKED_COLUMNS = 4
 _MIN_TASKS = 16
 
 
-def schedule_depthwise_blocked(sch, func_name: str) -> None:
+def schedule_depthwise_blocked(sch, func_name: str, conv_name: str = "depthwise_conv2d_blocked",
+                               columns: int = _BLOCKED_COLUMNS) -> None:
     """Schedule a depthwise_conv2d_blocked kernel (NCHW16c in and out): the 16 channels of
     a block in the vector lanes. (n, channel block, output row) fused and parallel; a tile
     of output columns; the kernel window unrolled, each tap's 16 weights loaded once for
@@ -137,10 +138,9 @@ def schedule_depthwise_blocked(sch, func_name: str) -> None:
     padded input (int8) is computed per task (a group of rows: n x channel blocks x
     groups >= _MIN_TASKS), right before its rows are (in L2, 16 bytes per pixel)."""
     inline_all(sch, func_name)
-    conv = sch.get_sblock("depthwise_conv2d_blocked", func_name=func_name)
+    conv = sch.get_sblock(conv_name, func_name=func_name)
     n, cb, p, q, ci, ry, rx = sch.get_loops(conv)
-    tile, column = sch.split(q, [None, largest_divisor(int(sch.get(q).extent),
-                                                        _BLOCKED_COLUMNS)])
+    tile, column = sch.split(q, [None, largest_divisor(int(sch.get(q).extent), columns)])
     sch.reorder(tile, ry, rx, column, ci)
     planes = int(sch.get(n).extent) * int(sch.get(cb).extent)
     rows = int(sch.get(p).extent)
@@ -160,3 +160,17 @@ def schedule_depthwise_blocked(sch, func_name: str) -> None:
     for pad in [b for b in sch.get_child_blocks(root)
                 if MATERIALIZE in sch.get(b).annotations]:
         sch.compute_at(pad, task)
+
+
+# Output columns per tile of the float variant: each column's B float32 sums are one
+# vector (8 lanes: a ymm; 16: a zmm), so 8 columns leave AVX2 registers for a tap's
+# weights and the input vectors.
+_FLOAT_BLOCKED_COLUMNS = 8
+
+
+def schedule_depthwise_float_blocked(sch, func_name: str) -> None:
+    """Schedule a float depthwise_conv_blocked kernel (NCHW{B}c in and out) as the int8
+    blocked one (`schedule_depthwise_blocked`): B channels in the vector lanes, a tile of
+    columns, the window unrolled, each output's taps summed in row-major window order
+    whatever the thread count; the zero-padded input (float32) per task."""
+    schedule_depthwise_blocked(sch, func_name, "depthwise_conv_blocked", _FLOAT_BLOCKED_COLUMNS)

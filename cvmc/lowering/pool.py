@@ -17,8 +17,8 @@ _LANES = 8  # float32 lanes of one AVX2 register
 
 
 def schedule_max_window(sch, func_name: str) -> None:
-    """Schedule a max_window kernel over an NCHW tensor whose window covers rows and
-    columns only; ValueError for any other (the table then tries its next row)."""
+    """Schedule a max_window kernel over an NCHW (or NCHW{B}c) tensor whose window covers
+    rows and columns only; ValueError for any other (the table then tries its next row)."""
     from tvm.s_tir.schedule import ScheduleError
 
     inline_all(sch, func_name)
@@ -56,12 +56,17 @@ def _window_in_lanes(sch, pool, func_name: str):
     """The window reduction `pool` over NCHW: (batch, channel) planes parallel, output
     columns in vector lanes under the unrolled window taps; the plane loop."""
     loops = sch.get_loops(pool)
-    if len(sch.get(pool).iter_vars) != 6 or len(loops) != 6:
+    if len(sch.get(pool).iter_vars) != len(loops) or len(loops) not in (6, 7):
         raise ValueError(f"{func_name}: not an NCHW window over rows and columns")
-    n, c, _, w, ry, rx = loops
+    blocked = len(loops) == 7  # NCHW{B}c (block-float-activations): B channels in lanes
+    n, c, _, w, *rest = loops
     plane = sch.fuse(n, c)
     sch.parallel(plane)
-    column, lane = sch.split(w, [None, largest_divisor(int(sch.get(w).extent), _LANES)])
+    if blocked:
+        column, (lane, ry, rx) = w, rest
+    else:
+        ry, rx = rest
+        column, lane = sch.split(w, [None, largest_divisor(int(sch.get(w).extent), _LANES)])
     sch.reorder(column, ry, rx, lane)
     sch.unroll(ry)
     sch.unroll(rx)

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 
 from cvmc.lowering.attention import schedule_attention
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
-from cvmc.lowering.depthwise import schedule_depthwise, schedule_depthwise_blocked
+from cvmc.lowering.depthwise import (
+    schedule_depthwise,
+    schedule_depthwise_blocked,
+    schedule_depthwise_float_blocked,
+)
 from cvmc.lowering.pool import schedule_box, schedule_max_window
 from cvmc.lowering.schedule import (
     cuda_target,
@@ -81,6 +85,16 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
                  functools.partial(schedule_conv_float, avx512=True)),
     ScheduleRule("x86-avx2-float-conv", "conv_packed", ("avx2", "fma"), schedule_conv_float),
     ScheduleRule("cpu-float-conv", "conv_packed", (), schedule_conv_float),
+    # Float convs reading and/or writing NCHW{8|16}c activations (block-float-activations):
+    # the same register tile, whole B-channel vectors stored.
+    ScheduleRule("x86-avx512-float-conv-blocked", "conv_packed_blocked", ("avx512f",),
+                 functools.partial(schedule_conv_float, avx512=True)),
+    ScheduleRule("x86-avx2-float-conv-blocked", "conv_packed_blocked", ("avx2", "fma"),
+                 schedule_conv_float),
+    ScheduleRule("cpu-float-conv-blocked", "conv_packed_blocked", (), schedule_conv_float),
+    # Float depth-wise convs on NCHW{8|16}c: B channels in the vector lanes.
+    ScheduleRule("cpu-float-depthwise-blocked", "depthwise_conv_blocked", (),
+                 schedule_depthwise_float_blocked),
     # NNEF's float depth-wise conv (multiplier 1; the layout pass leaves it as it is).
     ScheduleRule("cpu-float-depthwise", "conv", (), schedule_depthwise),
     # Attention scores (cvmc/ops/transformer.py): one row of q k^T, scale and softmax per
@@ -93,6 +107,8 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     ScheduleRule("cpu-layer-norm", "layer_norm", (), schedule_layer_norm),
     ScheduleRule("cpu-softmax", "fused_softmax", (), schedule_softmax),
     ScheduleRule("cpu-layout-transform", "layout_transform", (), schedule_layout_transform),
+    ScheduleRule("cpu-float-layout-transform", "float_layout_transform", (),
+                 schedule_layout_transform),
     ScheduleRule("cpu-default", None, (), functools.partial(schedule_cpu, vectorize=True)),
 ]
 # When LLVM rejects a vectorised kernel, the whole module is rebuilt with this one.

@@ -124,8 +124,13 @@ def _layout_transform_reference(xs, a):
 
 @layout_transform.lower
 def _layout_transform_lower(xs, a):
-    from cvmc.ops.te import const, shape_of, te, tirx
-    x = xs[0]
+    from cvmc.ops.te import const
+    return _lower_layout_transform(xs[0], a, const(0))
+
+
+def _lower_layout_transform(x, a, zero):
+    """The transform of TE tensor `x`; padding elements are `zero`."""
+    from cvmc.ops.te import shape_of, te, tirx
     shape = shape_of(x)
     plain, outer, blocks = _parse_layouts(a, len(shape))
     factor = {ax: f for f, ax in blocks}
@@ -142,9 +147,24 @@ def _layout_transform_lower(xs, a):
         coords = [index[ax] for ax in plain]
         inside = [c < d for c, d, ax in zip(coords, shape, plain) if ax in factor]
         value = x[tuple(coords)]
-        return tirx.if_then_else(tirx.all(*inside), value, const(0)) if inside else value
+        return tirx.if_then_else(tirx.all(*inside), value, zero) if inside else value
     return te.compute(_transformed_shape(shape, a), unblock if _inverse(a) else block,
                       name="layout_transform")
+
+
+# The float activations' transform (`block_float_activations`): layout_transform's rules on
+# float32, padding elements 0.0. Exact (it moves values).
+float_layout_transform = op(
+    "float_layout_transform", family="layout", inputs=("data",), fusion=Fusion.INJECTIVE,
+    attrs=layout_transform.attrs, seeds=("cvmc",), types="scalar -> scalar")
+float_layout_transform.shape(_layout_transform_shape)
+float_layout_transform.reference(_layout_transform_reference)
+
+
+@float_layout_transform.lower
+def _float_layout_transform_lower(xs, a):
+    from cvmc.ops.te import tirx
+    return _lower_layout_transform(xs[0], a, tirx.const(0, xs[0].dtype))
 
 
 # ---- conv2d_packed --------------------------------------------------------------------
@@ -396,37 +416,248 @@ def _conv_packed_reference(xs, a):
 
 @conv_packed.lower
 def _conv_packed_lower(xs, a):
+    return _nchw_result(xs, *_conv_packed_acc(xs[0], xs[1], a, 0), "conv_packed")
+
+
+def _conv_packed_acc(x, wp, a, data_block: int):
+    """(the accumulator (N, OC/B, OH, OW, B), the NCHW output shape) of a conv_packed
+    kernel on NCHW data (`data_block` 0) or NCHW{data_block}c data (one group)."""
     from cvmc.ops.te import shape_of, te
 
-    x, wp = xs[0], xs[1]
     ocb, cg, kh, kw, block = shape_of(wp)
-    out, dims, groups = _conv_geometry("conv_packed", _conv_attrs(a, shape_of(x)[1], cg),
-                                       shape_of(x),
+    nchw = shape_of(x)
+    if data_block:  # one group: the filter's channels, the block's padding left out
+        nchw = (nchw[0], cg, nchw[2], nchw[3])
+    out, dims, groups = _conv_geometry("conv_packed", _conv_attrs(a, nchw[1], cg), nchw,
                                        (a.channels, cg, kh, kw), False)
     blocks_per_group = ocb // groups
-    padded = padded_input(x, [d.X for d in dims], [kh, kw], [d.x for d in dims],
-                          [d.s for d in dims], [d.d for d in dims], [d.p for d in dims],
-                          "conv_packed")
+    # Blocked data pads its lane axis by nothing: the padded stage stays NCHW{B}c.
+    lanes = [data_block] if data_block else []
+    padded = padded_input(x, [d.X for d in dims] + lanes, [kh, kw] + [1] * len(lanes),
+                          [d.x for d in dims] + lanes, [d.s for d in dims] + [1] * len(lanes),
+                          [d.d for d in dims] + [1] * len(lanes),
+                          [d.p for d in dims] + [0] * len(lanes), "conv_packed")
     rc = te.reduce_axis((0, cg), "rc")
     ry = te.reduce_axis((0, kh), "ry")
     rx = te.reduce_axis((0, kw), "rx")
     (sh, sw), (dh, dw) = [d.s for d in dims], [d.d for d in dims]
 
+    def tap(b, channel, i, j):
+        if data_block:  # only the real channels: padding lanes are never read
+            return padded(b, channel // data_block, i, j, channel % data_block)
+        return padded(b, channel, i, j)
+
     def dot(b, ob, p, q, oi):
         channel = ob // blocks_per_group * cg + rc
-        return te.sum(padded(b, channel, p * sh + ry * dh, q * sw + rx * dw) *
+        return te.sum(tap(b, channel, p * sh + ry * dh, q * sw + rx * dw) *
                       wp[ob, rc, ry, rx, oi], axis=[rc, ry, rx])
     acc = te.compute((out[0], ocb, out[2], out[3], block), dot, name="conv_packed_acc")
-    y = te.compute(out, lambda b, o, p, q: acc[b, o // block, p, q, o % block],
-                   name="conv_packed")
-    return y if len(xs) == 2 else te_broadcast([y, xs[2]], lambda s, c: s + c,
-                                               "conv_packed_bias")
+    return acc, out
+
+
+def _nchw_result(xs, acc, out, name: str):
+    """The NCHW output of accumulator `acc` (N, OC/B, OH, OW, B), plus the bias xs[2]."""
+    from cvmc.ops.te import te
+
+    block = acc.shape[4]
+    y = te.compute(out, lambda b, o, p, q: acc[b, o // block, p, q, o % block], name=name)
+    return y if len(xs) == 2 else te_broadcast([y, xs[2]], lambda s, c: s + c, f"{name}_bias")
 
 
 # GOPS: C/G x taps multiply-adds per output element, as conv's
 # 2 per multiply-add: output elements x C/G x KH x KW (the `arith` rule counts a node's total)
 conv_packed.arith(lambda ins, outs, a: 2 * outs[0].size * math.prod(ins[1].shape[1:4]))
 conv_packed.cost(lambda ins, outs, a: math.prod(ins[1].shape[1:4]))
+
+
+# ---- conv_packed_blocked, depthwise_conv_blocked (float, NCHW{B}c activations) ---------
+# The float layout pass (`block_float_activations`) keeps activations between float convs
+# in NCHW{B}c, B the filter block (8 on AVX2, 16 on AVX-512): (N, C/B, H, W, B), B
+# channels of a pixel one vector. `conv_packed_blocked` is conv_packed reading its data
+# and/or writing its result in that layout (`data_layout` / `out_layout`): the register
+# tile then stores whole B-channel vectors, and reads B channels of a pixel next to each
+# other. Blocked data needs one group; it may hold padding channels (C not a multiple of
+# B), which the reduction never reads (it runs over the filter's C channels); a blocked
+# result needs whole blocks (OC % B == 0). `depthwise_conv_blocked` is NNEF's depth-wise
+# conv (groups = C, multiplier 1) on NCHW{B}c data and a filter packed (C/B, 1, KH, KW, B),
+# the B channels of a block in the vector lanes; padding channels compute what their
+# (zero) filter gives and stay padding. Both sum each output's terms in the order conv_packed
+# does (input channel, kernel row, kernel column, then the bias): the bound is conv's. The
+# bias is NNEF conv's ([1, OC] or one value), read per channel. References: conv's on the
+# unblocked data and unpacked filter, then blocked.
+_FLOAT_LAYOUTS = ("NCHW", "NCHW8c", "NCHW16c")
+
+
+def _to_plain(block: int) -> Attrs:
+    return Attrs(src_layout=f"NCHW{block}c", dst_layout="NCHW")
+
+
+def _to_blocked(block: int) -> Attrs:
+    return Attrs(src_layout="NCHW", dst_layout=f"NCHW{block}c")
+
+
+def _layout_block(name: str, layout: str, block: int) -> int:
+    """0 for NCHW, else B after checking that `layout` is NCHW{B}c of the filter's B."""
+    require(layout in ("NCHW", f"NCHW{block}c"),
+            f"{name}: layout '{layout}' does not match the filter's block of {block} "
+            f"channels (expected 'NCHW' or 'NCHW{block}c')")
+    return 0 if layout == "NCHW" else block
+
+
+def _blocked_input_shape(name: str, x, block: int) -> tuple[int, ...]:
+    """The NCHW shape (padding channels included) of NCHW{block}c data `x`."""
+    require(len(x) == 5 and x[4] == block,
+            f"{name}: data in layout NCHW{block}c must be (N, C/{block}, H, W, {block}), "
+            f"got {list(x)}")
+    return _transformed_shape(x, _to_plain(block))
+
+
+conv_packed_blocked = op(
+    "conv_packed_blocked", family="layout", inputs=("input", "filter", "bias?"),
+    fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), types="scalar, scalar, scalar -> scalar",
+    attrs=(*window_attrs(("constant",)), Attr("channels", "int", lo=1),
+           Attr("data_layout", "str", "NCHW", choices=_FLOAT_LAYOUTS),
+           Attr("out_layout", "str", "NCHW", choices=_FLOAT_LAYOUTS)))
+
+
+def _blocked_conv_layouts(ins, a) -> tuple[tuple[int, ...], int, int]:
+    """(the NCHW data shape with only its real channels, data block, output block) of a
+    conv_packed_blocked after checking its layouts."""
+    name, block, cg = "conv_packed_blocked", ins[1].shape[-1], ins[1].shape[1]
+    data, out = (_layout_block(name, layout, block) for layout in (a.data_layout,
+                                                                    a.out_layout))
+    x = ins[0].shape
+    if data:
+        padded = _blocked_input_shape(name, x, block)
+        require(cg <= padded[1] < cg + block,
+                f"{name}: blocked data of {padded[1]} channels (padding included) does not "
+                f"hold the filter's {cg} input channels in one group")
+        x = (padded[0], cg, *padded[2:])
+    require(not out or a.channels % block == 0,
+            f"{name}: out_layout NCHW{block}c needs a multiple of {block} output channels, "
+            f"got {a.channels}")
+    return x, data, out
+
+
+@conv_packed_blocked.shape
+def _conv_packed_blocked_shape(ins, a):
+    x, _, out = _blocked_conv_layouts(ins, a)
+    w = _unpacked_filter_shape("conv_packed_blocked", x, ins[1].shape, a)
+    y = conv_shape("conv_packed_blocked", [x, w, *(t.shape for t in ins[2:])],
+                   _conv_attrs(a, x[1], w[1]))
+    return _transformed_shape(tuple(y), _to_blocked(out)) if out else y
+
+
+def _unblocked(x: np.ndarray, block: int, channels: int | None = None) -> np.ndarray:
+    """NCHW{block}c -> NCHW (the first `channels` channels; all: None); NCHW as it is."""
+    return _layout_transform_reference([x], _to_plain(block))[:, :channels] if block else x
+
+
+def _blocked(y: np.ndarray, block: int) -> np.ndarray:
+    return _layout_transform_reference([y], _to_blocked(block)) if block else y
+
+
+@conv_packed_blocked.reference
+def _conv_packed_blocked_reference(xs, a):
+    _, data, out = _blocked_conv_layouts(xs, a)
+    x = _unblocked(xs[0], data, xs[1].shape[1])
+    return _blocked(_conv_packed_reference([x, *xs[1:]], a), out)
+
+
+@conv_packed_blocked.lower
+def _conv_packed_blocked_lower(xs, a):
+    from cvmc.ops.te import shape_of, te
+
+    block = shape_of(xs[1])[4]
+    data, out = (_layout_block("conv_packed_blocked", v, block)
+                 for v in (a.data_layout, a.out_layout))
+    acc, nchw = _conv_packed_acc(xs[0], xs[1], a, data)
+    if not out:
+        return _nchw_result(xs, acc, nchw, "conv_packed_blocked")
+    if len(xs) == 2:
+        return acc
+    return te.compute(acc.shape, lambda b, o, p, q, oi: acc[b, o, p, q, oi] +
+                      _channel_value(xs[2], o * block + oi), name="conv_packed_blocked_bias")
+
+
+def _channel_value(bias, channel):
+    """NNEF conv's bias ([1, C], or one value broadcast) at `channel`."""
+    from cvmc.ops.te import shape_of
+
+    shape = shape_of(bias)
+    return bias(*(channel if k == 1 and e > 1 else 0 for k, e in enumerate(shape)))
+
+
+# GOPS: as conv_packed's (a blocked result has whole blocks: no padding channel counted)
+conv_packed_blocked.arith(lambda ins, outs, a: 2 * outs[0].size * math.prod(ins[1].shape[1:4]))
+conv_packed_blocked.cost(lambda ins, outs, a: math.prod(ins[1].shape[1:4]))
+
+
+depthwise_conv_blocked = op(
+    "depthwise_conv_blocked", family="layout", inputs=("input", "filter", "bias?"),
+    fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), types="scalar, scalar, scalar -> scalar",
+    attrs=window_attrs(("constant",)))
+
+
+def _depthwise_float_geometry(ins, a) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the NCHW data shape, padding channels included; the OIHW filter shape)."""
+    name, w = "depthwise_conv_blocked", ins[1].shape
+    require(len(w) == 5 and w[1] == 1, f"{name}: expected a filter packed (C/B, 1, KH, KW, B), "
+                                       f"got {list(w)}")
+    x = _blocked_input_shape(name, ins[0].shape, w[4])
+    require(w[0] * w[4] == x[1], f"{name}: filter {list(w)} does not pack the {x[1]} "
+                                 f"channels of the data")
+    return x, (x[1], 1, w[2], w[3])
+
+
+@depthwise_conv_blocked.shape
+def _depthwise_conv_blocked_shape(ins, a):
+    x, w = _depthwise_float_geometry(ins, a)
+    y = conv_shape("depthwise_conv_blocked", [x, w, *(t.shape for t in ins[2:])],
+                   _conv_attrs(a, x[1], 1))
+    return _transformed_shape(tuple(y), _to_blocked(ins[1].shape[4]))
+
+
+@depthwise_conv_blocked.reference
+def _depthwise_conv_blocked_reference(xs, a):
+    block = xs[1].shape[4]
+    x, w = _unblocked(xs[0], block), _unpacked_filter(xs[1], xs[0].shape[1] * block)
+    return _blocked(_CONV_REFERENCE([x, w, *xs[2:]], _conv_attrs(a, x.shape[1], 1)), block)
+
+
+@depthwise_conv_blocked.lower
+def _depthwise_conv_blocked_lower(xs, a):
+    from cvmc.ops.te import shape_of, te
+
+    x, w = xs[0], xs[1]
+    n, cb, h, wd, block = shape_of(x)
+    kh, kw = shape_of(w)[2:4]
+    out, dims, _ = _conv_geometry("depthwise_conv_blocked",
+                                  _conv_attrs(a, cb * block, 1), (n, cb * block, h, wd),
+                                  (cb * block, 1, kh, kw), False)
+    padded = padded_input(x, [d.X for d in dims] + [block], [kh, kw, 1],
+                          [d.x for d in dims] + [block], [d.s for d in dims] + [1],
+                          [d.d for d in dims] + [1], [d.p for d in dims] + [0],
+                          "depthwise_conv_blocked")
+    ry = te.reduce_axis((0, kh), "ry")
+    rx = te.reduce_axis((0, kw), "rx")
+    (sh, sw), (dh, dw) = [d.s for d in dims], [d.d for d in dims]
+    y = te.compute((n, cb, out[2], out[3], block), lambda b, c, p, q, ci: te.sum(
+        padded(b, c, p * sh + ry * dh, q * sw + rx * dw, ci) * w[c, 0, ry, rx, ci],
+        axis=[ry, rx]), name="depthwise_conv_blocked")
+    if len(xs) == 2:
+        return y
+    return te.compute(y.shape, lambda b, c, p, q, ci: y[b, c, p, q, ci] +
+                      _channel_value(xs[2], c * block + ci), name="depthwise_conv_blocked_bias")
+
+
+@depthwise_conv_blocked.arith
+def _depthwise_conv_blocked_arith(ins, outs, a):
+    """2 per multiply-add: KH x KW per output element (padding channels included)."""
+    return 2 * outs[0].size * ins[1].shape[2] * ins[1].shape[3]
+
+
+depthwise_conv_blocked.cost(lambda ins, outs, a: ins[1].shape[2] * ins[1].shape[3])
 
 
 # ---- depthwise_conv2d_blocked, max_pool2d_blocked --------------------------------------

@@ -42,7 +42,8 @@ _ABSORBS = {
 # Anchors whose groups also take an epilogue node through a value that other element-wise
 # nodes read too: NNEF's max(x, 0) (relu) is select(x > 0, x, 0), which reads x twice. A
 # reader left outside the group reads the value the kernel then writes out.
-_SHARED_VALUE_ANCHORS = frozenset({"conv_packed", "conv"})
+_SHARED_VALUE_ANCHORS = frozenset({"conv_packed", "conv", "conv_packed_blocked",
+                                   "depthwise_conv_blocked"})
 
 
 @dataclass

@@ -9,7 +9,7 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
-from cvmc.passes.layout_float import pack_float_convs
+from cvmc.passes.layout_float import block_float_activations, pack_float_convs
 from cvmc.passes.matmul_weights import pack_matmul_weights, untranspose_matmul_weights
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants, simplify_float
 from cvmc.passes.target import Target
@@ -57,6 +57,10 @@ PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
     # conv would otherwise transpose its result to NCHW and the next one back; on CUDA a
     # blocked conv reads 4 channels of a pixel in one 32-bit load).
     ("block-activations", block_activations, ("llvm", "cuda")),
+    # Float activations between float convs stay NCHW8c (16c with AVX-512), the layout
+    # of the conv kernels' register tiles: whole vectors stored, depth-wise convs with the
+    # channels in the lanes (cvmc/passes/layout_float.py).
+    ("block-float-activations", block_float_activations, ("llvm",)),
     # The kernel partition: epilogues into their conv / dense, element-wise chains into one
     # kernel (Graph.kernels; lowering builds one kernel per group).
     ("fuse-kernels", fuse_kernels, ("llvm", "cuda")),
