@@ -155,25 +155,31 @@ def _per_channel(operand: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 def _reads_blocked(graph: Graph, node: Node, value: str, blocked: set[str]) -> bool:
     """Whether `node` reads `value` blocked (once `blocked` is decided)."""
     if node.op == "conv_packed":  # a grouped conv reads NCHW data only
+        # Only 1x1 convs read blocked data: a KxK conv's tile on blocked data was no faster
+        # (ResNet-18 1.0x) or slower (DenseNet-121's 3x3 convs: the network 0.87-0.91x).
         w = graph.types[node.inputs[1]].shape
         return node.inputs[0] == value and value in blocked and \
-            graph.types[value].shape[1] == w[1]
+            graph.types[value].shape[1] == w[1] and w[2] * w[3] == 1
     return node.outputs[0] in blocked
 
 
 def _decide(graph: Graph, block: int) -> set[str]:
-    """The values computed blocked: each that can be (`_computes_blocked`), but a conv's
-    result that nothing reads blocked (written NCHW, as the conv's stores are cheaper than
-    blocked ones and a transform back). Any other op keeps computing blocked when its
-    reader does not read so: one transform back after it, where unblocking it could move
-    the transform to each of its inputs."""
+    """The values computed blocked: each that can be (`_computes_blocked`) and that some
+    reader reads blocked, or a graph output that a conv does not compute (a pool's result:
+    one transform of it, smaller than its input). Walked backwards, so a chain whose last
+    reader reads NCHW (a KxK conv, a concat) computes NCHW back to the conv that starts
+    it, which writes NCHW: its stores are cheaper than blocked ones and a transform back."""
     blocked: set[str] = set()
     for node in graph.nodes:
         if _computes_blocked(graph, node, blocked, block):
             blocked.add(node.outputs[0])
-    consumers, producers = graph.consumers(), graph.producers()
-    return {v for v in blocked if producers[v].op != "conv_packed" or
-            any(_reads_blocked(graph, c, v, blocked) for c in consumers.get(v, []))}
+    consumers, outputs, kept = graph.consumers(), set(graph.outputs), set()
+    for node in reversed(graph.nodes):
+        v = node.outputs[0]
+        if v in blocked and (v in outputs and node.op != "conv_packed" or any(
+                _reads_blocked(graph, c, v, kept | {v}) for c in consumers.get(v, []))):
+            kept.add(v)
+    return kept
 
 
 def block_float_activations(graph: Graph, target: Target) -> Graph:
