@@ -30,9 +30,10 @@ from cvmc.lowering.schedule import (
     epilogue_under,
     inline_all,
     largest_divisor,
-    parallelize_interior,
+    split_interior,
     stride_along,
 )
+from cvmc.ops.te import INTERIOR, MATERIALIZE
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
 AVX2_INTRIN = "cvmc_dot_16x4_u8i8i32x2_avx2"
@@ -246,13 +247,11 @@ def schedule_conv_lanes(sch, func_name: str, acc, lanes: int) -> None:
     sch.transform_layout(acc, ("write", 0), lambda b, o, p, q, i: (b, o, p, i, q))
     n, ob, oh, ow, oi, rcb, ry, rx, rci = sch.get_loops(acc)
     wo, wi = sch.split(ow, [None, lanes])
-    sch.reorder(n, ob, oh, wo, rcb, ry, rx, oi, wi, rci)
-    sch.parallel(sch.fuse(n, ob, oh))
+    _tasks(sch, acc, n, ob, oh, (wo, rcb, ry, rx, oi, wi, rci))
     epilogue_under(sch, acc, wo)
     sch.unroll(oi)
     sch.decompose_reduction(acc, rcb)
     sch.tensorize(wi, register_lanes_intrinsic(lanes))
-    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
 
 
 def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
@@ -265,14 +264,13 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
         schedule_conv_lanes(sch, func_name, acc, lanes)
         return
     tile, rcb, oi = _register_tile(sch, acc, tile_shape, lambda oi, rci:
-                                      (oi, rci) if vnni else (rci, oi))
+                                                (oi, rci) if vnni else (rci, oi))
     epilogue_under(sch, acc, tile)
     if not vnni:
         sch.vectorize(oi)
     sch.decompose_reduction(acc, rcb)
     if vnni:
         sch.tensorize(oi, register_vnni_intrinsic())
-    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
 
 
 def schedule_conv_avx2(sch, func_name: str) -> None:
@@ -305,19 +303,19 @@ def schedule_conv_avx2(sch, func_name: str) -> None:
     # the partials the last axis of the rf buffer: [..., 16 channels, 2 partials]
     rf = sch.rfactor(pair, factor_axis=len(sch.get(acc).writes[0].region))
     tile, rcb, oi = _register_tile(sch, rf, avx2_tile_shape,
-                                      lambda oi, pair, k: (oi, pair, k))
+                                                lambda oi, pair, k: (oi, pair, k))
     epilogue_under(sch, rf, tile)  # the write-back (acc = partial 0 + partial 1)
     epilogue_under(sch, acc, tile)
     sch.decompose_reduction(rf, rcb)
     sch.tensorize(oi, register_avx2_intrinsic())
-    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
 
 
 def _register_tile(sch, block, shape, inner):
     """Tile the acc-shaped `block` (loops n, OC/16, row, column, 16 channels, input
-    channel blocks, kernel rows, kernel columns, then the input channel loops): (n, OC/16
-    groups, row) fused and parallel, a tile of output columns, the reduction over input
-    channel blocks and the kernel window, then the tile's columns and channel blocks
+    channel blocks, kernel rows, kernel columns, then the input channel loops): (n, group
+    of output channel tiles, row) fused and parallel (`_tasks`), the group's tiles, a tile
+    of output columns, the reduction over input channel blocks and the kernel window,
+    then the tile's columns and channel blocks
     (`shape(n, blocks, rows, columns)` -> (columns, blocks)), unrolled, then
     `inner(16 channels, *input channel loops)`. Returns (the tile loop, the input channel
     block loop: where the reduction starts, the 16-channel loop)."""
@@ -326,17 +324,35 @@ def _register_tile(sch, block, shape, inner):
     columns, blocks = shape(*extents)
     wo, wi = sch.split(ow, [None, columns])
     obo, obi = sch.split(ob, [None, blocks])
-    sch.reorder(n, obo, oh, wo, rcb, ry, rx, wi, obi, *inner(oi, *channels))
-    sch.parallel(sch.fuse(n, obo, oh))
+    _tasks(sch, block, n, obo, oh, (wo, rcb, ry, rx, wi, obi, *inner(oi, *channels)))
     sch.unroll(wi)
     sch.unroll(obi)
     return wo, rcb, oi
 
 
-def _schedule_data(sch, block) -> None:
-    """The byte stage: (n, channel block, row) in parallel; each row's (column, 4
-    channels) loops are left whole for LLVM, which vectorises them (2x faster than
-    splitting them into parallel tasks: measured on a 1x1 conv, 256 -> 64, 56x56). The
-    columns are split into the padding borders and the interior, whose copy then has no
-    per-column test (the row's test is the same for the whole row)."""
-    parallelize_interior(sch, block)
+def _tasks(sch, block, n, ob, oh, inner) -> None:
+    """The parallel loop of `block`: `ob` (its output channel tiles) split into the
+    fewest groups that leave `_MIN_TASKS` tasks, (n, group, row) fused and parallel, then
+    the group's tiles, then the loops `inner` in their order; the stages `block` reads
+    are computed under the parallel loop (`_data_under`). A task then makes its input rows
+    once for all the tiles of its group."""
+    batch, tiles, rows = (int(sch.get(loop).extent) for loop in (n, ob, oh))
+    groups = min(g for g in range(1, tiles + 1)
+                 if tiles % g == 0 and (batch * g * rows >= _MIN_TASKS or g == tiles))
+    obg, obr = sch.split(ob, [groups, None])
+    sch.reorder(n, obg, oh, obr, *inner)
+    parallel = sch.fuse(n, obg, oh)
+    sch.parallel(parallel)
+    _data_under(sch, block, parallel)
+
+
+def _data_under(sch, block, loop) -> None:
+    """The stages that `block` reads from a buffer of their own (MATERIALIZE: the bytes,
+    a padded copy) computed under `loop`, the conv's parallel loop: each task makes the
+    rows it reads, in the parallel region of the conv."""
+    for producer in sch.get_producers(block):
+        annotations = sch.get(producer).annotations
+        if MATERIALIZE in annotations:
+            sch.compute_at(producer, loop)
+            if INTERIOR in annotations:
+                split_interior(sch, producer)
