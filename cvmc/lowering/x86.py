@@ -21,6 +21,23 @@ through memory with scalar loads and `vpinsrd`: perf on a 1x1 conv 32 -> 64, 112
 MobileNet-v1 (cvmc bench, 1 / 2 threads) that conv went 0.369 -> 0.266 / 0.202 -> 0.157 ms,
 64 -> 128 on 56x56 0.255 -> 0.211 / 0.147 -> 0.125 ms, 128 -> 128 on 56x56 0.376 -> 0.340 /
 0.215 -> 0.198 ms. (Tile shapes with channels in the lanes moved these by under 8%.)
+
+One parallel region per kernel (issue 20): the byte stage was a parallel loop of its own
+before the conv's, two fork/joins per kernel, and under contention each join waits for
+its slowest task. Every row now computes it under the conv's parallel loop
+(`_data_under`): a task converts the input rows its output row reads into a buffer of its
+own (the stack or its thread's arena; the tensorized dot products still read a buffer),
+and owns that row for a group of output channel tiles (`_tasks`: the fewest groups that
+leave `_MIN_TASKS` tasks), so the rows are made once per group. The cost is the rows
+that neighbouring tasks make again (KH / stride of them, and once per group): for
+ResNet-18 and MobileNet-v1 at most ~1.5% of a kernel's multiply-adds in bytes, less
+where a stride skips rows the old stage converted. Measured on the Zen 3 (AVX2), each
+kernel timed alone against main's in turns, 1 thread, CPU time of the thread (load 6-8):
+ResNet-18's conv kernels 0.96-1.03x (medians; the whole network 1.00x), MobileNet-v1's
+0.95-0.99x (the network 0.93x). No shape measured slower beyond the noise, so every
+shape takes the merged form. Whole networks at 2 threads could only be timed at load
+average 9-12 (medians 1.01-1.26x main's, p99 0.81-1.22x, quiet and beside 1 or 2 busy
+processes): docs/speed.md.
 """
 from __future__ import annotations
 
