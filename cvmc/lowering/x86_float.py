@@ -6,7 +6,8 @@ tap can fall outside the input), `conv_packed_acc` (N, OC/B, OH, OW, B), B outpu
 per vector, and the epilogue (the NCHW result, bias, relu, clip, residual add) inlined
 into the output stage. Loop order, as the int8 rule's (`cvmc/lowering/x86.py`,
 `_register_tile`): (n, output block groups, output row) fused and parallel, the padded
-rows a task reads made under it (one parallel region per kernel), a tile of output columns, then the reduction over input channels and the kernel window, then the
+rows a task reads made under it (one parallel region per kernel), a tile of output
+columns, then the reduction over input channels and the kernel window, then the
 tile's columns x output blocks unrolled (each one vector accumulator held in a register),
 innermost the B lanes: per step one weight vector per block and one broadcast input value
 per column, one FMA per accumulator. The epilogue runs on each finished tile while it is
