@@ -35,9 +35,9 @@ where a stride skips rows the old stage converted. Measured on the Zen 3 (AVX2),
 kernel timed alone against main's in turns, 1 thread, CPU time of the thread (load 6-8):
 ResNet-18's conv kernels 0.96-1.03x (medians; the whole network 1.00x), MobileNet-v1's
 0.95-0.99x (the network 0.93x). No shape measured slower beyond the noise, so every
-shape takes the merged form. Whole networks at 2 threads could only be timed at load
-average 9-12 (medians 1.01-1.26x main's, p99 0.81-1.22x, quiet and beside 1 or 2 busy
-processes): docs/speed.md.
+shape takes the merged form. Whole networks at 2 threads, beside 0-2 busy processes,
+could only be timed under load from other work (ResNet-18 at load 4: medians 0.91-0.98x
+main's, p99 0.87-1.08x; at load 9-12 medians 1.03-1.17x): docs/speed.md.
 """
 from __future__ import annotations
 
