@@ -36,8 +36,8 @@ kernel timed alone against main's in turns, 1 thread, CPU time of the thread (lo
 ResNet-18's conv kernels 0.96-1.03x (medians; the whole network 1.00x), MobileNet-v1's
 0.95-0.99x (the network 0.93x). No shape measured slower beyond the noise, so every
 shape takes the merged form. Whole networks at 2 threads, beside 0-2 busy processes,
-could only be timed under load from other work (ResNet-18 at load 4: medians 0.91-0.98x
-main's, p99 0.87-1.08x; at load 9-12 medians 1.03-1.17x): docs/speed.md.
+could only be timed under load from other work (ResNet-18 at load 3-5: medians
+0.91-1.05x main's, p99 0.87-1.08x; at load 9-12 medians 1.03-1.17x): docs/speed.md.
 """
 from __future__ import annotations
 
