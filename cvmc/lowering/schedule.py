@@ -196,9 +196,16 @@ def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:
 
 def split_interior(sch, block) -> None:
     """Partition the loop of `block`'s INTERIOR axis into the border before the interior,
-    the interior and the border after it (call before fusing that loop with others)."""
+    the interior and the border after it (call before fusing that loop with others; the
+    axis' region must start at 0)."""
     axis, start, stop = (int(v) for v in sch.get(block).annotations[INTERIOR])
-    loop = sch.get_loops(block)[axis]
+    # the loop the block binds its INTERIOR axis to (the axis' own loop at the root; after a
+    # compute_at, the loop over the region a task makes)
+    loops = sch.get_loops(block)
+    binding = sch.get(loops[-1]).body.iter_values[axis]
+    loop = next((lp for lp in loops if sch.get(lp).loop_var.same_as(binding)), None)
+    if loop is None:  # the region is one column: nothing to split
+        return
     extent = int(sch.get(loop).extent)
     cuts = [c for c in (start, stop) if 0 < c < extent]  # no empty part
     if cuts:  # loop_partition takes the sizes of all parts but the last (the rest)

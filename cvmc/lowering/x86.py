@@ -21,6 +21,23 @@ through memory with scalar loads and `vpinsrd`: perf on a 1x1 conv 32 -> 64, 112
 MobileNet-v1 (cvmc bench, 1 / 2 threads) that conv went 0.369 -> 0.266 / 0.202 -> 0.157 ms,
 64 -> 128 on 56x56 0.255 -> 0.211 / 0.147 -> 0.125 ms, 128 -> 128 on 56x56 0.376 -> 0.340 /
 0.215 -> 0.198 ms. (Tile shapes with channels in the lanes moved these by under 8%.)
+
+One parallel region per kernel (issue 20): the byte stage was a parallel loop of its own
+before the conv's, two fork/joins per kernel, and under contention each join waits for
+its slowest task. Every row now computes it under the conv's parallel loop
+(`_data_under`): a task converts the input rows its output row reads into a buffer of its
+own (the stack or its thread's arena; the tensorized dot products still read a buffer),
+and owns that row for a group of output channel tiles (`_tasks`: the fewest groups that
+leave `_MIN_TASKS` tasks), so the rows are made once per group. The cost is the rows
+that neighbouring tasks make again (KH / stride of them, and once per group): for
+ResNet-18 and MobileNet-v1 at most ~1.5% of a kernel's multiply-adds in bytes, less
+where a stride skips rows the old stage converted. Measured on the Zen 3 (AVX2), each
+kernel timed alone against main's in turns, 1 thread, CPU time of the thread (load 6-8):
+ResNet-18's conv kernels 0.96-1.03x (medians; the whole network 1.00x), MobileNet-v1's
+0.95-0.99x (the network 0.93x). No shape measured slower beyond the noise, so every
+shape takes the merged form. Whole networks at 2 threads, beside 0-2 busy processes,
+could only be timed under load from other work (ResNet-18 at load 3-5: medians
+0.91-1.05x main's, p99 0.87-1.08x; at load 9-12 medians 1.03-1.17x): docs/speed.md.
 """
 from __future__ import annotations
 
@@ -30,9 +47,10 @@ from cvmc.lowering.schedule import (
     epilogue_under,
     inline_all,
     largest_divisor,
-    parallelize_interior,
+    split_interior,
     stride_along,
 )
+from cvmc.ops.te import INTERIOR, MATERIALIZE
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
 AVX2_INTRIN = "cvmc_dot_16x4_u8i8i32x2_avx2"
@@ -246,13 +264,11 @@ def schedule_conv_lanes(sch, func_name: str, acc, lanes: int) -> None:
     sch.transform_layout(acc, ("write", 0), lambda b, o, p, q, i: (b, o, p, i, q))
     n, ob, oh, ow, oi, rcb, ry, rx, rci = sch.get_loops(acc)
     wo, wi = sch.split(ow, [None, lanes])
-    sch.reorder(n, ob, oh, wo, rcb, ry, rx, oi, wi, rci)
-    sch.parallel(sch.fuse(n, ob, oh))
+    _tasks(sch, acc, n, ob, oh, (wo, rcb, ry, rx, oi, wi, rci))
     epilogue_under(sch, acc, wo)
     sch.unroll(oi)
     sch.decompose_reduction(acc, rcb)
     sch.tensorize(wi, register_lanes_intrinsic(lanes))
-    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
 
 
 def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
@@ -265,14 +281,13 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
         schedule_conv_lanes(sch, func_name, acc, lanes)
         return
     tile, rcb, oi = _register_tile(sch, acc, tile_shape, lambda oi, rci:
-                                      (oi, rci) if vnni else (rci, oi))
+                                                (oi, rci) if vnni else (rci, oi))
     epilogue_under(sch, acc, tile)
     if not vnni:
         sch.vectorize(oi)
     sch.decompose_reduction(acc, rcb)
     if vnni:
         sch.tensorize(oi, register_vnni_intrinsic())
-    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
 
 
 def schedule_conv_avx2(sch, func_name: str) -> None:
@@ -305,19 +320,19 @@ def schedule_conv_avx2(sch, func_name: str) -> None:
     # the partials the last axis of the rf buffer: [..., 16 channels, 2 partials]
     rf = sch.rfactor(pair, factor_axis=len(sch.get(acc).writes[0].region))
     tile, rcb, oi = _register_tile(sch, rf, avx2_tile_shape,
-                                      lambda oi, pair, k: (oi, pair, k))
+                                                lambda oi, pair, k: (oi, pair, k))
     epilogue_under(sch, rf, tile)  # the write-back (acc = partial 0 + partial 1)
     epilogue_under(sch, acc, tile)
     sch.decompose_reduction(rf, rcb)
     sch.tensorize(oi, register_avx2_intrinsic())
-    _schedule_data(sch, sch.get_sblock("conv2d_packed_data", func_name=func_name))
 
 
 def _register_tile(sch, block, shape, inner):
     """Tile the acc-shaped `block` (loops n, OC/16, row, column, 16 channels, input
-    channel blocks, kernel rows, kernel columns, then the input channel loops): (n, OC/16
-    groups, row) fused and parallel, a tile of output columns, the reduction over input
-    channel blocks and the kernel window, then the tile's columns and channel blocks
+    channel blocks, kernel rows, kernel columns, then the input channel loops): (n, group
+    of output channel tiles, row) fused and parallel (`_tasks`), the group's tiles, a tile
+    of output columns, the reduction over input channel blocks and the kernel window,
+    then the tile's columns and channel blocks
     (`shape(n, blocks, rows, columns)` -> (columns, blocks)), unrolled, then
     `inner(16 channels, *input channel loops)`. Returns (the tile loop, the input channel
     block loop: where the reduction starts, the 16-channel loop)."""
@@ -326,17 +341,35 @@ def _register_tile(sch, block, shape, inner):
     columns, blocks = shape(*extents)
     wo, wi = sch.split(ow, [None, columns])
     obo, obi = sch.split(ob, [None, blocks])
-    sch.reorder(n, obo, oh, wo, rcb, ry, rx, wi, obi, *inner(oi, *channels))
-    sch.parallel(sch.fuse(n, obo, oh))
+    _tasks(sch, block, n, obo, oh, (wo, rcb, ry, rx, wi, obi, *inner(oi, *channels)))
     sch.unroll(wi)
     sch.unroll(obi)
     return wo, rcb, oi
 
 
-def _schedule_data(sch, block) -> None:
-    """The byte stage: (n, channel block, row) in parallel; each row's (column, 4
-    channels) loops are left whole for LLVM, which vectorises them (2x faster than
-    splitting them into parallel tasks: measured on a 1x1 conv, 256 -> 64, 56x56). The
-    columns are split into the padding borders and the interior, whose copy then has no
-    per-column test (the row's test is the same for the whole row)."""
-    parallelize_interior(sch, block)
+def _tasks(sch, block, n, ob, oh, inner) -> None:
+    """The parallel loop of `block`: `ob` (its output channel tiles) split into the
+    fewest groups that leave `_MIN_TASKS` tasks, (n, group, row) fused and parallel, then
+    the group's tiles, then the loops `inner` in their order; the stages `block` reads
+    are computed under the parallel loop (`_data_under`). A task then makes its input rows
+    once for all the tiles of its group."""
+    batch, tiles, rows = (int(sch.get(loop).extent) for loop in (n, ob, oh))
+    groups = min(g for g in range(1, tiles + 1)
+                 if tiles % g == 0 and (batch * g * rows >= _MIN_TASKS or g == tiles))
+    obg, obr = sch.split(ob, [groups, None])
+    sch.reorder(n, obg, oh, obr, *inner)
+    parallel = sch.fuse(n, obg, oh)
+    sch.parallel(parallel)
+    _data_under(sch, block, parallel)
+
+
+def _data_under(sch, block, loop) -> None:
+    """The stages that `block` reads from a buffer of their own (MATERIALIZE: the bytes,
+    a padded copy) computed under `loop`, the conv's parallel loop: each task makes the
+    rows it reads, in the parallel region of the conv."""
+    for producer in sch.get_producers(block):
+        annotations = sch.get(producer).annotations
+        if MATERIALIZE in annotations:
+            sch.compute_at(producer, loop)
+            if INTERIOR in annotations:
+                split_interior(sch, producer)

@@ -5,8 +5,9 @@ The kernel's stages: `conv_packed_pad` (the zero-padded input, kept as a buffer 
 tap can fall outside the input), `conv_packed_acc` (N, OC/B, OH, OW, B), B output channels
 per vector, and the epilogue (the NCHW result, bias, relu, clip, residual add) inlined
 into the output stage. Loop order, as the int8 rule's (`cvmc/lowering/x86.py`,
-`_register_tile`): (n, output block groups, output row) fused and parallel, a tile of
-output columns, then the reduction over input channels and the kernel window, then the
+`_register_tile`): (n, output block groups, output row) fused and parallel, the padded
+rows a task reads made under it (one parallel region per kernel), a tile of output
+columns, then the reduction over input channels and the kernel window, then the
 tile's columns x output blocks unrolled (each one vector accumulator held in a register),
 innermost the B lanes: per step one weight vector per block and one broadcast input value
 per column, one FMA per accumulator. The epilogue runs on each finished tile while it is
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from cvmc.lowering.schedule import epilogue_under, inline_all, parallelize_rows
+from cvmc.lowering.schedule import epilogue_under, inline_all
 from cvmc.lowering.x86 import _register_tile, tile_shape
 
 # Accumulators per tile (columns x output blocks): AVX2 has 16 ymm registers, each step
@@ -39,6 +40,3 @@ def schedule_conv_float(sch, func_name: str, avx512: bool = False) -> None:
     epilogue_under(sch, acc, tile)
     sch.vectorize(lanes)
     sch.decompose_reduction(acc, rc)
-    for block in sch.get_producers(acc):
-        if sch.get(block).name_hint == "conv_packed_pad":
-            parallelize_rows(sch, block)
