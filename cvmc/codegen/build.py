@@ -19,7 +19,7 @@ import sys
 import tempfile
 import types
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,8 +210,8 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
 
 
 def compile_jobs() -> int:
-    """How many worker processes build kernels: `CVMC_JOBS`, else the CPUs this process
-    may run on."""
+    """How many processes build kernels (this one and its workers): `CVMC_JOBS`, else the
+    CPUs this process may run on."""
     value = os.environ.get("CVMC_JOBS", "")
     if not value:
         return len(os.sched_getaffinity(0))
@@ -241,10 +241,12 @@ def _worker_context():
 
 def _compile_kernels(funcs: dict, target: Target, jobs: int,
                      on_kernel: Callable[[str], None] | None):
-    """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish: in this process
-    for one job (or a few kernels), else in up to `jobs` worker processes
-    (`_worker_context`), which take each kernel as JSON (`tvm.ir.save_json`), the largest
-    first: a big kernel started last would leave the other workers idle at the end."""
+    """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish, built by `jobs`
+    processes: this one and `jobs - 1` workers (`_worker_context`), or this one alone for
+    one job or a few kernels. The workers take the kernels as JSON (`tvm.ir.save_json`),
+    the largest first, so no big kernel is left to finish alone at the end; this process
+    takes the smallest, between handing the workers theirs, so it also builds while the
+    workers' fork server is still starting."""
     import tvm
 
     # A worker costs its fork server's start when it is not running yet (2-3 s), a kernel
@@ -256,18 +258,29 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
             if on_kernel:
                 on_kernel(symbol)
         return
-    texts = sorted(((tvm.ir.save_json(func), symbol) for symbol, func in funcs.items()),
-                   key=lambda pair: -len(pair[0]))
-    pool = ProcessPoolExecutor(jobs, mp_context=_worker_context(),
+    texts = dict(sorted(((symbol, tvm.ir.save_json(func)) for symbol, func in funcs.items()),
+                        key=lambda pair: -len(pair[1])))
+    order, pending = list(texts), {}
+    pool = ProcessPoolExecutor(jobs - 1, mp_context=_worker_context(),
                                initializer=_ignore_interrupt)
     try:
-        with _main_module_hidden():  # the workers start in the first submits
-            futures = {pool.submit(compile_kernel_json, text, target): symbol
-                       for text, symbol in texts}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
-            if on_kernel:
-                on_kernel(futures[future])
+        while order or pending:
+            # two kernels per worker handed out: one building, the next one queued
+            while order and len(pending) < 2 * (jobs - 1):
+                symbol = order.pop(0)
+                with _main_module_hidden():  # the workers start in the first submits
+                    pending[pool.submit(compile_kernel_json, texts[symbol], target)] = symbol
+            finished = [future for future in pending if future.done()]
+            if not finished and order:  # no worker is done: build the smallest kernel here
+                symbol = order.pop()
+                results = [(symbol, compile_kernel(funcs[symbol], target))]
+            else:
+                finished = finished or wait(pending, return_when=FIRST_COMPLETED).done
+                results = [(pending.pop(future), future.result()) for future in finished]
+            for symbol, kernel in results:
+                yield symbol, kernel
+                if on_kernel:
+                    on_kernel(symbol)
     finally:
         # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
         pool.shutdown(wait=True, cancel_futures=True)
