@@ -19,7 +19,7 @@ import sys
 import tempfile
 import types
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,27 +263,42 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
     order, pending = list(texts), {}
     pool = ProcessPoolExecutor(jobs - 1, mp_context=_worker_context(),
                                initializer=_ignore_interrupt)
-    try:
-        while order or pending:
-            # two kernels per worker handed out: one building, the next one queued
-            while order and len(pending) < 2 * (jobs - 1):
-                symbol = order.pop(0)
-                with _main_module_hidden():  # the workers start in the first submits
-                    pending[pool.submit(compile_kernel_json, texts[symbol], target)] = symbol
-            finished = [future for future in pending if future.done()]
-            if not finished and order:  # no worker is done: build the smallest kernel here
-                symbol = order.pop()
-                results = [(symbol, compile_kernel(funcs[symbol], target))]
-            else:
-                finished = finished or wait(pending, return_when=FIRST_COMPLETED).done
-                results = [(pending.pop(future), future.result()) for future in finished]
-            for symbol, kernel in results:
-                yield symbol, kernel
-                if on_kernel:
-                    on_kernel(symbol)
-    finally:
-        # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
-        pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(symbol: str):
+        with _main_module_hidden():  # a submit may start a worker
+            return pool.submit(compile_kernel_json, texts[symbol], target)
+
+    # The first submit starts a worker, which waits for the fork server to have imported
+    # TVM: a thread waits for it, while this process builds kernels.
+    with ThreadPoolExecutor(1) as thread:
+        first = order.pop(0)
+        starting = thread.submit(submit, first)
+        try:
+            while order or pending or starting:
+                if starting and starting.done():
+                    pending[starting.result()] = first
+                    starting = None
+                # two kernels per worker handed out: one building, the next one queued
+                while not starting and order and len(pending) < 2 * (jobs - 1):
+                    symbol = order.pop(0)
+                    pending[submit(symbol)] = symbol
+                finished = [future for future in pending if future.done()]
+                if not finished and order:  # no worker is done: build the smallest here
+                    symbol = order.pop()
+                    results = [(symbol, compile_kernel(funcs[symbol], target))]
+                elif not finished:
+                    wait([*pending, starting] if starting else pending,
+                         return_when=FIRST_COMPLETED)
+                    continue
+                else:
+                    results = [(pending.pop(future), future.result()) for future in finished]
+                for symbol, kernel in results:
+                    yield symbol, kernel
+                    if on_kernel:
+                        on_kernel(symbol)
+        finally:
+            # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager
