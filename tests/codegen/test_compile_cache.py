@@ -276,3 +276,26 @@ def test_shim_key_follows_source_and_compiler(tmp_path, monkeypatch):
         assert len({base, edited, other_gcc}) == 3
     finally:
         build._shim_key.cache_clear()
+
+
+def test_compiling_process_builds_the_small_kernels_beside_the_workers(tmp_path, monkeypatch):
+    """With workers, the largest kernel goes to a worker and this process builds some of
+    the others (it does not wait idle for the workers' fork server); the library is the
+    same bytes as one built here alone."""
+    import tvm
+
+    monkeypatch.setenv("CVMC_CACHE_DIR", "")
+    alone = compiled(tmp_path, "alone", jobs=1)
+    monkeypatch.setattr(build, "KERNELS_PER_WORKER", 1)
+    here = []
+    real = build.compile_kernel
+    monkeypatch.setattr(build, "compile_kernel",
+                        lambda f, t: here.append(str(f.attrs["global_symbol"])) or real(f, t))
+    assert compiled(tmp_path, "both", jobs=2) == alone
+    target = Target.make("llvm")
+    graph = pipeline.run_pipeline(blocks_graph(), target=target)
+    mod, _, _ = lower.lower_graph(graph, target)
+    sizes = {gv.name_hint: len(tvm.ir.save_json(f)) for gv, f in mod.functions.items()}
+    assert 0 < len(here) < len(sizes)
+    assert max(sizes, key=sizes.get) not in here
+
