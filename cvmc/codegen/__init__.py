@@ -67,7 +67,7 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
     (`cvmc.codegen.cache`) unless `cache` is False; the artifact is the same either way."""
     from cvmc_runtime import write_artifact
 
-    from cvmc.codegen.build import build_cuda, build_llvm, check_cuda_arch
+    from cvmc.codegen.build import build_cuda, build_llvm, check_cuda_arch, start_workers
     from cvmc.codegen.cache import KernelCache, cache_folder
     from cvmc.codegen.quantization import check_quantization, record_scales
     from cvmc.lowering.lower import lower_graph
@@ -83,6 +83,8 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
     writable_file(output, "artifact")  # before the work, not after it
     progress = progress or Quiet()
     start = time.perf_counter()
+    if target.kind == "llvm":  # about as many kernels as nodes at most: fusion merges them
+        start_workers(len(graph.nodes), jobs)
     with progress.stage("passes"):
         graph = run_pipeline(graph, target=target)
     scales = None if quantization is None else check_quantization(quantization, graph)

@@ -7,9 +7,9 @@ small device-memory helpers the runtime needs (cvmc_empty / cvmc_copy).
 """
 from __future__ import annotations
 
-import atexit
 import functools
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import re
 import shutil
@@ -19,10 +19,11 @@ import sys
 import tempfile
 import types
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 from cvmc.codegen.cache import KernelCache, KernelObject, kernel_key
 from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
@@ -62,27 +63,75 @@ class Built:
         return self._emitted[1]
 
 
-def _gcc_object(source: str, folder: Path, name: str, what: str) -> Path:
-    """`source` (C) compiled by gcc into `folder/name.o`, with tvm-ffi's headers."""
+class _Gcc:
+    """gcc compiling C `source` into `folder/name.o` (with tvm-ffi's headers) in the
+    background, from the moment it is made; `result()` waits for it. As a context, a gcc
+    still running at its end (an error elsewhere) is stopped."""
+
+    def __init__(self, source: str, folder: Path, name: str, what: str):
+        (folder / f"{name}.c").write_text(source)
+        self.obj, self.what = folder / f"{name}.o", what
+        self.proc = subprocess.Popen(_gcc_command(folder / f"{name}.c", self.obj),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+
+    def result(self) -> bytes:
+        """The object file's bytes, once gcc is done; a CvmcError with gcc's message if it
+        failed."""
+        _, stderr = self.proc.communicate()
+        if self.proc.returncode != 0:
+            raise CvmcError(f"cannot compile {self.what} with gcc:\n{stderr[-4000:]}")
+        return self.obj.read_bytes()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.returncode is None:  # not waited for by result(): an error elsewhere
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def _gcc_command(source: Path, obj: Path) -> list[str]:
+    """The gcc command line that compiles C `source` into `obj`."""
     import tvm_ffi
 
-    (folder / f"{name}.c").write_text(source)
-    obj = folder / f"{name}.o"
-    proc = subprocess.run(["gcc", "-O2", "-fPIC", "-pthread",
-                           f"-I{tvm_ffi.libinfo.find_include_path()}", "-c",
-                           str(folder / f"{name}.c"), "-o", str(obj)],
-                          check=False, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CvmcError(f"cannot compile {what} with gcc:\n{proc.stderr[-4000:]}")
-    return obj
+    return ["gcc", "-O2", "-fPIC", "-pthread", f"-I{tvm_ffi.libinfo.find_include_path()}",
+            "-c", str(source), "-o", str(obj)]
 
 
 @functools.cache
-def _shim_object() -> Path:
-    """The backend shim compiled once per process (linked into every CPU library)."""
-    tmp = Path(tempfile.mkdtemp(prefix="cvmc-shim-"))
-    atexit.register(shutil.rmtree, tmp, True)
-    return _gcc_object(SHIM_C, tmp, "shim", "the CPU backend shim")
+def _shim_key() -> str:
+    """The kernel-cache key of the compiled backend shim: its source, the gcc command, gcc's
+    version and tvm-ffi's (whose headers it includes)."""
+    import tvm_ffi
+
+    gcc = subprocess.run(["gcc", "--version"], check=False, capture_output=True, text=True)
+    return kernel_key(SHIM_C, {"command": _gcc_command(Path("shim.c"), Path("shim.o")),
+                               "gcc": gcc.stdout, "tvm_ffi": tvm_ffi.__version__})
+
+
+# The compiled shim, kept for the rest of the process (for compiles without the cache).
+_SHIM_OBJECT: dict[str, bytes] = {}
+
+
+def _cached_shim(cache: KernelCache | None) -> bytes | None:
+    """The backend shim's object as `cache` or this process keeps it (stored in `cache`
+    when only the process had it), or None: it is the same C for every model, and gcc
+    takes 0.3-0.6 s to compile it."""
+    entry = cache.load(_shim_key()) if cache else None
+    if entry is not None:
+        return entry.obj
+    obj = _SHIM_OBJECT.get(_shim_key())
+    return obj and _keep_shim(cache, obj)
+
+
+def _keep_shim(cache: KernelCache | None, obj: bytes) -> bytes:
+    """`obj`, the compiled shim, kept for this process and in `cache`."""
+    _SHIM_OBJECT[_shim_key()] = obj
+    if cache:
+        cache.store(_shim_key(), KernelObject(obj, "backend-shim"))
+    return obj
 
 
 def kernel_signatures(mod, plan: dict) -> list[dict]:
@@ -130,29 +179,39 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
         if on_kernel:
             on_kernel(symbol)
     missing = {s: f for s, f in funcs.items() if s not in kernels}
-    for symbol, kernel in _compile_kernels(missing, target, jobs or compile_jobs(), on_kernel):
-        kernels[symbol] = kernel
-        if cache:
-            cache.store(keys[symbol], kernel)
-    rules = {s: kernels[s].rule for s in funcs}
-    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
-        objects = [_shim_object()]
-        for index, symbol in enumerate(funcs):
-            objects.append(Path(tmp) / f"k{index}.o")
-            objects[-1].write_bytes(kernels[symbol].obj)
-        if plan is not None:
-            text = signature_json(built_for, kernel_signatures(mod, plan))
-            objects.append(_gcc_object(signature_source(text), Path(tmp), "signature",
-                                       "the library signature"))
+    shim = _cached_shim(cache)
+    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp, ExitStack() as stack:
+        def gcc(source: str, name: str, what: str) -> _Gcc:
+            return stack.enter_context(_Gcc(source, Path(tmp), name, what))
+
+        # gcc builds the shim (when no cache has it) and the signature while the kernels
+        # compile
+        shim_gcc = None if shim else gcc(SHIM_C, "shim", "the CPU backend shim")
+        signature = None if plan is None else gcc(
+            signature_source(signature_json(built_for, kernel_signatures(mod, plan))),
+            "signature", "the library signature")
+        for symbol, kernel in _compile_kernels(missing, target, jobs or compile_jobs(),
+                                               on_kernel):
+            kernels[symbol] = kernel
+            if cache:
+                cache.store(keys[symbol], kernel)
+        objects = {"shim": shim or _keep_shim(cache, shim_gcc.result())}
+        objects.update((f"k{i}", kernels[symbol].obj) for i, symbol in enumerate(funcs))
+        if signature:
+            objects["signature"] = signature.result()
+        for name, obj in objects.items():
+            (Path(tmp) / f"{name}.o").write_bytes(obj)
         lib = Path(tmp) / "kernels.so"
-        create_shared(str(lib), [str(o) for o in objects], options=["-pthread"])
+        create_shared(str(lib), [str(Path(tmp) / f"{n}.o") for n in objects],
+                      options=["-pthread"])
+        rules = {s: kernels[s].rule for s in funcs}
         return Built(lib.read_bytes(), built_for, "ll", rules,
                      functools.partial(_emit_llvm, mod, target, rules))
 
 
 def compile_jobs() -> int:
-    """How many worker processes build kernels: `CVMC_JOBS`, else the CPUs this process
-    may run on."""
+    """How many processes build kernels (this one and its workers): `CVMC_JOBS`, else the
+    CPUs this process may run on."""
     value = os.environ.get("CVMC_JOBS", "")
     if not value:
         return len(os.sched_getaffinity(0))
@@ -161,16 +220,37 @@ def compile_jobs() -> int:
     return int(value)
 
 
+def start_workers(kernels: int, jobs: int | None = None) -> None:
+    """Start the build workers' fork server now when a compile of at most `kernels`
+    kernels may use workers (`_compile_kernels`): it imports TVM and the schedules (2-3 s
+    of CPU) in the background while the passes and lowering run in this process."""
+    if min(jobs or compile_jobs(), kernels // KERNELS_PER_WORKER) > 1:
+        _worker_context()
+        multiprocessing.forkserver.ensure_running()
+
+
+def _worker_context():
+    """The workers' multiprocessing context: each worker forks from a fork server that has
+    imported this module (TVM and the schedule table) once, for every compile of this
+    process. Not forked from the compiling process itself (TVM's threads and state do not
+    survive a fork), nor spawned (each worker would import TVM again: 2-3 s)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def _compile_kernels(funcs: dict, target: Target, jobs: int,
                      on_kernel: Callable[[str], None] | None):
-    """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish: in this process
-    for one job (or a few kernels), else in up to `jobs` worker processes. The workers are
-    spawned, not forked (TVM's threads and state do not survive a fork), and take each
-    kernel as JSON (`tvm.ir.save_json`)."""
+    """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish, built by `jobs`
+    processes: this one and `jobs - 1` workers (`_worker_context`), or this one alone for
+    one job or a few kernels. The workers take the kernels as JSON (`tvm.ir.save_json`),
+    the largest first, so no big kernel is left to finish alone at the end; this process
+    takes the smallest, between handing the workers theirs, so it also builds while the
+    workers' fork server is still starting."""
     import tvm
 
-    # A worker costs its start (importing TVM: 2-3 s), a kernel 0.1-1 s to build: a
-    # worker pays for itself from about KERNELS_PER_WORKER kernels.
+    # A worker costs its fork server's start when it is not running yet (2-3 s), a kernel
+    # 0.1-1 s to build: workers pay for themselves from about KERNELS_PER_WORKER kernels.
     jobs = min(jobs, len(funcs) // KERNELS_PER_WORKER)
     if jobs <= 1:
         for symbol, func in funcs.items():
@@ -178,24 +258,52 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
             if on_kernel:
                 on_kernel(symbol)
         return
-    context = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(jobs, mp_context=context, initializer=_ignore_interrupt)
-    try:
-        with _main_module_hidden():  # the workers start in the first submits
-            futures = {pool.submit(compile_kernel_json, tvm.ir.save_json(func), target):
-                       symbol for symbol, func in funcs.items()}
-        for future in as_completed(futures):
-            yield futures[future], future.result()
-            if on_kernel:
-                on_kernel(futures[future])
-    finally:
-        # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
-        pool.shutdown(wait=True, cancel_futures=True)
+    texts = dict(sorted(((symbol, tvm.ir.save_json(func)) for symbol, func in funcs.items()),
+                        key=lambda pair: -len(pair[1])))
+    order, pending = list(texts), {}
+    pool = ProcessPoolExecutor(jobs - 1, mp_context=_worker_context(),
+                               initializer=_ignore_interrupt)
+
+    def submit(symbol: str):
+        with _main_module_hidden():  # a submit may start a worker
+            return pool.submit(compile_kernel_json, texts[symbol], target)
+
+    # The first submit starts a worker, which waits for the fork server to have imported
+    # TVM: a thread waits for it, while this process builds kernels.
+    with ThreadPoolExecutor(1) as thread:
+        first = order.pop(0)
+        starting = thread.submit(submit, first)
+        try:
+            while order or pending or starting:
+                if starting and starting.done():
+                    pending[starting.result()] = first
+                    starting = None
+                # two kernels per worker handed out: one building, the next one queued
+                while not starting and order and len(pending) < 2 * (jobs - 1):
+                    symbol = order.pop(0)
+                    pending[submit(symbol)] = symbol
+                finished = [future for future in pending if future.done()]
+                if not finished and order:  # no worker is done: build the smallest here
+                    symbol = order.pop()
+                    results = [(symbol, compile_kernel(funcs[symbol], target))]
+                elif not finished:
+                    wait([*pending, starting] if starting else pending,
+                         return_when=FIRST_COMPLETED)
+                    continue
+                else:
+                    results = [(pending.pop(future), future.result()) for future in finished]
+                for symbol, kernel in results:
+                    yield symbol, kernel
+                    if on_kernel:
+                        on_kernel(symbol)
+        finally:
+            # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager
 def _main_module_hidden():
-    """`__main__` is an empty module inside: a spawned process runs its parent's main
+    """`__main__` is an empty module inside: a worker process runs its parent's main
     script again unless it has none, and a script that calls cvmc.compile without an
     `if __name__ == "__main__"` guard would then compile again in each worker (Python
     refuses it). The workers need only cvmc's modules."""

@@ -1,5 +1,6 @@
 """The per-user kernel cache: one compiled object file per CPU kernel, keyed by what
-decides its bytes, so recompiling a model rebuilds only the kernels that changed.
+decides its bytes, so recompiling a model rebuilds only the kernels that changed; and the
+backend shim's object, the same for every model (`cvmc.codegen.build`).
 
 Where: `$CVMC_CACHE_DIR` when set (set but empty: no cache), else
 `$XDG_CACHE_HOME/cvmc/kernels`, else `~/.cache/cvmc/kernels`. The folder is not bounded

@@ -61,6 +61,12 @@ def compiled(tmp_path, name: str, **kw) -> tuple[bytes, bytes]:
         return z.read("kernels.so"), z.read("plan.json")
 
 
+def kernel_entries(folder) -> list:
+    """The kernel cache's entries in `folder`, sorted, but the backend shim's."""
+    shim = cache.KernelCache(folder)._path(build._shim_key())
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p != shim)
+
+
 def refuse_builds(monkeypatch) -> None:
     """Any kernel compiled from here on fails the test (the cache must serve them all)."""
     def refuse(func, target):
@@ -74,7 +80,7 @@ def test_cold_warm_and_jobs_give_the_same_library(tmp_path, monkeypatch):
     one = compiled(tmp_path, "one", jobs=1, cache=False)
     assert not (tmp_path / "cache").exists()
     cold = compiled(tmp_path, "cold", jobs=2)
-    entries = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    entries = kernel_entries(tmp_path / "cache")
     plan = json.loads(one[1])
     symbols = {k["symbol"] for k in plan["kernels"]}
     # the three equal blocks share one kernel: one entry per distinct kernel
@@ -87,7 +93,7 @@ def test_cold_warm_and_jobs_give_the_same_library(tmp_path, monkeypatch):
 def test_damaged_entries_are_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
     first = compiled(tmp_path, "first", jobs=1)
-    entries = sorted(p for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    entries = kernel_entries(tmp_path / "cache")
     assert len(entries) >= 3
     entries[0].write_bytes(entries[0].read_bytes()[:-100])  # truncated
     data = bytearray(entries[1].read_bytes())
@@ -211,3 +217,85 @@ def test_workers_start_from_a_script_without_main_guard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("script ran") == 1
     assert (tmp_path / "a.cvmx").is_file()
+
+
+@pytest.fixture
+def fresh_shim(monkeypatch):
+    """This process keeps no compiled shim; every gcc run for the shim is counted."""
+    monkeypatch.setattr(build, "_SHIM_OBJECT", {})
+    runs = []
+    real = build._Gcc
+
+    def counted(source, folder, name, what):
+        runs.append(name)
+        return real(source, folder, name, what)
+
+    monkeypatch.setattr(build, "_Gcc", counted)
+    return runs
+
+
+def test_shim_object_is_cached_and_rebuilt_when_damaged(tmp_path, monkeypatch, fresh_shim):
+    monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
+    first = compiled(tmp_path, "first", jobs=1)
+    assert fresh_shim.count("shim") == 1
+    shim = cache.KernelCache(tmp_path / "cache")._path(build._shim_key())
+    stored = shim.read_bytes()
+    monkeypatch.setattr(build, "_SHIM_OBJECT", {})  # a new process: the cache alone has it
+    assert compiled(tmp_path, "second", jobs=1) == first
+    assert fresh_shim.count("shim") == 1  # gcc did not compile it again
+    shim.write_bytes(stored[:-50])  # truncated
+    monkeypatch.setattr(build, "_SHIM_OBJECT", {})
+    assert compiled(tmp_path, "third", jobs=1) == first
+    assert fresh_shim.count("shim") == 2
+    assert shim.read_bytes() == stored  # written back whole
+
+
+def test_shim_object_without_cache_is_compiled_once_per_process(tmp_path, monkeypatch,
+                                                                fresh_shim):
+    monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
+    one = compiled(tmp_path, "one", jobs=1, cache=False)
+    assert compiled(tmp_path, "two", jobs=1, cache=False) == one
+    assert fresh_shim.count("shim") == 1
+    assert not (tmp_path / "cache").exists()
+
+
+def test_shim_key_follows_source_and_compiler(tmp_path, monkeypatch):
+    build._shim_key.cache_clear()
+    try:
+        base = build._shim_key()
+        build._shim_key.cache_clear()
+        monkeypatch.setattr(build, "SHIM_C", build.SHIM_C + "\n/* edited */\n")
+        edited = build._shim_key()
+        monkeypatch.undo()
+        build._shim_key.cache_clear()
+        fake = tmp_path / "gcc"  # another gcc: the same source, another version
+        fake.write_text("#!/bin/sh\necho 'gcc (Other) 99.1.0'\n")
+        fake.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+        other_gcc = build._shim_key()
+        assert len({base, edited, other_gcc}) == 3
+    finally:
+        build._shim_key.cache_clear()
+
+
+def test_compiling_process_builds_the_small_kernels_beside_the_workers(tmp_path, monkeypatch):
+    """With workers, the largest kernel goes to a worker and this process builds some of
+    the others (it does not wait idle for the workers' fork server); the library is the
+    same bytes as one built here alone."""
+    import tvm
+
+    monkeypatch.setenv("CVMC_CACHE_DIR", "")
+    alone = compiled(tmp_path, "alone", jobs=1)
+    monkeypatch.setattr(build, "KERNELS_PER_WORKER", 1)
+    here = []
+    real = build.compile_kernel
+    monkeypatch.setattr(build, "compile_kernel",
+                        lambda f, t: here.append(str(f.attrs["global_symbol"])) or real(f, t))
+    assert compiled(tmp_path, "both", jobs=2) == alone
+    target = Target.make("llvm")
+    graph = pipeline.run_pipeline(blocks_graph(), target=target)
+    mod, _, _ = lower.lower_graph(graph, target)
+    sizes = {gv.name_hint: len(tvm.ir.save_json(f)) for gv, f in mod.functions.items()}
+    assert 0 < len(here) < len(sizes)
+    assert max(sizes, key=sizes.get) not in here
+
