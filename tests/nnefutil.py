@@ -261,3 +261,39 @@ def run_digests(artifact: Path, feeds_npz: Path, threads: int, runs: int = 10) -
                           check=False)
     assert proc.returncode == 0, proc.stderr
     return set(proc.stdout.split())
+
+
+def compile_and_run(graph: Graph, mcpu: str, feeds: dict, threads: int):
+    """(first output, compile result) of `graph` built for llvm `mcpu` and run on
+    `threads` threads."""
+    with tempfile.TemporaryDirectory(prefix="cvmc-run-") as tmp:
+        result = cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm", mcpu=mcpu)
+        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
+    cvmc_runtime.set_num_threads(threads)
+    try:
+        return next(iter(model.run(feeds).values())), result
+    finally:
+        os.environ.pop("TVM_NUM_THREADS", None)
+
+
+def run_at_1_and_2_threads(graph: Graph, feeds: dict, output: str = "y") -> list[np.ndarray]:
+    """The compiled graph's `output` at 1 and at 2 threads (asserted the same bits)."""
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="cvmc-threads-") as tmp:
+        cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm")
+        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
+        for threads in (1, 2):
+            cvmc_runtime.set_num_threads(threads)
+            runs.append(model.run(feeds)[output])
+    os.environ.pop("TVM_NUM_THREADS", None)
+    assert runs[0].tobytes() == runs[1].tobytes(), "1 and 2 threads differ"
+    return runs
+
+
+def same_digests_at_1_and_2_threads(graph: Graph, tmp: Path) -> bool:
+    """Whether `graph` compiled for this CPU gives one output digest over 3 runs at 1
+    thread and the same over 3 runs at 2, each in a fresh process, on random inputs."""
+    cvmc.compile(graph, tmp / "m.cvmx", target="llvm")
+    np.savez(tmp / "feeds.npz", **random_inputs(graph))
+    one = run_digests(tmp / "m.cvmx", tmp / "feeds.npz", 1, runs=3)
+    return len(one) == 1 and one == run_digests(tmp / "m.cvmx", tmp / "feeds.npz", 2, runs=3)

@@ -4,17 +4,16 @@ and relu epilogue), and the results stay within matmul's bound of the reference,
 same bits at 1 and 2 threads."""
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
-import cvmc_runtime
 import numpy as np
 import pytest
 
 import cvmc
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
+from tests.nnefutil import compile_and_run
 from tests.oputil import sum_bound
 
 # (A shape, B shape, transposeA, transposeB, B constant, epilogue)
@@ -45,16 +44,6 @@ def _graph(name: str):
     return b.build(outputs=[y])
 
 
-def _run(graph, mcpu: str, feeds: dict, threads: int) -> np.ndarray:
-    with tempfile.TemporaryDirectory(prefix="cvmc-mm-") as tmp:
-        result = cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm", mcpu=mcpu)
-        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
-    cvmc_runtime.set_num_threads(threads)
-    try:
-        return next(iter(model.run(feeds).values())), result
-    finally:
-        os.environ.pop("TVM_NUM_THREADS", None)
-
 
 @pytest.mark.parametrize("mcpu,rule", [("znver3", "x86-avx2-matmul"),
                                        ("x86-64", "cpu-matmul")])
@@ -67,8 +56,8 @@ def test_matmul_within_bound_and_thread_count_free(name, mcpu, rule):
     feeds = {i: rng.standard_normal(graph.types[i].shape).astype(np.float32)
              for i in graph.inputs}
     want = next(iter(cvmc.reference_run(graph, feeds).values()))
-    one, result = _run(graph, mcpu, feeds, 1)
-    two, _ = _run(graph, mcpu, feeds, 2)
+    one, result = compile_and_run(graph, mcpu, feeds, 1)
+    two, _ = compile_and_run(graph, mcpu, feeds, 2)
     assert np.array_equal(one, two), "1 and 2 threads differ"
     sa, sb, ta, tb, const_b, epilogue = CASES[name]
     # docs/float.md's bound: K products and (with the epilogue) the bias, summed

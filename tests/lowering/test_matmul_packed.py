@@ -4,17 +4,13 @@ within matmul's bound of the reference, the same bits at 1 and 2 threads and as 
 tile's sums, the weight packed in the graph (no transpose or packing kernel at run time)."""
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
-import cvmc_runtime
 import numpy as np
 import pytest
 
 import cvmc
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
+from tests.nnefutil import compile_and_run
 from tests.oputil import sum_bound
 
 # (A shape, B shape as written, transposeB, epilogue): K > 256 is K-blocked where there are
@@ -50,17 +46,6 @@ def _graph(name: str):
     return b.build(outputs=[y])
 
 
-def _compile_and_run(graph, mcpu: str, feeds: dict, threads: int):
-    """(output, compile result) of `graph` built for `mcpu` and run on `threads` threads."""
-    with tempfile.TemporaryDirectory(prefix="cvmc-mmp-") as tmp:
-        result = cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm", mcpu=mcpu)
-        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
-    cvmc_runtime.set_num_threads(threads)
-    try:
-        return next(iter(model.run(feeds).values())), result
-    finally:
-        os.environ.pop("TVM_NUM_THREADS", None)
-
 
 def _feeds(graph) -> dict:
     rng = np.random.default_rng(5)
@@ -75,8 +60,8 @@ def test_packed_matmul_within_bound_and_thread_count_free(name, mcpu, rule):
     graph = _graph(name)
     feeds = _feeds(graph)
     want = next(iter(cvmc.reference_run(graph, feeds).values()))
-    one, result = _compile_and_run(graph, mcpu, feeds, 1)
-    two, _ = _compile_and_run(graph, mcpu, feeds, 2)
+    one, result = compile_and_run(graph, mcpu, feeds, 1)
+    two, _ = compile_and_run(graph, mcpu, feeds, 2)
     assert np.array_equal(one, two), "1 and 2 threads differ"
     sa, _, tb, epilogue = CASES[name]
     w = np.abs(graph.constants["w"])
@@ -102,7 +87,7 @@ def test_k_blocked_sums_are_the_unblocked_tiles_bits():
         wv = b.constant(w, name="w") if packed else b.input("w", [520, 144], "float32")
         graph = b.build(outputs=[b.matmul(x, wv)])
         feeds = {"a": a} if packed else {"a": a, "w": w}
-        results[packed], result = _compile_and_run(graph, "znver3", feeds, 2)
+        results[packed], result = compile_and_run(graph, "znver3", feeds, 2)
         assert [k["schedule"] for k in result.plan["kernels"]] == \
             ["x86-avx2-matmul-packed" if packed else "x86-avx2-matmul"]
     assert np.array_equal(results[True], results[False])

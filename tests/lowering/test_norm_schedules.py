@@ -7,11 +7,6 @@ give the same bits at 1 and 2 threads; attention's exps (vectorised) at large ma
 with a -inf mask."""
 from __future__ import annotations
 
-import os
-import tempfile
-from pathlib import Path
-
-import cvmc_runtime
 import numpy as np
 import pytest
 
@@ -21,7 +16,7 @@ from cvmc.lowering.lower import lower_graph
 from cvmc.lowering.rules import schedule_llvm
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
-from tests.nnefutil import mean_bound, random_inputs, softmax_bound
+from tests.nnefutil import mean_bound, random_inputs, run_at_1_and_2_threads, softmax_bound
 from tests.oputil import sum_bound
 from tests.passes.test_transformer import (
     MASKED,
@@ -49,15 +44,7 @@ def _rules(text: str) -> set[str]:
 def _run(text: str, feeds: dict) -> tuple[np.ndarray, np.ndarray]:
     """(reference "y", compiled "y"), the compiled one the same bits at 1 and 2 threads."""
     graph = parse_nnef(text, "doc.nnef")
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="cvmc-norm-") as tmp:
-        cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm")
-        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
-        for threads in (1, 2):
-            cvmc_runtime.set_num_threads(threads)
-            runs.append(model.run(feeds)["y"])
-    os.environ.pop("TVM_NUM_THREADS", None)
-    assert runs[0].tobytes() == runs[1].tobytes(), "1 and 2 threads differ"
+    runs = run_at_1_and_2_threads(graph, feeds)
     return cvmc.reference_run(graph, feeds)["y"].astype(np.float64), runs[0]
 
 

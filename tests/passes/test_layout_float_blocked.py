@@ -13,7 +13,12 @@ from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.fusion import kernel_groups
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
-from tests.nnefutil import random_inputs, run_both, run_digests, with_random_weights
+from tests.nnefutil import (
+    random_inputs,
+    run_both,
+    same_digests_at_1_and_2_threads,
+    with_random_weights,
+)
 from tests.oputil import sum_bound
 
 ZNVER3 = Target.make("llvm", "znver3")
@@ -284,12 +289,7 @@ def test_kernels_get_their_rules(tmp_path):
 
 
 def test_same_bits_at_1_and_2_threads(tmp_path):
-    g = _graph()
-    cvmc.compile(g, tmp_path / "m.cvmx", target="llvm")
-    np.savez(tmp_path / "feeds.npz", **random_inputs(g))
-    one = run_digests(tmp_path / "m.cvmx", tmp_path / "feeds.npz", 1, runs=3)
-    two = run_digests(tmp_path / "m.cvmx", tmp_path / "feeds.npz", 2, runs=3)
-    assert len(one) == 1 and one == two
+    assert same_digests_at_1_and_2_threads(_graph(), tmp_path)
 
 
 def test_blocked_pools_exact(tmp_path):

@@ -5,11 +5,9 @@ same bits at 1 and 2 threads; chains that differ are left alone."""
 from __future__ import annotations
 
 import math
-import os
 import tempfile
 from pathlib import Path
 
-import cvmc_runtime
 import numpy as np
 import pytest
 
@@ -17,7 +15,13 @@ import cvmc
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
-from tests.nnefutil import mean_bound, moments_bound, random_inputs, softmax_bound
+from tests.nnefutil import (
+    mean_bound,
+    moments_bound,
+    random_inputs,
+    run_at_1_and_2_threads,
+    softmax_bound,
+)
 
 U = 2.0**-24
 CHAIN = """
@@ -74,7 +78,7 @@ def test_layer_norm_kernel_within_bound_at_any_thread_count(shape, axes):
     feeds["x"] = (feeds["x"] * 4 + 1.5).astype(np.float32)  # a mean far from 0 too
     want = cvmc.reference_run(source, feeds)["y"]
     assert np.array_equal(want, cvmc.reference_run(_fused(_document(shape, axes)), feeds)["y"])
-    runs = _run_at_1_and_2_threads(source, feeds)
+    runs = run_at_1_and_2_threads(source, feeds)
     r = tuple(int(a) for a in axes.split(","))
     n = ((want - feeds["b"]) / feeds["g"]).astype(np.float64)
     # the scale and shift: |g| times the normalized bound, two roundings more
@@ -82,19 +86,6 @@ def test_layer_norm_kernel_within_bound_at_any_thread_count(shape, axes):
         + 4 * U * (np.abs(want) + np.abs(feeds["b"]))
     assert np.all(np.abs(runs[0].astype(np.float64) - want) <= bound)
 
-
-def _run_at_1_and_2_threads(graph, feeds) -> list[np.ndarray]:
-    """The compiled graph's output "y" at 1 and at 2 threads (asserted equal)."""
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="cvmc-tf-") as tmp:
-        cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm")
-        model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
-        for threads in (1, 2):
-            cvmc_runtime.set_num_threads(threads)
-            runs.append(model.run(feeds)["y"])
-    os.environ.pop("TVM_NUM_THREADS", None)
-    assert np.array_equal(runs[0], runs[1]), "1 and 2 threads differ"
-    return runs
 
 
 def _one_op_run(text: str, op: str, scale: float):
@@ -106,7 +97,7 @@ def _one_op_run(text: str, op: str, scale: float):
     feeds = {"x": (random_inputs(source)["x"] * scale).astype(np.float32)}
     want = cvmc.reference_run(source, feeds)["y"]
     assert np.array_equal(want, cvmc.reference_run(g, feeds)["y"])
-    return feeds, want, _run_at_1_and_2_threads(source, feeds)[0]
+    return feeds, want, run_at_1_and_2_threads(source, feeds)[0]
 
 
 def test_softmax_becomes_one_kernel_within_bound():
@@ -246,7 +237,7 @@ def test_attention_scores_become_one_kernel_within_bound(text, inputs):
         result = cvmc.compile(source, Path(tmp) / "m.cvmx", target="llvm", mcpu="znver3")
     assert [k["schedule"] for k in result.plan["kernels"] if "attention_scores" in k["ops"]] \
         == ["cpu-attention"]
-    got = _run_at_1_and_2_threads(source, feeds)[0]
+    got = run_at_1_and_2_threads(source, feeds)[0]
     # q and k as the scores read them: the transposes of the exported chain, or the inputs
     q, k = (feeds[n] for n in ("q", "k"))
     if inputs[0] == "tq":
