@@ -799,6 +799,36 @@ CONV_PACKED_CASES = [
                  8, {"padding": [(1, 1), (1, 1)]}, exact=True),
 ]
 CASES += CONV_PACKED_CASES
+# ---- float activations blocked NCHW{B}c (block-float-activations, cvmc/ops/layout.py) -----
+def blocked_float(x: tuple[np.ndarray, None], block: int) -> tuple[np.ndarray, None]:
+    """NCHW float data as NCHW{block}c, written here with NumPy: zero-pad C to a multiple
+    of `block`, split it and move the block last."""
+    arr = np.pad(x[0], ((0, 0), (0, -x[0].shape[1] % block), (0, 0), (0, 0)))
+    n, c, h, w = arr.shape
+    return arr.reshape(n, c // block, block, h, w).transpose(0, 1, 3, 4, 2).copy(), None
+
+
+CASES += [
+    OpCase("float_layout_transform", [frand((1, 12, 3, 5), 170)],
+           {"src_layout": "NCHW", "dst_layout": "NCHW8c"}),
+    OpCase("float_layout_transform", [frand((2, 2, 3, 4, 8), 171)],
+           {"src_layout": "NCHW8c", "dst_layout": "NCHW"}),
+    # 3x3 on 12 blocked channels (a padded block), 16 blocked out, bias
+    OpCase("conv_packed_blocked", [blocked_float(frand((1, 12, 9, 11), 172), 8),
+                                   packed_filter(frand((16, 12, 3, 3), 173), 8),
+                                   frand((1, 16), 174)],
+           {"padding": [(1, 1), (1, 1)], "channels": 16, "data_layout": "NCHW8c",
+            "out_layout": "NCHW8c"}, weights=(1, 2), terms=12 * 9 + 1),
+    # 1x1 from NCHW to NCHW8c on integer values: every partial sum exact, the reference's bits
+    OpCase("conv_packed_blocked", [irand((1, 16, 5, 7), 175),
+                                   packed_filter(irand((24, 16, 1, 1), 176), 8)],
+           {"channels": 24, "out_layout": "NCHW8c"}, weights=(1,)),
+    # depth-wise 3x3 stride 2 on NCHW8c, the filter packed (C/8, 1, KH, KW, 8), bias
+    OpCase("depthwise_conv_blocked", [blocked_float(frand((1, 16, 9, 9), 177), 8),
+                                      packed_filter(frand((16, 1, 3, 3), 178), 8),
+                                      frand((1, 16), 179)],
+           {"padding": [(1, 1), (1, 1)], "stride": [2, 2]}, weights=(1, 2), terms=9 + 1),
+]
 # ---- matmul_packed: matmul on a B packed in column panels (cvmc/ops/matmul.py) ----------
 def column_panels(b: tuple[np.ndarray, None], cols: int) -> tuple[np.ndarray, None]:
     """B (*batch, K, N) packed (*batch, P, K, cols), written here with NumPy: zero-pad N to
