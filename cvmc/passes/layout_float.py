@@ -60,9 +60,8 @@ def pack_float_convs(graph: Graph, target: Target) -> Graph:
         (x, w, *bias), a = node.inputs, node.attrs
         oc = graph.types[w].shape[0]
         value = _pack_filter(graph, w, block, taken, nodes, node.span)
-        attrs = {k: a[k] for k in ("border", "padding", "stride", "dilation")}
         nodes.append(_node("conv_packed", (x, value, *bias), node.outputs[0],
-                           {**attrs, "channels": oc}, node.span))
+                           {**_window(a), "channels": oc}, node.span))
     return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph
 
 
@@ -74,12 +73,25 @@ def _pack_filter(graph: Graph, w: str, block: int, taken: set[str], nodes: list[
              if oc % block else []) + \
         [("nnef.reshape", {"shape": [-(-oc // block), block, *rest]}),
          ("nnef.transpose", {"axes": [0, 2, 3, 4, 1]})]
-    value = w
+    return append_chain(w, steps, taken, nodes, span)
+
+
+def append_chain(value: str, steps: list[tuple[str, dict]], taken: set[str],
+                 nodes: list[Node], span) -> str:
+    """Append one node per (op, attrs) of `steps`, each applied to the one before, starting
+    from `value` (a compile-time packing that constant folding evaluates); the last name."""
+    source = value
     for op, attrs in steps:
-        out = _fresh(f"{w}_packed", taken)
+        out = _fresh(f"{source}_packed", taken)
         nodes.append(_node(op, (value,), out, attrs, span))
         value = out
     return value
+
+
+def _window(a) -> dict:
+    """A conv's window attributes (border, padding, stride, dilation), for the op it
+    becomes."""
+    return {k: a[k] for k in ("border", "padding", "stride", "dilation")}
 
 
 def _node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span) -> Node:
@@ -240,8 +252,7 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
         elif computes and node.op == "conv":
             (x, w, *bias), a = node.inputs, node.attrs
             packed = _pack_filter(graph, w, block, taken, nodes, node.span)
-            attrs = {k: a[k] for k in ("border", "padding", "stride", "dilation")}
-            node = _node("depthwise_conv_blocked", (name[x], packed, *bias), out, attrs,
+            node = _node("depthwise_conv_blocked", (name[x], packed, *bias), out, _window(a),
                          node.span)
         elif computes and node.op in _POOLS:
             # () (the defaults: 1s, NNEF's automatic padding) means the same on any rank

@@ -30,7 +30,7 @@ from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
 from cvmc.passes.layout import _fresh
-from cvmc.passes.layout_float import _node, float_conv_block
+from cvmc.passes.layout_float import _node, append_chain, float_conv_block
 from cvmc.passes.target import Target
 
 
@@ -83,11 +83,7 @@ def pack_matmul_weights(graph: Graph, target: Target) -> Graph:
                  if n % cols else []) + \
             [("nnef.reshape", {"shape": [*batch, k, -(-n // cols), cols]}),
              ("nnef.transpose", {"axes": [*range(rank - 2), rank - 1, rank - 2, rank]})]
-        value = w
-        for op, attrs in steps:
-            out = _fresh(f"{w}_packed", taken)
-            nodes.append(_node(op, (value,), out, attrs, node.span))
-            value = out
+        value = append_chain(w, steps, taken, nodes, node.span)
         nodes.append(_node("matmul_packed", (a, value), node.outputs[0], {"columns": n},
                            node.span))
     return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph
