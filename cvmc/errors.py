@@ -51,3 +51,9 @@ class CvmcError(Exception):
 
 class OpRuleError(CvmcError):
     """Raised by an op's shape/precision/attribute rule; the caller adds the op instance."""
+
+
+class ForeignCpuWarning(UserWarning):
+    """Code built for a CPU other than this machine's (`--mcpu`): it may not run here.
+    Its own class, so that a caller who compiles for other machines on purpose (a test
+    suite, a build farm) can filter exactly this warning."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,10 @@ from rich.console import Console
 from cvmc.errors import CvmcError
 
 console = Console(highlight=False, soft_wrap=True)
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    # Output to a file or a pipe is for reading whole lines back (grep, a log): tables
+    # take their natural width there rather than rich's default of 80 columns.
+    console.width = 10_000
 
 
 def fmt_shape(shape) -> str:
