@@ -51,3 +51,10 @@ class CvmcError(Exception):
 
 class OpRuleError(CvmcError):
     """Raised by an op's shape/precision/attribute rule; the caller adds the op instance."""
+
+
+def check_argument(function: str, name: str, value: object, ok: bool, want: str) -> None:
+    """An argument of a public function that is not `want` is a CvmcError naming it,
+    raised before any work (not a TypeError from deep inside)."""
+    if not ok:
+        raise CvmcError(f"{function}: {name} must be {want}, got {value!r:.60}")

@@ -6,6 +6,7 @@ quantization.json is never read through a link that leaves the model folder. Eac
 case runs as a child process: exit code 1, one `error:` line, no traceback."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,9 @@ import numpy as np
 import pytest
 from cvmc_runtime import MAX_NPY_BYTES, ModelError
 
+import cvmc
 from cvmc.cli import main
+from cvmc.errors import CvmcError
 from tests.quantize.tiny import write_quantized
 
 # A float conv for `cvmc quantize` (input [1, 1, 4, 4]).
@@ -146,6 +149,60 @@ def test_eval_of_a_zero_d_array(d):
     err, _ = cvmc_error("eval", d / "q.cvmx", "--data", d / "scalar.npy", "--labels",
                         d / "labels.npy")
     assert "--data: a 0-d array holds no samples" in err
+
+
+@pytest.mark.parametrize("argument, words", [
+    ({"quantization": 42}, "compile: quantization must be a quantization.json path or"),
+    ({"quantization": b"q.json"}, "compile: quantization must be"),
+    ({"jobs": 0}, "compile: jobs must be an integer >= 1, got 0"),
+    ({"jobs": "2"}, "compile: jobs must be an integer >= 1"),
+    ({"mcpu": 7}, "compile: mcpu must be a CPU name, got 7"),
+    ({"arch": 80}, "compile: arch must be a CUDA arch"),
+    ({"cache": "no"}, "compile: cache must be True or False"),
+    ({"output": 3}, "compile: output must be a path, got 3"),
+    ({"graph": "examples/small_cnn"}, "compile: graph must be a Graph"),
+])
+def test_compile_arguments_are_checked_before_any_work(d, argument, words):
+    graph = cvmc.load_graph(d / "q")
+    kwargs = {"graph": graph, "output": d / "api.cvmx", **argument}
+    with pytest.raises(CvmcError, match=words):
+        cvmc.compile(**kwargs)
+    assert not (d / "api.cvmx").exists()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: cvmc.load_graph(42), "load_graph: path must be a path, got 42"),
+    (lambda: cvmc.load_graph("m", quant=1), "load_graph: quant must be a path"),
+    (lambda: cvmc.reference_run(None, {}), "reference_run: graph must be a Graph"),
+    (lambda: cvmc.print_graph("g"), "print_graph: graph must be a Graph"),
+])
+def test_other_public_functions_check_their_arguments(call, words):
+    with pytest.raises(CvmcError, match=words):
+        call()
+
+
+def test_reference_run_checks_saturate(d):
+    with pytest.raises(CvmcError, match="reference_run: saturate must be True or False"):
+        cvmc.reference_run(cvmc.load_graph(d / "q"), {"x": np.zeros((2, 4), np.int8)},
+                           saturate="yes")
+
+
+def _strict(text: str) -> object:
+    def refuse(constant):
+        raise AssertionError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_report_json_is_strict_json_on_all_zero_data(d, tmp_path):
+    np.save(tmp_path / "zeros.npy", np.zeros((3, 1, 1, 4, 4), np.float32))
+    assert main(["quantize", str(d / "fc"), "-o", str(tmp_path / "q"), "--calib",
+                 f"x={tmp_path / 'zeros.npy'}", "--report-json",
+                 str(tmp_path / "report.json")]) == 0
+    report = _strict((tmp_path / "report.json").read_text())
+    # the integer layer is exact (+inf dB): null, with max_abs_error 0
+    assert report["layers"] == [{"layer": "y", "op": "conv", "sqnr_db": None,
+                                 "max_abs_error": 0.0}]
+    _strict((tmp_path / "q" / "quantization.json").read_text())
 
 
 # ---- item 9: labels that are no class; bad data named by its index in the dataset -----------
