@@ -205,6 +205,24 @@ def test_report_json_is_strict_json_on_all_zero_data(d, tmp_path):
     _strict((tmp_path / "q" / "quantization.json").read_text())
 
 
+# ---- item 8: no quantization.json through a link that leaves the folder ----------------------
+def test_quantization_json_through_a_link_out_of_the_folder_is_refused(d, tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(json.dumps({"inputs": {"x": {"scale": 3.0, "precision": 8}}}))
+    folder = write_quantized(tmp_path / "m", None)
+    (folder / "quantization.json").symlink_to(outside)
+    for model in (folder, folder / "graph.nnef"):
+        err, _ = cvmc_error("compile", model, "-o", tmp_path / "m.cvmx")
+        assert "quantization file" in err and "resolves outside the model folder" in err
+    assert not (tmp_path / "m.cvmx").exists()
+    # a link that stays inside the folder is read
+    (folder / "scales.json").write_text(outside.read_text())
+    (folder / "quantization.json").unlink()
+    (folder / "quantization.json").symlink_to("scales.json")
+    assert main(["compile", str(folder), "-o", str(tmp_path / "m.cvmx")]) == 0
+    assert cvmc_runtime.load(tmp_path / "m.cvmx").inputs[0].scale == 3.0
+
+
 # ---- item 9: labels that are no class; bad data named by its index in the dataset -----------
 @pytest.mark.parametrize("label, index", [(99, 3), (-1, 0), (3, 4)])
 def test_eval_labels_outside_the_classes_are_refused(d, label, index):
