@@ -31,6 +31,15 @@ class TensorSpec:
     precision: int | None
     scale: float | None = None
 
+    def __post_init__(self) -> None:
+        # An integer's precision fits its dtype: int8 with precision 9 would store 200 as
+        # -56 (plans are validated alike, cvmc_runtime.plan).
+        bits = {"int8": 8, "int32": 32}.get(self.dtype)
+        if bits is not None and not (type(self.precision) is int and
+                                     1 <= self.precision <= bits):
+            raise ModelError(f"tensor '{self.name}': an {self.dtype} needs a precision in "
+                             f"1..{bits}, got {self.precision!r:.20}")
+
     def to_json(self) -> dict:
         """A JSON-serialisable dict (with 'scale' only when there is one)."""
         d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,

@@ -163,3 +163,14 @@ def test_bad_arenas_are_refused(offsets, bytes_, words):
     plan["arena"] = {"bytes": bytes_, "offsets": offsets}
     with pytest.raises(ModelError, match=words):
         validate_plan(plan)
+
+
+@pytest.mark.parametrize("dtype, precision", [("int8", 9), ("int8", 0), ("int32", 33),
+                                              ("int32", None)])
+def test_a_tensor_spec_ties_its_precision_to_its_dtype(dtype, precision):
+    """check_inputs takes TensorSpecs from anyone: int8 with precision 9 clipped 300 to 255
+    and stored it as -1."""
+    from cvmc_runtime import TensorSpec
+    with pytest.raises(ModelError, match=f"an {dtype} needs a precision in 1.."):
+        TensorSpec("x", (2,), dtype, precision)
+    TensorSpec("x", (2,), dtype, 8)
