@@ -175,10 +175,30 @@ def test_compile_arguments_are_checked_before_any_work(d, argument, words):
     (lambda: cvmc.load_graph("m", quant=1), "load_graph: quant must be a path"),
     (lambda: cvmc.reference_run(None, {}), "reference_run: graph must be a Graph"),
     (lambda: cvmc.print_graph("g"), "print_graph: graph must be a Graph"),
+    (lambda: cvmc.GraphBuilder("g").build(42), "build: outputs must be a Var or a list"),
 ])
 def test_other_public_functions_check_their_arguments(call, words):
     with pytest.raises(CvmcError, match=words):
         call()
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda d: cvmc_runtime.check_inputs(cvmc_runtime.load(d / "q.cvmx").inputs,
+                                         {"x": np.zeros((2, 4), np.int8)}, saturate="no"),
+     "saturate must be True or False, got 'no'"),
+    (lambda d: cvmc_runtime.read_npy(42, "--data"), "--data: expected a path or bytes"),
+    (lambda d: cvmc_runtime.read_npy(d / "x.npy", "--data", "4G"), "an integer max_bytes"),
+    (lambda d: cvmc_runtime.predict(d / "q.cvmx", [[1.0, 2.0, 3.0, 4.0]]),
+     "data must be a NumPy array of samples, got list"),
+])
+def test_runtime_functions_check_their_arguments(d, call, words):
+    with pytest.raises(ModelError, match=words):
+        call(d)
+
+
+def test_a_numpy_scale_is_a_number():
+    assert cvmc_runtime.quantize("x", [0.5], np.float32(4.0), 8).tolist() == [2]
+    assert cvmc_runtime.dequantize(np.array([2]), np.int64(4)).tolist() == [0.5]
 
 
 def test_reference_run_checks_saturate(d):

@@ -190,6 +190,8 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         raise ModelError(RAY_MISSING) from None
     if workers is not None and (type(workers) is not int or workers < 1):
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
+    if address is not None and not isinstance(address, str):
+        raise ModelError(f"address must be a Ray cluster address (a str), got {address!r:.40}")
     size = check_dataset(load(path), data)
     if not len(data):
         return np.zeros(0, np.int64)

@@ -29,8 +29,9 @@ def read_npy(source: str | os.PathLike | bytes, what: str,
     """The array in a .npy file (a path to a regular file) or in `source` bytes, whose data
     may hold at most `max_bytes`; every problem is a ModelError starting with `what` (what
     the array is, e.g. `--input data`)."""
-    if not isinstance(source, (bytes, str, os.PathLike)):
-        raise ModelError(f"{what}: expected a path or bytes, got {type(source).__name__}")
+    if not isinstance(source, (bytes, str, os.PathLike)) or type(max_bytes) is not int:
+        raise ModelError(f"{what}: expected a path or bytes and an integer max_bytes, got "
+                         f"{type(source).__name__} and {max_bytes!r:.40}")
     file = "" if isinstance(source, bytes) else f" '{os.fspath(source)}'"
     subject = f"{what}:{file}" if file else what
     try:

@@ -27,7 +27,8 @@ def round_half_away(v: np.ndarray) -> np.ndarray:
 
 def check_scale(name: str, scale: float) -> float:
     """A scale is a finite positive number; anything else is a ModelError naming `name`."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+    if isinstance(scale, (bool, np.bool_)) or \
+            not isinstance(scale, (int, float, np.integer, np.floating)) or \
             not np.isfinite(scale) or scale <= 0:
         raise ModelError(f"{name}: the scale must be a finite number > 0, got {scale!r}")
     return float(scale)

@@ -110,6 +110,8 @@ def check_inputs(specs: list[TensorSpec], feeds: Mapping[str, object],
     if not isinstance(feeds, Mapping):
         raise ModelError(f"inputs must be a mapping from input name to array, got "
                          f"{type(feeds).__name__}")
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise ModelError(f"saturate must be True or False, got {saturate!r:.40}")
     known = {s.name for s in specs}
     unknown = sorted(set(feeds) - known, key=repr)  # keys of any type, even unorderable
     if unknown:
