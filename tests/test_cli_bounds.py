@@ -7,6 +7,7 @@ case runs as a child process: exit code 1, one `error:` line, no traceback."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,8 @@ def cvmc_error(*argv) -> tuple[str, int]:
     """`cvmc ARGV` in a child process that must exit 1 with one `error:` line and no
     traceback: (that line, the child's peak resident memory in MiB)."""
     p = subprocess.run([sys.executable, "-c", _MEASURED, sys.executable, "-m", "cvmc.cli",
-                        *map(str, argv)], capture_output=True, text=True, check=False)
+                        *map(str, argv)], capture_output=True, text=True, check=False,
+                       timeout=300)
     assert p.returncode == 1, (p.returncode, p.stderr)
     assert p.stderr.startswith("error:") and p.stderr.count("\n") == 1, p.stderr
     assert "Traceback" not in p.stderr
@@ -120,6 +122,12 @@ def test_a_large_input_of_the_wrong_shape_is_refused_before_any_conversion(d, en
     wrong = npy_header(d / "wrong.npy", "<f4", (1 << 21, 4, 4), 128 << 20)
     err, peak = cvmc_error(*entry_points(d, wrong)[entry])
     assert words in err and peak < 256, (err, peak)
+
+
+def test_a_fifo_is_refused_not_waited_on(d, tmp_path):
+    os.mkfifo(tmp_path / "in.npy")  # nothing ever writes it: opening it would block
+    err, _ = cvmc_error("run", d / "q.cvmx", "--input", f"x={tmp_path / 'in.npy'}")
+    assert "cannot read" in err and "(not a regular file)" in err
 
 
 def test_model_run_checks_a_float_input_shape_before_quantizing(d):

@@ -94,8 +94,8 @@ def read_artifact(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]
         raise ModelError(f"{path}: no such file") from None
     except ModelError as e:
         raise ModelError(f"{path}: {e}") from None
-    # RecursionError: deeply nested JSON
+    # RecursionError: deeply nested JSON; MemoryError: a library too large for this machine.
     except (zipfile.BadZipFile, zlib.error, KeyError, ValueError, OSError, EOFError,
-            RecursionError) as e:
+            RecursionError, MemoryError) as e:
         raise ModelError(f"{path}: not a valid .cvmx artifact ({e})") from None
     return plan, library, weights

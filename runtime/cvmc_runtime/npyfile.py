@@ -43,7 +43,8 @@ def read_npy(source: str | os.PathLike | bytes, what: str,
             if dtype.hasobject:
                 raise ValueError("it holds Python objects (pickles), which are not read")
             declared = int(np.prod(shape, dtype=object)) * dtype.itemsize
-            held = -f.tell() + f.seek(0, os.SEEK_END)  # the bytes after the header
+            start = f.tell()
+            held = f.seek(0, os.SEEK_END) - start  # the bytes after the header
             if declared > max_bytes:
                 raise ModelError(f"{subject} declares {dtype} {list(shape)}, {declared} "
                                  f"bytes: more than the {max_bytes} an array may hold here")
