@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -84,8 +85,13 @@ def _report(q, samples: dict, args: argparse.Namespace) -> None:
     count = min(next(iter(samples.values())).shape[0], args.samples or 1 << 62)
     rows = layer_report(q, samples, count)
     if args.report_json:
+        # Strict JSON (no Infinity): an SQNR that is not finite is null, and max_abs_error
+        # tells which it was (0: the integer layer is exact, +inf dB; else the float layer
+        # is all zero, -inf dB).
+        finite = [{k: None if isinstance(v, float) and not math.isfinite(v) else v
+                   for k, v in r.items()} for r in rows]
         atomic_write_bytes(args.report_json, (json.dumps(
-            {"samples": count, "layers": rows}, indent=1) + "\n").encode())
+            {"samples": count, "layers": finite}, indent=1, allow_nan=False) + "\n").encode())
     if args.report:
         table = Table(title=f"integer vs float, {count} calibration samples")
         for col in ("layer", "op", "SQNR dB", "max |error|"):

@@ -5,13 +5,14 @@ A model is a `.nnef` file (weights in its folder), a folder holding `graph.nnef`
 extracted) and hold only regular files and folders; every header is checked first, then
 only the graph files and the .dat members the graph names are read, each bounded before it
 is decompressed (graph files by MAX_TEXT_BYTES, a .dat by its variable's declared shape).
-Nothing cvmc finds in a model folder by name (weights, graph.nnef, graph.quant) reaches
-outside it.
+Nothing cvmc finds in a model folder by name (weights, graph.nnef, graph.quant,
+quantization.json) reaches outside it.
 """
 from __future__ import annotations
 
 import contextlib
 import lzma
+import os
 import posixpath
 import re
 import tarfile
@@ -29,6 +30,7 @@ from cvmc.frontend.tensorfile import read_tensor_bytes
 
 GRAPH_FILE = "graph.nnef"
 QUANT_FILE = "graph.quant"
+QUANTIZATION_FILE = "quantization.json"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # Sum of member sizes, checked header by header as the archive is read: a hostile archive
 # (a small .tgz of a huge member, a sparse tar) fails at the first header past the bound,
@@ -276,6 +278,17 @@ def _tar_source(path: Path, tar: tarfile.TarFile, quant: Path | None) -> ModelSo
     return ModelSource(graph_text=_decode(texts[graph], graph_name), graph_name=graph_name,
                        quant_text=quant_text, quant_name=quant_label, fetch=fetch,
                        where=f"{path.name}:{member('')}", position=position, close=tar.close)
+
+
+def quantization_file(model: str | os.PathLike) -> Path | None:
+    """The quantization.json (`cvmc quantize`'s scales) in a model folder or beside its
+    `.nnef` graph file, inside that folder as every file cvmc finds by name (a link that
+    leaves it is an error); None if there is none (archives and CVM-Runtime JSON hold
+    none)."""
+    model = Path(model)
+    folder = model if model.is_dir() else model.parent if model.suffix == ".nnef" else None
+    return None if folder is None else \
+        _inside(folder.resolve(), QUANTIZATION_FILE, "quantization file")
 
 
 def open_model(path: Path, quant: Path | None = None) -> ModelSource:

@@ -73,7 +73,7 @@ def test_cli_top1_and_agreement(case, capsys):
     (["--data", "missing.npy", "--compare", "q.cvmx"], "--data: cannot read"),
     (["--data", "wide.npy", "--compare", "q.cvmx"],
      "data of shape [7, 5] does not hold samples of input 'x' [2, 4]: expected [N, 4]"),
-    (["--data", "scalar.npy", "--compare", "q.cvmx"], "data of shape [] does not hold"),
+    (["--data", "scalar.npy", "--compare", "q.cvmx"], "--data: a 0-d array holds no samples"),
 ])
 def test_cli_errors(case, capsys, argv, message):
     d = case[0]
