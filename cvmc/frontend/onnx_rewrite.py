@@ -6,8 +6,10 @@ by ONNX ops the converter converts (`rewrite` folds first, which may make the sh
 others need static, then rewrites node by node):
 - `_fold_constants`: Shape / Size of statically shaped tensors, and every node computing
   only from them and from constants (Gather, Concat, Unsqueeze, Slice, Cast, Equal,
-  Where, ...), plus ConstantOfShape and Range of constants, become initializers: what
-  onnx-simplifier does for `x.view(x.size(0), -1)`, evaluated by onnx's NumPy reference
+  Where, ...), plus ConstantOfShape and Range of constants and every node computing from
+  int64 constants alone (index arithmetic such as torch's `Mod(2, 3)`), become
+  initializers: what onnx-simplifier does for `x.view(x.size(0), -1)` and for the
+  attention reshapes of torch's transformer exports, evaluated by onnx's NumPy reference
   evaluator. Other constant nodes are left to the converter (QDQ weights stay as they are).
 - `_layer_normalization`: LayerNormalization (opset 17) becomes the plain decomposition
   ReduceMean, Sub, Mul (the square), ReduceMean, Add (epsilon), Sqrt, Div, Mul (scale),
@@ -101,8 +103,12 @@ def _fold_node(node, shapes: dict, values: dict, derived: set, opsets) -> bool:
         values[node.output[0]] = _shape_value(node, shape)
     else:
         inputs = [i for i in node.input if i]
+        # int64 is ONNX's type of shapes, axes and indices, never of a float model's
+        # weights: torch computes the bounds of a Slice of a Shape from constants alone
+        # (`unflatten`'s Mod(2, 3)), and the chain must fold for the Slice to fold
         if not all(i in values for i in inputs) or node.op_type == "Constant" or not (
-                node.op_type in _FOLD_ALWAYS or any(i in derived for i in inputs)):
+                node.op_type in _FOLD_ALWAYS or any(i in derived for i in inputs)
+                or all(values[i].dtype == np.int64 for i in inputs)):
             return False
         values.update(_evaluate(node, values, opsets))
     derived.update(node.output)
