@@ -27,6 +27,9 @@ attribute.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 
 from cvmc.errors import CvmcError
@@ -53,13 +56,27 @@ def rewrite(model, opset: int) -> None:
     nodes = []
     for node in model.graph.node:
         emit = _Emitter(model.graph, opset, names, _label(node))
-        if node.op_type not in rewrites or not rewrites[node.op_type](emit, node, shapes,
-                                                                      values):
-            nodes.append(node)
-            continue
-        nodes.extend(emit.nodes)
+        with internal_errors(f"{node.op_type} '{_label(node)}'"):
+            rewritten = node.op_type in rewrites and rewrites[node.op_type](emit, node, shapes,
+                                                                            values)
+        nodes.extend(emit.nodes if rewritten else [node])
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+@contextmanager
+def internal_errors(where: str) -> Iterator[None]:
+    """Run cvmc's own converter code at `where` (a node): an exception other than a
+    CvmcError is a bug in cvmc, told as one naming the node, never as the model's fault
+    or NNEF-Tools' (its cause stays chained for a debugger)."""
+    try:
+        yield
+    except CvmcError:
+        raise
+    except Exception as e:  # any other failure here is cvmc's own
+        raise CvmcError(f"{where}: internal error in cvmc's ONNX converter ({type(e).__name__}: "
+                        f"{e}); this is a bug in cvmc, not in the model: please report it") \
+            from e
 
 
 # ---- constant folding ---------------------------------------------------------------------
@@ -78,8 +95,9 @@ def _fold_constants(model) -> None:
         values = _constants(model)
         folded = []
         for node in graph.node:
-            if _fold_node(node, shapes, values, derived, model.opset_import):
-                folded.append(node)
+            with internal_errors(f"{node.op_type} '{_label(node)}'"):
+                if _fold_node(node, shapes, values, derived, model.opset_import):
+                    folded.append(node)
         if not folded:
             break
         folded_any = True
