@@ -15,8 +15,10 @@ declares: the opset (OPSETS), every tensor's size against its dims and type, ext
 files inside the model's folder, and the whole model against MAX_ONNX_BYTES. Only then is
 the external data loaded and the model given to the converter's reader.
 
-Before the converter's reader types the graph, `onnx_rewrite.rewrite` rewrites the
-ModelProto (its module docstring lists each rewrite, with the reason): shape computations
+`--input-shape` gives symbolic input dimensions, or a new batch (dimension 0) to a model
+exported with a fixed one, which `onnx_rewrite.check_batch` refuses, naming the node,
+where the graph does not carry it. Before the converter's reader types the graph,
+`onnx_rewrite.rewrite` rewrites the ModelProto (its module docstring lists each rewrite, with the reason): shape computations
 (Shape, Size and what computes from them, ConstantOfShape, Range) are folded into
 initializers; LayerNormalization, HardSigmoid, HardSwish, GRU, and the LSTMs the
 converter's `lstm_loop` cannot express (Y used, reverse or bidirectional, no initial
@@ -184,9 +186,9 @@ def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -
                             f"(inputs: {', '.join(inputs)})")
         dims = inputs[name].type.tensor_type.shape.dim
         if len(dims) != len(shape) or any(_fixed(d) and d.dim_value != s
-                                          for d, s in zip(dims, shape)):
+                                          for d, s in zip(dims[1:], shape[1:])):
             raise CvmcError(f"--input-shape {name}: {shape} does not fit the model's shape "
-                            f"{_onnx_shape(dims)}")
+                            f"{_onnx_shape(dims)} (only the batch, dimension 0, may change)")
         if not all(1 <= s <= MAX_DIM for s in shape):
             raise CvmcError(f"--input-shape {name}: every dimension must be 1..{MAX_DIM}")
     for name, info in inputs.items():
@@ -305,14 +307,33 @@ def _read_graph(tools: SimpleNamespace, model, model_folder: Path, shapes: dict 
     import onnx
 
     onnx.load_external_data_for_model(model, str(model_folder))
+    batches = _release_batches(model.graph, shapes or {})
     if shapes:
         with _nnef_tools(tools):
             tools.reader._set_input_shapes(model.graph, shapes)
     with internal_errors("rewriting the ONNX graph"):  # each node's rewrite names it
-        rewrite(model, opset)  # after the input shapes: shape computations fold from them
+        rewrite(model, opset, batches)  # after the input shapes: shapes fold from them
     with _nnef_tools(tools):
         tools.reader._add_value_info_for_constants(model)
         return tools.reader.onnx_model_to_graph(tools.reader.infer_shapes(model))
+
+
+def _release_batches(graph, shapes: dict) -> dict[str, int]:
+    """The inputs whose fixed batch (dimension 0) `shapes` changes, with that batch. Their
+    dimension 0 is made free, and the shapes the model declares for other tensors, which
+    the old batch may be part of, are dropped for shape inference to compute again."""
+    batches = {}
+    for info in graph.input:
+        dims = info.type.tensor_type.shape.dim
+        if info.name in shapes and dims and dims[0].HasField("dim_value") \
+                and dims[0].dim_value != shapes[info.name][0]:
+            batches[info.name] = dims[0].dim_value
+            dims[0].ClearField("dim_value")
+    if batches:
+        del graph.value_info[:]
+        for info in graph.output:
+            info.type.tensor_type.ClearField("shape")
+    return batches
 
 
 # ---- the model's tensors: sizes checked before any data is read --------------------------
