@@ -189,7 +189,7 @@ def _fold_node(node, shapes: dict, values: dict, derived: set, opsets) -> bool:
         # (`unflatten`'s Mod(2, 3)), and the chain must fold for the Slice to fold
         if not all(i in values for i in inputs) or node.op_type == "Constant" or not (
                 node.op_type in _FOLD_ALWAYS or any(i in derived for i in inputs)
-                or all(values[i].dtype == np.int64 for i in inputs)):
+                or inputs and all(values[i].dtype == np.int64 for i in inputs)):
             return False
         values.update(_evaluate(node, values, opsets))
     derived.update(node.output)
