@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     input_shape = {"action": "append", "default": [], "type": shape_arg,
                    "metavar": "NAME=D1,D2,...",
-                   "help": "static shape of an ONNX input with symbolic dimensions"}
+                   "help": "static shape of an ONNX input with symbolic dimensions, or a "
+                           "new batch (dimension 0) where the graph carries it"}
     sp = sub.add_parser("convert", help="convert an ONNX model to NNEF (Khronos NNEF-Tools), "
                         "then check it")
     sp.add_argument("model", metavar="MODEL.onnx", help="an ONNX model")

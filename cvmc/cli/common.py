@@ -82,7 +82,12 @@ def write_outputs(outputs: dict[str, np.ndarray], out_dir: str | None) -> None:
 
 
 def load_artifact(args: argparse.Namespace):
-    """The artifact of `args.model`, with `--threads` applied."""
+    """The artifact of `args.model`, with `--threads` applied; an ONNX model is refused
+    with the commands that make an artifact of it."""
+    if is_onnx(args.model):
+        raise CvmcError(f"{args.model}: an ONNX model, not an artifact; compile it first with "
+                        f"`cvmc compile {args.model} --target llvm -o MODEL.cvmx` (or convert "
+                        f"it with `cvmc convert {args.model} -o DIR` and run DIR with --reference)")
     import cvmc_runtime
     if args.threads is not None:
         cvmc_runtime.set_num_threads(args.threads)
