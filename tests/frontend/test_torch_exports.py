@@ -27,8 +27,8 @@ from cvmc.frontend.onnx_convert import convert_onnx
 EXPORTS = Path(__file__).resolve().parents[1] / "data" / "torch_exports"
 RTOL, ATOL = 1e-4, 1e-5
 SHAPES = {"encoder": (1, 16, 32), "encoder_op16": (1, 16, 32), "vit": (1, 3, 32, 32),
-          "small_cnn": (1, 3, 16, 16), "crnn": (1, 1, 8, 20)}
-COMPILED = ("encoder", "vit", "small_cnn")  # crnn's unrolled LSTM: the reference only
+          "small_cnn": (1, 3, 16, 16), "flatten_cnn": (1, 3, 16, 16), "crnn": (1, 1, 8, 20)}
+COMPILED = ("encoder", "vit", "flatten_cnn")  # crnn's unrolled LSTM: the reference only
 
 
 def _ort(name: str, x: np.ndarray) -> np.ndarray:
@@ -55,19 +55,25 @@ def test_a_torch_export_converts_as_exported(tmp_path, name):
         np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL, err_msg=how)
 
 
-def test_the_batch_of_a_batch_polymorphic_export_changes(tmp_path):
-    # the encoder's reshapes take their sizes from Shape: a batch of 3 folds anew. Each
-    # sample is independent, so ORT's run of each alone (the file says batch 1) is the oracle.
-    x = _x((3, 16, 32))
-    want = np.concatenate([_ort("encoder", x[i:i + 1]) for i in range(3)])
-    graph = load_graph(convert_onnx(EXPORTS / "encoder.onnx", tmp_path / "nnef",
-                                    input_shapes={"x": [3, 16, 32]}))
+@pytest.mark.parametrize("name, batch", [("flatten_cnn", 4), ("encoder_dynamic", 3)])
+def test_the_batch_changes_where_the_graph_allows_it(tmp_path, name, batch):
+    # flatten_cnn: exported at batch 1, its Flatten takes any batch; encoder_dynamic:
+    # exported with a dynamic batch axis. Samples are independent, so ORT's run of each
+    # alone is the oracle.
+    shape = (batch, *SHAPES["encoder" if name == "encoder_dynamic" else name][1:])
+    x = _x(shape)
+    want = np.concatenate([_ort(name, x[i:i + 1]) for i in range(batch)])
+    graph = load_graph(convert_onnx(EXPORTS / f"{name}.onnx", tmp_path / "nnef",
+                                    input_shapes={"x": list(shape)}))
     np.testing.assert_allclose(cvmc.reference_run(graph, {"x": x})["y"], want,
                                rtol=RTOL, atol=ATOL)
 
 
-def test_a_batch_pinned_by_a_constant_reshape_is_named(tmp_path):
-    # x.view(x.size(0), -1) traced at batch 1 is Reshape(x, [1, -1]): batch 4 cannot fit
-    with pytest.raises(CvmcError, match="Reshape"):
-        convert_onnx(EXPORTS / "small_cnn.onnx", tmp_path / "nnef",
-                     input_shapes={"x": [4, 3, 16, 16]})
+@pytest.mark.parametrize("name, node", [("small_cnn", "'/Reshape'"),
+                                        ("encoder", "self_attn/Reshape")])
+def test_a_batch_pinned_by_a_traced_reshape_is_named(tmp_path, name, node):
+    # x.view(x.size(0), -1) traced at batch 1 is Reshape(x, [1, -1]); the attention's
+    # view(len, bsz * heads, dim) likewise keeps bsz = 1: a new batch cannot fit
+    shape = [4, *SHAPES[name][1:]]
+    with pytest.raises(CvmcError, match=f"batch 1 cannot be changed to 4: Reshape .*{node}"):
+        convert_onnx(EXPORTS / f"{name}.onnx", tmp_path / "nnef", input_shapes={"x": shape})

@@ -1,5 +1,5 @@
 """How the ONNX files beside this were made: small PyTorch models (random weights, seed 0)
-exported as `torch.onnx.export` writes them, with no simplifier, so the tests convert what
+exported as `torch.onnx.export` writes them (`encoder_dynamic` with a dynamic batch axis), with no simplifier, so the tests convert what
 a user's export holds (Shape/Gather/Concat chains feeding Reshapes, Identity and Constant
 nodes, LayerNormalization, Erf, LSTM). Made with torch 2.11.0 (TorchScript exporter,
 `dynamo=False`), on a machine that has torch; cvmc's tests need only the .onnx files.
@@ -50,6 +50,12 @@ class SmallCNN(nn.Module):
         x = torch.relu(s.c2(torch.relu(s.c1(x))))
         return s.fc(x.view(x.size(0), -1))
 
+class FlattenCNN(SmallCNN):
+    def forward(s, x):
+        x = torch.relu(s.c2(torch.relu(s.c1(x))))
+        return s.fc(torch.flatten(x, 1))  # Flatten: any batch, unlike view(size(0), -1)
+
+
 class CRNN(nn.Module):
     def __init__(s):
         super().__init__()
@@ -64,10 +70,13 @@ class CRNN(nn.Module):
 
 cases = [("encoder", Encoder(), (1, 16, 32), 17), ("encoder_op16", Encoder(), (1, 16, 32), 16),
          ("vit", ViT(), (1, 3, 32, 32), 17), ("small_cnn", SmallCNN(), (1, 3, 16, 16), 17),
-         ("crnn", CRNN(), (1, 1, 8, 20), 12)]
+         ("crnn", CRNN(), (1, 1, 8, 20), 12), ("flatten_cnn", FlattenCNN(), (1, 3, 16, 16), 17),
+         ("encoder_dynamic", Encoder(), (1, 16, 32), 17)]
 for name, m, shape, opset in cases:
     m.eval()
     x = torch.randn(*shape)
+    dynamic = {"x": {0: "batch"}, "y": {0: "batch"}} if name.endswith("_dynamic") else None
     torch.onnx.export(m, (x,), f"{out}/{name}.onnx", opset_version=opset,
-                      input_names=["x"], output_names=["y"], dynamo=False)
+                      input_names=["x"], output_names=["y"], dynamic_axes=dynamic,
+                      dynamo=False)
     print("ok", name, os.path.getsize(f"{out}/{name}.onnx"))
