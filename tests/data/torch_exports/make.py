@@ -1,6 +1,6 @@
 """How the ONNX files beside this were made: small PyTorch models (random weights, seed 0)
-exported as `torch.onnx.export` writes them (`encoder_dynamic` with a dynamic batch axis), with no simplifier, so the tests convert what
-a user's export holds (Shape/Gather/Concat chains feeding Reshapes, Identity and Constant
+exported as `torch.onnx.export` writes them (`encoder_dynamic` with a dynamic batch axis),
+with no simplifier, so the tests convert what a user's export holds (Shape/Gather/Concat chains feeding Reshapes, Identity and Constant
 nodes, LayerNormalization, Erf, LSTM). Made with torch 2.11.0 (TorchScript exporter,
 `dynamo=False`), on a machine that has torch; cvmc's tests need only the .onnx files.
 
