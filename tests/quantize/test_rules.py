@@ -208,6 +208,20 @@ def test_unsupported_op_names_the_layer(tmp_path):
                            "z": np.ones((2, 4, 6), np.float32)}, Options())
 
 
+@pytest.mark.parametrize("body, message", [
+    ("    y = pow(x, z);", r"layer 'y' \(pow\): no quantization rule"),
+    ("    y = conv(x, w, padding = [(0, 1), (1, 1)]);", r"layer 'y' \(conv\): padding")])
+def test_uncovered_layers_are_refused_before_calibrating(tmp_path, monkeypatch, body, message):
+    def calibrate(*args):
+        raise AssertionError("calibrated before refusing the layer")
+    monkeypatch.setattr("cvmc.quantize.calibrate", calibrate)
+    g = _model(tmp_path, body, {"x": (1, 2, 4, 4), "z": (1, 2, 4, 4)},
+               {"w": np.ones((3, 2, 3, 3))})
+    with pytest.raises(CvmcError, match=message):
+        quantize_graph(g, {"x": np.ones((2, 1, 2, 4, 4), np.float32),
+                           "z": np.ones((2, 1, 2, 4, 4), np.float32)}, Options())
+
+
 def test_softmax_after_conv_is_not_folded_as_affine(tmp_path):
     # softmax maps every constant tensor to one value: an affine test at constants alone
     # would fold it into the conv
