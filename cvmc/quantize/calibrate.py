@@ -86,9 +86,9 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
 
 
 def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
-    """Statistics of every input and layer output over the first `count` samples."""
+    """Statistics of every input and layer output (each of a split's) over the first `count` samples."""
     g = layers.graph
-    names = [*g.inputs, *(n.name for n in g.nodes)]
+    names = [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
     stats = {name: Stats() for name in names}
     for k in range(count):
         env = run_float(layers, {n: samples[n][k] for n in g.inputs})

@@ -12,7 +12,8 @@ result is requantized to its calibrated scale at the activation bits. The rules:
   requantization (per position where 'ignore' borders change the count); mean / sum
   reduce -> sum, the same way;
 - max pool -> max_pool2d; reshape / squeeze / unsqueeze -> reshape; transpose; slice; nearest
-  upsampling (debox) -> upsampling: scale and precision pass through;
+  upsampling (debox) -> upsampling; split -> one slice per part: scale and precision pass
+  through;
 - softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
 - any other layer that applies one real function to each element (sigmoid, tanh, exp,
   clamp, ...): relu or clip when that is what it computes on the input's integer grid
@@ -308,6 +309,20 @@ class Rewriter:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
         self.values[node.name] = QTensor(y, t.scale)
 
+    def split(self, node: Node) -> None:
+        """split: one CVM slice per part; the scale passes."""
+        t = self.values[node.inputs[0]]
+        shape, axis = self.g.types[node.inputs[0]].shape, node.attrs["axis"] % len(
+            self.g.types[node.inputs[0]].shape)
+        start = 0
+        for out in node.outputs:
+            size = self.g.types[out].shape[axis]
+            begin = [start if k == axis else 0 for k in range(len(shape))]
+            end = [start + size if k == axis else n for k, n in enumerate(shape)]
+            y = self.b.nnef_slice(t.var, begin=begin, end=end, strides=[1] * len(shape))
+            self.values[out] = QTensor(y, t.scale)
+            start += size
+
     def softmax(self, node: Node) -> None:
         """softmax: e = LUT(x - max) = round(exp(.) * 2^14), then round(out_max * e / sum e)
         as one integer divide (half up); the result's scale is out_max."""
@@ -410,7 +425,7 @@ _RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
           ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
           ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
           ("nnef.transpose",): "movement", ("nnef.slice",): "movement",
-          ("debox",): "movement",
+          ("debox",): "movement", ("split",): "split",
           ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
 
 
