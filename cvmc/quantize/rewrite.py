@@ -2,7 +2,7 @@
 
 Every integer tensor t stands for the real t / scale (symmetric, per tensor); a layer's
 result is requantized to its calibrated scale at the activation bits. The rules:
-- conv -> conv2d, matmul / linear -> dense (weights 8 bits, per tensor or per output
+- conv -> conv2d, deconv -> conv2d over the zero-upsampled input, matmul / linear -> dense (weights 8 bits, per tensor or per output
   channel; bias at s_x * s_w clipped to the accumulator's precision), then requantize;
 - add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
   common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
@@ -162,6 +162,51 @@ class Rewriter:
         attrs = {"padding": padding, "stride": stride, "dilation": dilation, "groups": groups}
         self.linear_layer(node, node.inputs[0], w, bias,
                           lambda *args: self.b.conv2d(*args, **attrs))
+
+    def deconv(self, node: Node) -> None:
+        """deconv (transposed conv) -> a conv2d over the input zero-upsampled by the stride
+        (`upsampling`, then times a 0/1 mask), with the filter flipped and its channels
+        swapped, padded (k - 1) d - p_before on each side; a slice keeps the deconv's
+        output (the rest reads only the zeros past the input)."""
+        a = node.attrs
+        if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
+            raise unsupported(node, "the filter must be a weight")
+        w = self.g.constants[node.inputs[1]]
+        window = w.shape[2:]
+        x_shape, out_shape = self.g.types[node.inputs[0]].shape, self.g.types[node.name].shape
+        stride, dilation = list(a["stride"]) or [1, 1], list(a["dilation"]) or [1, 1]
+        pads = list(a["padding"]) or [  # automatic: the total the output shape implies
+            (t // 2, t - t // 2) for t in ((i - 1) * s + (k - 1) * d + 1 - o for i, o, k, s, d
+                                           in zip(x_shape[2:], out_shape[2:], window, stride,
+                                                  dilation))]
+        conv_pad = [(k - 1) * d - p for k, d, (p, _) in zip(window, dilation, pads)]
+        if len(window) != 2 or len(set(stride)) != 1 or min(conv_pad) < 0 or any(
+                i * s + 2 * c - (k - 1) * d < o for i, s, c, k, d, o in zip(
+                    x_shape[2:], stride, conv_pad, window, dilation, out_shape[2:])):
+            raise unsupported(node, f"stride {stride}, padding {pads}: only 2-D deconvs "
+                                    f"with equal strides and padding below the filter's "
+                                    f"extent map to conv2d")
+        if any(p for pair in pads for p in pair) and a.get("border") not in ("constant", None):
+            raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
+        groups = a.get("groups", 1) or x_shape[1]
+        cin, cout_g = w.shape[:2]
+        conv_w = w.reshape(groups, cin // groups, cout_g, *window).swapaxes(1, 2).reshape(
+            groups * cout_g, cin // groups, *window)[:, :, ::-1, ::-1]
+        bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
+        s = stride[0]
+
+        def make(x, *args):
+            if s > 1:
+                mask = np.zeros((1, 1, x_shape[2] * s, x_shape[3] * s), np.int32)
+                mask[:, :, ::s, ::s] = 1
+                up = self.b.broadcast_mul(self.b.upsampling(x, scale=s), self.b.constant(mask))
+                x = self.b.cvm_clip(up, precision=x.precision)
+            y = self.b.conv2d(x, *args, padding=conv_pad, stride=[1, 1], dilation=dilation,
+                              groups=groups)
+            if tuple(y.shape) == tuple(out_shape):
+                return y
+            return self.b.nnef_slice(y, begin=[0] * 4, end=list(out_shape), strides=[1] * 4)
+        self.linear_layer(node, node.inputs[0], conv_w, bias, make)
 
     def matmul(self, node: Node) -> None:
         """matmul by a weight -> dense without bias."""
@@ -421,7 +466,7 @@ def rename(graph: Graph, names: dict[str, str]) -> Graph:
 
 
 _RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
-          ("concat",): "concat", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
+          ("concat",): "concat", ("deconv",): "deconv", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
           ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
           ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
           ("nnef.transpose",): "movement", ("nnef.slice",): "movement",
