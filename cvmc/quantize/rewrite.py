@@ -2,8 +2,9 @@
 
 Every integer tensor t stands for the real t / scale (symmetric, per tensor); a layer's
 result is requantized to its calibrated scale at the activation bits. The rules:
-- conv -> conv2d, deconv -> conv2d over the zero-upsampled input, matmul / linear -> dense (weights 8 bits, per tensor or per output
-  channel; bias at s_x * s_w clipped to the accumulator's precision), then requantize;
+- conv -> conv2d, deconv -> conv2d over the zero-upsampled input, matmul / linear -> dense
+  (weights 8 bits, per tensor or per output channel; bias at s_x * s_w clipped to the
+  accumulator's precision), then requantize;
 - add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
   common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
   and a requantization;
