@@ -8,6 +8,8 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 - add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
   common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
   and a requantization;
+- matmul of two activations -> broadcast_mul of the operands, one expanded on each side,
+  then sum over the inner axis, then requantize;
 - concat: each input requantized to the output's scale;
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
@@ -117,8 +119,9 @@ class Rewriter:
         return quantize("weight", w * scale, 1.0, 8), scale.reshape(-1)
 
     def linear_layer(self, node: Node, x: str, w: np.ndarray, bias: np.ndarray | None,
-                     make) -> None:
-        """conv / dense: integer weights and bias, the op (`make`), a requantization."""
+                     make, channel_axis: int = 1) -> None:
+        """conv / dense: integer weights and bias, the op (`make`), a requantization (per
+        output channel scales along `channel_axis` of the result)."""
         xq = self.at_bits(x, 8)
         wq, ws = self.weights(w, 0)
         k = int(np.prod(w.shape[1:]))
@@ -129,7 +132,7 @@ class Rewriter:
             bq = quantize("bias", np.broadcast_to(bias.reshape(-1), (w.shape[0],))
                           * acc_scale, 1.0, acc_prec)
             args.append(self.b.constant(bq.astype(np.int32)))
-        shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 2)
+        shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 1 - channel_axis)
         y = make(*args)
         self.finish(node, QTensor(y, acc_scale.reshape(shape) if ws.size > 1
                                   else float(acc_scale[0])))
@@ -210,18 +213,53 @@ class Rewriter:
         self.linear_layer(node, node.inputs[0], conv_w, bias, make)
 
     def matmul(self, node: Node) -> None:
-        """matmul by a weight -> dense without bias."""
+        """matmul by a weight -> dense without bias; of two activations -> `product`."""
+        if not self.layers.weights_of(node):
+            return self.product(node)
         self.dense(node, node, None)
 
+    def product(self, node: Node) -> None:
+        """matmul of two activations (attention's q k^T, its product with v), A [..., M, K]
+        and B [..., K, N] at the activation bits: A as [..., M, 1, K] times B as
+        [..., 1, N, K] (`broadcast_mul`), summed over K (`sum`): precision p_a + p_b +
+        bitlen(K), scale s_a s_b; then a requantization."""
+        a, b = node.inputs
+        rank = self.g.types[a].ndim
+        if self.g.types[b].ndim != rank or rank + 1 > 6:
+            raise unsupported(node, "only a matmul of two activations of one rank, at most 5, "
+                                    "maps to broadcast_mul and sum")
+        qa, qb = self.at_bits(a, self.opt.bits), self.at_bits(b, self.opt.bits)
+
+        def rows(v: Var, transposed: bool) -> Var:  # [..., rows, K]
+            if not transposed:
+                return v
+            return self.b.nnef_transpose(v, axes=[*range(rank - 2), rank - 1, rank - 2])
+        va = rows(qa.var, node.attrs.get("transposeA", False))
+        vb = rows(qb.var, not node.attrs.get("transposeB", False))
+        va = self.b.nnef_reshape(va, target_shape=[*va.shape[:-1], 1, va.shape[-1]])
+        vb = self.b.nnef_reshape(vb, target_shape=[*vb.shape[:-2], 1, *vb.shape[-2:]])
+        y = self.b.sum(self.b.broadcast_mul(va, vb), axes=[rank])
+        self.finish(node, QTensor(y, qa.scale * qb.scale))
+
     def dense(self, node: Node, matmul: Node, bias: np.ndarray | None) -> None:
-        """matmul by a weight (+ a weight bias) -> dense."""
+        """matmul by a weight (+ a weight bias) -> dense (an activation of rank above 2
+        reshaped to rows and back)."""
         x, w = matmul.inputs
-        if w not in self.g.constants or matmul.attrs.get("transposeA") \
-                or self.g.types[x].ndim != 2:
-            raise unsupported(node, "only a rank-2 activation times a weight maps to dense")
-        w = self.g.constants[w]
+        rank = self.g.types[x].ndim
+        w = self.g.constants.get(w)
+        if w is None or matmul.attrs.get("transposeA") or rank < 2 or w.ndim < 2 \
+                or any(d != 1 for d in w.shape[:-2]):
+            raise unsupported(node, "only an activation times a weight matrix maps to dense")
+        w = w.reshape(w.shape[-2:])  # leading unit axes (an unsqueezed weight) dropped
         w = w if matmul.attrs.get("transposeB") else w.T
-        self.linear_layer(node, x, w, bias, self.b.dense)
+        out = list(self.g.types[node.name].shape)
+
+        def make(v: Var, *args: Var) -> Var:
+            if rank == 2:
+                return self.b.dense(v, *args)
+            rows = self.b.nnef_reshape(v, target_shape=[int(np.prod(v.shape[:-1])), v.shape[-1]])
+            return self.b.nnef_reshape(self.b.dense(rows, *args), target_shape=out)
+        self.linear_layer(node, x, w, bias, make, rank - 1)
 
     def linear(self, node: Node) -> None:
         """A compound layer of matmul then add (NNEF linear): dense with bias."""

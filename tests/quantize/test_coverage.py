@@ -104,3 +104,42 @@ def test_transposed_conv(tmp_path, attrs):
     model = _conv_transpose(5, 4, 6, 5, **attrs)
     samples = np.random.default_rng(6).standard_normal((8, 1, 4, 5, 5)).astype(np.float32)
     assert quantized_sqnr(tmp_path, model, samples) >= 30
+
+
+def _attention(seed: int, seq: int = 6, dim: int = 8, heads: int = 2):
+    """Self-attention over x [1, seq, dim]: q, k, v projections, heads split by reshape and
+    transpose, softmax(q k^T / sqrt(d)) v over the last axis, heads merged, a projection."""
+    r = np.random.default_rng(seed)
+    d = dim // heads
+    inits = {f"w{n}": r.standard_normal((dim, dim)) * 0.4 for n in "qkvo"}
+    inits.update({"heads": np.array([1, seq, heads, d]), "merged": np.array([1, seq, dim]),
+                  "scale": np.array(1 / np.sqrt(d))})
+    nodes = []
+    for n in "qkv":
+        nodes += [helper.make_node("MatMul", ["x", f"w{n}"], [f"{n}0"]),
+                  helper.make_node("Reshape", [f"{n}0", "heads"], [f"{n}1"]),
+                  helper.make_node("Transpose", [f"{n}1"], [n], perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s0"]),
+              helper.make_node("Mul", ["s0", "scale"], ["s"]),
+              helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "v"], ["o0"]),
+              helper.make_node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o1", "merged"], ["o2"]),
+              helper.make_node("MatMul", ["o2", "wo"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
+        [numpy_helper.from_array(v.astype(np.int64 if v.dtype.kind == "i" else np.float32), k)
+         for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
+
+
+def test_attention(tmp_path):
+    """Products of two activations (q k^T, then with v) and softmax over the last axis of
+    rank-4 scores, projections of a rank-3 activation: >= 25 dB (26.8 measured; the
+    softmax's 7-bit output times v costs most)."""
+    samples = np.random.default_rng(8).standard_normal((12, 1, 6, 8)).astype(np.float32)
+    assert quantized_sqnr(tmp_path, _attention(9), samples) >= 25
