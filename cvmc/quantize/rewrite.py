@@ -434,10 +434,17 @@ class Rewriter:
         top = prec_max(xq.precision)
         grid = np.arange(-top, top + 1)
         f = apply_elementwise(self.layers, node, grid / xq.scale)
-        if not np.isfinite(f).all():
+        finite = np.isfinite(f)
+        # A function finite only above (or below) some point, as sqrt(var + eps) or log:
+        # the table spans that part of the grid, and cvm_lut clamps the others' indices
+        # into it (f of the nearest integer where it is finite).
+        first, last = int(finite.argmax()), len(f) - 1 - int(finite[::-1].argmax())
+        if not finite[first:last + 1].all() or (first > 0 and last < len(f) - 1):
             raise unsupported(node, "the function is not finite on the input's range")
+        grid, f = grid[first:last + 1], f[first:last + 1]
         low, high = f.min(), f.max()
-        if np.allclose(f, np.clip(grid / xq.scale, low, high), rtol=1e-6, atol=1e-9 / xq.scale):
+        if len(grid) == 2 * top + 1 and np.allclose(f, np.clip(grid / xq.scale, low, high),
+                                                      rtol=1e-6, atol=1e-9 / xq.scale):
             lo, hi = int(np.round(low * xq.scale)), int(np.round(high * xq.scale))
             y = self.b.relu(xq.var) if lo == 0 and hi == top else \
                 xq.var if (lo, hi) == (-top, top) else self.b.clip(xq.var, a_min=lo, a_max=hi)
@@ -445,7 +452,8 @@ class Rewriter:
             return
         bits = self.out_bits(node)
         scale = self.scale(node.name, bits)
-        idx = self.b.broadcast_add(xq.var, self.b.constant(np.array([top], np.int32)))
+        idx = xq.var if grid[0] == 0 else \
+            self.b.broadcast_add(xq.var, self.b.constant(np.array([-grid[0]], np.int32)))
         table = quantize(node.name, f, scale, bits).astype(np.int32)
         self.values[node.name] = QTensor(self.b.cvm_lut(idx, self.b.constant(table)), scale)
 

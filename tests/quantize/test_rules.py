@@ -176,6 +176,18 @@ def test_lookup_tables(tmp_path, call, lipschitz):
     assert np.abs(got - want).max() <= lip * 0.5 / _sx(q) + 0.5 / _sy(q) + 1e-6
 
 
+def test_table_spans_where_the_function_is_finite(tmp_path):
+    g = _model(tmp_path, "    y = sqrt(x);", {"x": (1, 2, 4, 4)}, {})
+    xs = np.abs(RNG.standard_normal((8, 1, 2, 4, 4))).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    assert [n.op for n in q.graph.nodes] == ["cvm_lut"]  # indexed by x itself: 0..127
+    # |sqrt(x) - sqrt(xq)| <= sqrt(|x - xq|), then the table's rounding
+    assert np.abs(got - want).max() <= np.sqrt(0.5 / _sx(q)) + 0.5 / _sy(q) + 1e-6
+    # a negative input reads the table's first entry, sqrt(0)
+    negative = np.full((1, 2, 4, 4), -100, np.int8)
+    assert not reference_run(q.graph, {"x": negative})["y"].any()
+
+
 def test_softmax(tmp_path):
     g = _model(tmp_path, "    y = softmax(x, axes = [1]);", {"x": (2, 10)}, {})
     xs = (RNG.standard_normal((8, 2, 10)) * 3).astype(np.float32)
@@ -221,7 +233,8 @@ def test_batch_norm_is_folded_into_the_conv(tmp_path):
 
 @pytest.mark.parametrize("body, message", [
     ("    y = pow(x, z);", r"layer 'y' \(pow\): no quantization rule"),
-    ("    y = conv(x, w, padding = [(0, 1), (1, 1)]);", r"layer 'y' \(conv\): padding")])
+    ("    y = conv(x, w, padding = [(0, 1), (1, 1)]);", r"layer 'y' \(conv\): padding"),
+    ("    y = rcp(x);", r"layer 'y' \(rcp\): the function is not finite")])
 def test_uncovered_layers_are_refused_before_calibrating(tmp_path, monkeypatch, body, message):
     def calibrate(*args):
         raise AssertionError("calibrated before refusing the layer")
