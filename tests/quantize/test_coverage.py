@@ -26,15 +26,23 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.frontend.test_onnx_coverage import B, I, S, _rnn
 
 
-def _sqnr(want: np.ndarray, got: np.ndarray) -> float:
-    return 10 * np.log10(np.square(want).sum() / np.square(got - want).sum())
+def _onnx(nodes, inits: dict, x_shape, y_shape=None, opset: int = 13):
+    """A float model of x -> y (y's shape from ONNX shape inference where None)."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape and list(y_shape))],
+        [numpy_helper.from_array(v.astype(np.int64 if v.dtype.kind == "i" else np.float32), k)
+         for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return onnx.shape_inference.infer_shapes(model)
 
 
-def quantized_sqnr(tmp, model, samples: np.ndarray, compiled: int = 3) -> float:
-    """The output SQNR (dB) of `cvmc quantize` of a one-input, one-output ONNX model against
-    ONNX Runtime's float run over `samples` ([N, *input shape], also the calibration
-    set); the first `compiled` samples run on the llvm build too, bit-exact with the
-    reference interpreter."""
+def quantized_run(tmp, model, samples: np.ndarray, compiled: int = 3):
+    """(ONNX Runtime's float outputs, the integer model's dequantized, quantization.json)
+    of `cvmc quantize` of a one-input, one-output ONNX model over `samples` ([N, *input
+    shape], also the calibration set); the first `compiled` samples run on the llvm build
+    too, bit-exact with the reference interpreter."""
     import cvmc_runtime
 
     import cvmc
@@ -51,12 +59,17 @@ def quantized_sqnr(tmp, model, samples: np.ndarray, compiled: int = 3) -> float:
     got = np.array([dequantize(reference_run(graph, {"x": xi})[out],
                                manifest["outputs"][out]["scale"]) for xi in ints])
     want = np.array([session.run(None, {"x": x})[0] for x in samples], np.float64)
-    if compiled:
-        cvmc.compile(graph, str(tmp / "q.cvmx"), target="llvm")
-        built = cvmc_runtime.load(str(tmp / "q.cvmx"))
-        for xi in ints[:compiled]:
-            assert np.array_equal(built.run({"x": xi})[out], reference_run(graph, {"x": xi})[out])
-    return _sqnr(want, got.reshape(want.shape))
+    cvmc.compile(graph, str(tmp / "q.cvmx"), target="llvm")
+    built = cvmc_runtime.load(str(tmp / "q.cvmx"))
+    for xi in ints[:compiled]:
+        assert np.array_equal(built.run({"x": xi})[out], reference_run(graph, {"x": xi})[out])
+    return want, got.reshape(want.shape), manifest
+
+
+def quantized_sqnr(tmp, model, samples: np.ndarray) -> float:
+    """The output SQNR (dB) of `quantized_run`."""
+    want, got, _ = quantized_run(tmp, model, samples)
+    return 10 * np.log10(np.square(want).sum() / np.square(got - want).sum())
 
 
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
@@ -78,17 +91,11 @@ def _conv_transpose(seed: int, cin: int, cout: int, size: int, **attrs):
     r = np.random.default_rng(seed)
     groups = attrs.get("group", 1)
     k = attrs.pop("k")
-    inits = [numpy_helper.from_array((r.standard_normal((cin, cout // groups, k, k)) * 0.3)
-                                     .astype(np.float32), "w"),
-             numpy_helper.from_array((r.standard_normal(cout) * 0.1).astype(np.float32), "b")]
+    inits = {"w": r.standard_normal((cin, cout // groups, k, k)) * 0.3,
+             "b": r.standard_normal(cout) * 0.1}
     node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], kernel_shape=[k, k],
                             **attrs)
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return onnx.shape_inference.infer_shapes(model)
+    return _onnx([node], inits, [1, cin, size, size])
 
 
 @pytest.mark.parametrize("attrs", [
@@ -127,14 +134,7 @@ def _attention(seed: int, seq: int = 6, dim: int = 8, heads: int = 2):
               helper.make_node("Transpose", ["o0"], ["o1"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["o1", "merged"], ["o2"]),
               helper.make_node("MatMul", ["o2", "wo"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, dim])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, dim])],
-        [numpy_helper.from_array(v.astype(np.int64 if v.dtype.kind == "i" else np.float32), k)
-         for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return onnx.shape_inference.infer_shapes(model)
+    return _onnx(nodes, inits, [1, seq, dim])
 
 
 def test_attention(tmp_path):
@@ -164,14 +164,7 @@ def _layer_norm(seed: int, decomposed: bool, shape=(1, 6, 16)):
     else:
         nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], axis=-1,
                                   epsilon=1e-5)]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))],
-        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13 if decomposed
-                                                                         else 17)])
-    model.ir_version = 8
-    return model
+    return _onnx(nodes, inits, shape, opset=13 if decomposed else 17)
 
 
 @pytest.mark.parametrize("decomposed", [False, True])
@@ -184,3 +177,23 @@ def test_layer_norm(tmp_path, decomposed):
     samples = (rng.standard_normal((12, 1, 6, 16)) * rng.uniform(0.5, 3, (12, 1, 6, 1))
                + 0.5).astype(np.float32)
     assert quantized_sqnr(tmp_path, _layer_norm(3, decomposed), samples) >= 25
+
+
+SQRT2 = np.array(np.sqrt(2.0))
+
+
+@pytest.mark.parametrize("nodes, lipschitz", [
+    ([helper.make_node("Erf", ["x"], ["y"])], 2 / np.sqrt(np.pi)),
+    ([helper.make_node("Div", ["x", "sqrt2"], ["a"]), helper.make_node("Erf", ["a"], ["e"]),
+      helper.make_node("Add", ["e", "one"], ["b"]), helper.make_node("Mul", ["x", "b"], ["c"]),
+      helper.make_node("Mul", ["c", "half"], ["y"])], 1.13)])  # GELU, as exporters write it
+def test_erf_and_gelu_are_one_table(tmp_path, nodes, lipschitz):
+    """erf (NNEF-Tools' fragment: a polynomial within 1.5e-7 of it) and GELU
+    x (1 + erf(x / sqrt 2)) / 2 are one table each: error <= L dx + 0.5 / s_y (+ the
+    fragment's 1.5e-7 and float32 rounding)."""
+    inits = {"sqrt2": SQRT2, "one": np.array(1.0), "half": np.array(0.5)}
+    samples = (np.random.default_rng(2).standard_normal((8, 1, 4, 8)) * 2).astype(np.float32)
+    want, got, manifest = quantized_run(tmp_path, _onnx(nodes, inits, [1, 4, 8]), samples)
+    assert [n.op for n in load_graph(tmp_path / "q").nodes] == ["broadcast_add", "cvm_lut"]
+    sx, sy = manifest["inputs"]["x"]["scale"], manifest["outputs"]["y"]["scale"]
+    assert np.abs(got - want).max() <= lipschitz * 0.5 / sx + 0.5 / sy + 1e-6
