@@ -197,3 +197,14 @@ def test_erf_and_gelu_are_one_table(tmp_path, nodes, lipschitz):
     assert [n.op for n in load_graph(tmp_path / "q").nodes] == ["broadcast_add", "cvm_lut"]
     sx, sy = manifest["inputs"]["x"]["scale"], manifest["outputs"]["y"]["scale"]
     assert np.abs(got - want).max() <= lipschitz * 0.5 / sx + 0.5 / sy + 1e-6
+
+
+@pytest.mark.parametrize("axis, shape", [(1, (1, 5, 3, 4)), (-1, (1, 3, 7)), (2, (2, 3, 4, 5))])
+def test_softmax_over_any_axis(tmp_path, axis, shape):
+    """Softmax over the channels, the last axis, a middle axis: within the rule's bound,
+    dx / 2 + (n + 1) / 2^15 + 0.5 / 127 (test_rules.py)."""
+    samples = (np.random.default_rng(3).standard_normal((6, *shape)) * 3).astype(np.float32)
+    model = _onnx([helper.make_node("Softmax", ["x"], ["y"], axis=axis)], {}, shape, shape)
+    want, got, manifest = quantized_run(tmp_path, model, samples)
+    bound = 0.25 / manifest["inputs"]["x"]["scale"] + (shape[axis] + 1) / 2 ** 15 + 0.5 / 127
+    assert np.abs(got - want).max() <= bound
