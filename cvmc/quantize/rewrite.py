@@ -17,6 +17,8 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 - max pool -> max_pool2d; reshape / squeeze / unsqueeze -> reshape; transpose; slice; nearest
   upsampling (debox) -> upsampling; split -> one slice per part: scale and precision pass
   through;
+- multilinear_upsample (bilinear resize): per spatial axis two takes times the spec's
+  integer weights, added; then requantize;
 - softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
 - any other layer that applies one real function to each element (sigmoid, tanh, exp,
   clamp, ...): relu or clip when that is what it computes on the input's integer grid
@@ -393,6 +395,32 @@ class Rewriter:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
         self.values[node.name] = QTensor(y, t.scale)
 
+    def upsample(self, node: Node) -> None:
+        """multilinear_upsample (bilinear resize), border 'replicate': along each spatial
+        axis output[i] = ((den - num_i) x[j_i] + num_i x[j_i + 1]) / den with the spec's
+        exact integer weights, as two `take`s (which clamp an index outside the input: the
+        replicated border), `broadcast_mul` by the weights and an add; the divisions by
+        den go into the scale; then a requantization."""
+        a = node.attrs
+        if a["border"] != "replicate":
+            raise unsupported(node, f"border {a['border']!r}: only 'replicate' maps to take")
+        t = self.at_bits(node.inputs[0], self.opt.bits)
+        x, scale = t.var, t.scale
+        rank = self.g.types[node.name].ndim
+        for axis, (n, f) in enumerate(zip(self.g.types[node.inputs[0]].shape[2:], a["factor"]),
+                                      2):
+            i = np.arange(n * f)
+            t_num, den = {"asymmetric": (i, f), "symmetric": (2 * i - f + 1, 2 * f)}.get(
+                a["method"], (i * (n - 1), n * f - 1) if n > 1 else (0 * i, 1))
+            j, num = t_num // den, t_num % den
+            weight_shape = (-1,) + (1,) * (rank - 1 - axis)
+            terms = [self.b.broadcast_mul(
+                self.b.take(x, self.b.constant((j + c).astype(np.int32)), axis=axis),
+                self.b.constant(w.reshape(weight_shape).astype(np.int32)))
+                for c, w in ((0, den - num), (1, num))]
+            x, scale = self.b.broadcast_add(*terms), scale * den
+        self.finish(node, QTensor(x, scale))
+
     def split(self, node: Node) -> None:
         """split: one CVM slice per part; the scale passes."""
         t = self.values[node.inputs[0]]
@@ -518,6 +546,7 @@ _RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
           ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
           ("nnef.transpose",): "movement", ("nnef.slice",): "movement",
           ("debox",): "movement", ("split",): "split",
+          ("multilinear_upsample",): "upsample",
           ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
 
 

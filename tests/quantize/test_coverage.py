@@ -208,3 +208,20 @@ def test_softmax_over_any_axis(tmp_path, axis, shape):
     want, got, manifest = quantized_run(tmp_path, model, samples)
     bound = 0.25 / manifest["inputs"]["x"]["scale"] + (shape[axis] + 1) / 2 ** 15 + 0.5 / 127
     assert np.abs(got - want).max() <= bound
+
+
+@pytest.mark.parametrize("mode, transform, scales", [
+    ("nearest", "asymmetric", [2, 2]), ("linear", "half_pixel", [2, 2]),
+    ("linear", "align_corners", [2, 3]), ("linear", "asymmetric", [3, 2]),
+    ("linear", "pytorch_half_pixel", [2, 2])])
+def test_resize(tmp_path, mode, transform, scales):
+    """Resize, nearest and bilinear: each output a convex combination of inputs each within
+    dx, so error <= dx + 1 / s_y (the output's rounding and fixed point)."""
+    shape = (1, 3, 4, 5)
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode=mode,
+                            coordinate_transformation_mode=transform)
+    model = _onnx([node], {"scales": np.array([1, 1, *scales], np.float32)}, shape)
+    samples = np.random.default_rng(2).standard_normal((6, *shape)).astype(np.float32)
+    want, got, manifest = quantized_run(tmp_path, model, samples)
+    bound = 0.5 / manifest["inputs"]["x"]["scale"] + 1 / manifest["outputs"]["y"]["scale"]
+    assert np.abs(got - want).max() <= bound + 1e-6
