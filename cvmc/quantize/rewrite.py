@@ -139,19 +139,28 @@ class Rewriter:
         self.finish(node, QTensor(y, acc_scale.reshape(shape) if ws.size > 1
                                   else float(acc_scale[0])))
 
-    def padding(self, node: Node, pads, window, strides, dilation) -> list[int]:
-        """Symmetric per-side padding of the spatial axes (NNEF's [] is automatic: the
-        output shape's total, the smaller half first), or the unsupported error."""
+    def padding(self, node: Node, pads, window, strides, dilation) -> list[tuple[int, int]]:
+        """(before, after) padding of the spatial axes (NNEF's [] is automatic: the output
+        shape's total, the smaller half first)."""
         ins = self.g.types[node.inputs[0]].shape[-len(window):]
         outs = self.g.types[node.name].shape[-len(window):]
         if not pads:
             total = [max(0, (o - 1) * s + (k - 1) * d + 1 - i)
                      for i, o, k, s, d in zip(ins, outs, window, strides, dilation)]
             pads = [(t // 2, t - t // 2) for t in total]
-        pads = list(pads)[-len(window):]
-        if any(p != q for p, q in pads):
-            raise unsupported(node, f"padding {pads}: CVM pads both sides of an axis alike")
-        return [p for p, _ in pads]
+        return [tuple(p) for p in list(pads)[-len(window):]]
+
+    def pad(self, x: Var, pairs: list[tuple[int, int]], fill: int) -> tuple[Var, list[int]]:
+        """CVM pads both sides of an axis alike: x with an asymmetric padding's excess over
+        its smaller side concatenated as blocks of `fill`, and the padding left per side."""
+        for axis, (before, after) in enumerate(pairs, len(x.shape) - len(pairs)):
+            m = min(before, after)
+            for extra, first in ((before - m, True), (after - m, False)):
+                if extra:
+                    shape = [*x.shape[:axis], extra, *x.shape[axis + 1:]]
+                    block = self.b.constant(np.full(shape, fill, np.int32))
+                    x = self.b.concatenate([block, x] if first else [x, block], axis=axis)
+        return x, [min(p) for p in pairs]
 
     def conv(self, node: Node) -> None:
         """NNEF conv -> conv2d (zero padding, the same on both sides)."""
@@ -160,14 +169,17 @@ class Rewriter:
             raise unsupported(node, "the filter must be a weight")
         w = self.g.constants[node.inputs[1]]
         stride, dilation = list(a["stride"]) or [1, 1], list(a["dilation"]) or [1, 1]
-        padding = self.padding(node, a["padding"], w.shape[2:], stride, dilation)
-        if any(padding) and a.get("border") not in ("constant", None):
+        pairs = self.padding(node, a["padding"], w.shape[2:], stride, dilation)
+        if any(map(any, pairs)) and a.get("border") not in ("constant", None):
             raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
         bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
         groups = a.get("groups", 1) or self.g.types[node.inputs[0]].shape[1]
-        attrs = {"padding": padding, "stride": stride, "dilation": dilation, "groups": groups}
-        self.linear_layer(node, node.inputs[0], w, bias,
-                          lambda *args: self.b.conv2d(*args, **attrs))
+
+        def make(x: Var, *args: Var) -> Var:
+            x, padding = self.pad(x, pairs, 0)
+            return self.b.conv2d(x, *args, padding=padding, stride=stride, dilation=dilation,
+                                 groups=groups)
+        self.linear_layer(node, node.inputs[0], w, bias, make)
 
     def deconv(self, node: Node) -> None:
         """deconv (transposed conv) -> a conv2d over the input zero-upsampled by the stride
@@ -313,8 +325,9 @@ class Rewriter:
         y = self.b.concatenate(parts, axis=node.attrs["axis"])
         self.values[node.name] = QTensor(y, scale)
 
-    def pool_geometry(self, node: Node, attrs) -> tuple[list[int], list[int], list[int]]:
-        """(window, strides, padding) of a 2-D NCHW pool, or the unsupported error."""
+    def pool_geometry(self, node: Node, attrs):
+        """(window, strides, (before, after) padding) of a 2-D NCHW pool, or the unsupported
+        error."""
         size, stride = list(attrs["size"]), list(attrs["stride"]) or [1] * 4
         dil = list(attrs["dilation"]) or [1] * 4
         if len(size) != 4 or size[:2] != [1, 1] or stride[:2] != [1, 1] or set(dil) != {1} \
@@ -327,16 +340,18 @@ class Rewriter:
         """box (normalized: average pool) -> depthwise conv2d with unit weights, divided
         in the requantization by each position's tap count."""
         x = node.inputs[0]
-        window, strides, padding = self.pool_geometry(node, node.attrs)
-        if any(padding) and node.attrs.get("border") not in ("ignore", "constant"):
+        window, strides, pairs = self.pool_geometry(node, node.attrs)
+        padded = any(map(any, pairs))
+        if padded and node.attrs.get("border") not in ("ignore", "constant"):
             raise unsupported(node, f"border {node.attrs.get('border')!r}: only 'constant' "
                                     f"(zeros) and 'ignore' average pools map to CVM")
         xq = self.at_bits(x, 8)
         channels = self.g.types[x].shape[1]
         ones = self.b.constant(np.ones((channels, 1, *window), np.int32))
-        y = self.b.conv2d(xq.var, ones, padding=padding, stride=strides, groups=channels)
+        xp, padding = self.pad(xq.var, pairs, 0)
+        y = self.b.conv2d(xp, ones, padding=padding, stride=strides, groups=channels)
         taps = np.prod(window)
-        if node.attrs.get("normalize") and node.attrs.get("border") == "ignore" and any(padding):
+        if node.attrs.get("normalize") and node.attrs.get("border") == "ignore" and padded:
             counts = lookup("box").run_reference(
                 [np.ones((1, 1, *self.g.types[x].shape[2:]))],
                 Attrs({**node.attrs, "normalize": False}))[0]
@@ -358,12 +373,14 @@ class Rewriter:
     def max_pool(self, node: Node) -> None:
         """max_pool (argmax_pool + sample) -> max_pool2d."""
         pool = next(n for n in self.layers.bodies[node.name] if n.op == "argmax_pool")
-        window, strides, padding = self.pool_geometry(node, pool.attrs)
-        if any(padding) and pool.attrs.get("border") not in ("ignore", "-infinity"):
+        window, strides, pairs = self.pool_geometry(node, pool.attrs)
+        if any(map(any, pairs)) and pool.attrs.get("border") not in ("ignore", "-infinity"):
             raise unsupported(node, f"border {pool.attrs.get('border')!r}: max_pool2d's "
                                     f"padding takes no part ('ignore')")
         t = self.values[node.inputs[0]]
-        y = self.b.max_pool2d(t.var, pool_size=window, strides=strides, padding=padding)
+        # an excess of padding on one side: blocks of the least value, which no max picks
+        x, padding = self.pad(t.var, pairs, -prec_max(t.precision))
+        y = self.b.max_pool2d(x, pool_size=window, strides=strides, padding=padding)
         self.values[node.name] = QTensor(y, t.scale)
 
     def movement(self, node: Node) -> None:

@@ -58,11 +58,14 @@ def _sy(q):
     return q.manifest()["outputs"]["y"]["scale"]
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_conv_with_bias(tmp_path, per_channel):
+@pytest.mark.parametrize("per_channel, padding", [
+    (False, "[(1, 1), (1, 1)]"), (True, "[(1, 1), (1, 1)]"),
+    (False, "[(0, 1), (2, 1)]"),  # asymmetric: the excess concatenated as zeros
+    (True, "[]")])  # automatic (TF's SAME): stride 2 on 7 needs 2 rows, 1 + 1
+def test_conv_with_bias(tmp_path, per_channel, padding):
     w = RNG.standard_normal((4, 3, 3, 3)) * np.array([1.0, 0.1, 3.0, 0.5])[:, None, None, None]
     b = RNG.standard_normal((1, 4)) * 0.2
-    g = _model(tmp_path, "    y = conv(x, w, b, padding = [(1, 1), (1, 1)], stride = [2, 1]);",
+    g = _model(tmp_path, f"    y = conv(x, w, b, padding = {padding}, stride = [2, 1]);",
                {"x": (1, 3, 7, 7)}, {"w": w, "b": b})
     xs = RNG.standard_normal((8, 1, 3, 7, 7)).astype(np.float32)
     want, got, q = _compare(g, {"x": xs}, Options(per_channel=per_channel))
@@ -141,7 +144,11 @@ def test_concat_of_differently_scaled_inputs(tmp_path):
     ("avg_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
     "(1, 1), (1, 1)], border = 'ignore')"),
     "avg_pool(x, size = [1, 1, 2, 2], stride = [1, 1, 2, 2], border = 'constant')",
-    "mean_reduce(x, axes = [2, 3])"])
+    "mean_reduce(x, axes = [2, 3])",
+    ("avg_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
+     "(0, 1), (1, 2)], border = 'ignore')"),
+    ("avg_pool(x, size = [1, 1, 2, 2], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
+     "(1, 0), (0, 1)], border = 'constant')")])
 def test_average_pools(tmp_path, call):
     g = _model(tmp_path, f"    y = {call};", {"x": (1, 3, 6, 6)}, {})
     xs = RNG.standard_normal((8, 1, 3, 6, 6)).astype(np.float32)
@@ -153,6 +160,8 @@ def test_average_pools(tmp_path, call):
 @pytest.mark.parametrize("call", [
     "relu(x)", "clamp(x, -0.5, 1.25)",
     "max_pool(x, size = [1, 1, 2, 2], padding = [(0, 0), (0, 0), (0, 0), (0, 0)])",
+    ("max_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
+     "(0, 1), (1, 2)], border = 'ignore')"),
     "reshape(x, shape = [1, 12, 3])", "transpose(x, axes = [0, 2, 3, 1])",
     "nearest_upsample(x, factor = [2, 2])",
     "slice(x, axes = [1, 3], begin = [1, 0], end = [3, 2])",
@@ -233,7 +242,8 @@ def test_batch_norm_is_folded_into_the_conv(tmp_path):
 
 @pytest.mark.parametrize("body, message", [
     ("    y = pow(x, z);", r"layer 'y' \(pow\): no quantization rule"),
-    ("    y = conv(x, w, padding = [(0, 1), (1, 1)]);", r"layer 'y' \(conv\): padding"),
+    ("    y = conv(x, w, padding = [(1, 1), (1, 1)], border = 'reflect');",
+     r"layer 'y' \(conv\): border 'reflect'"),
     ("    y = rcp(x);", r"layer 'y' \(rcp\): the function is not finite")])
 def test_uncovered_layers_are_refused_before_calibrating(tmp_path, monkeypatch, body, message):
     def calibrate(*args):
