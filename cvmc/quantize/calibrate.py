@@ -92,7 +92,8 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
 
 
 def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
-    """Statistics of every input and layer output (each of a split's) over the first `count` samples."""
+    """Statistics of every input and layer output (each of a split's) over the first
+    `count` samples."""
     g = layers.graph
     names = [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
     stats = {name: Stats() for name in names}

@@ -163,7 +163,8 @@ class Rewriter:
         return x, [min(p) for p in pairs]
 
     def conv(self, node: Node) -> None:
-        """NNEF conv -> conv2d (zero padding, the same on both sides)."""
+        """NNEF conv -> conv2d (zero padding; an asymmetric padding's excess concatenated
+        as zeros, `pad`)."""
         a = node.attrs
         if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
             raise unsupported(node, "the filter must be a weight")
@@ -213,7 +214,7 @@ class Rewriter:
         bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
         s = stride[0]
 
-        def make(x, *args):
+        def make(x: Var, *args: Var) -> Var:
             if s > 1:
                 mask = np.zeros((1, 1, x_shape[2] * s, x_shape[3] * s), np.int32)
                 mask[:, :, ::s, ::s] = 1
