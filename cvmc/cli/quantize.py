@@ -45,6 +45,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                                 f"scales are used, so --calib and --report do not apply")
             graph, samples = qdq[0], None
         elif is_onnx(model):
+            _check_calib_shapes(model, samples, input_shapes(args))
             graph = load_checked(convert_onnx(model, Path(tmp) / "nnef",
                                               input_shapes=input_shapes(args)))
         elif args.input_shape:
@@ -77,6 +78,25 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.report or args.report_json:
         _report(q, samples, args)
     return 0
+
+
+def _check_calib_shapes(model: str, samples: dict, shapes: dict) -> None:
+    """--calib against the ONNX model's declared input shapes (or --input-shape's), before
+    the model is converted (seconds for a real model)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from cvmc.quantize.calibrate import check_shape
+    try:
+        graph = onnx.load_model(model, load_external_data=False).graph
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return  # convert_onnx reports what is wrong with the file
+    weights = {t.name for t in graph.initializer}
+    for vi in graph.input:
+        if vi.name in samples and vi.name not in weights:
+            dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                    for d in vi.type.tensor_type.shape.dim]
+            check_shape(vi.name, samples[vi.name], shapes.get(vi.name, dims))
 
 
 def _report(q, samples: dict, args: argparse.Namespace) -> None:

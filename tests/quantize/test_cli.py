@@ -116,10 +116,23 @@ def test_bad_inputs_are_one_error_line(tmp_path, capsys):
     assert not (tmp_path / "q").exists()
 
 
+def test_calib_shape_is_checked_before_converting(tmp_path, capsys, monkeypatch):
+    def convert(*args, **kwargs):
+        raise AssertionError("converted before checking --calib")
+    monkeypatch.setattr("cvmc.frontend.onnx_convert.convert_onnx", convert)
+    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
+    for shape in [(4, 1, 1, 10, 10), (4, 1, 12, 12)]:
+        np.save(tmp_path / "wrong.npy", np.zeros(shape, np.float32))
+        _one_error(capsys, ["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q"),
+                            "--calib", f"x={tmp_path}/wrong.npy"],
+                   f"expected samples of shape [N, 1, 1, 12, 12] with real values, got "
+                   f"{list(shape)}")
+
+
 def test_unsupported_op_is_one_error_line(tmp_path, capsys):
     from onnx import TensorProto, helper
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "x"], ["y"])], "sq",
+        [helper.make_node("Div", ["x", "x"], ["y"])], "sq",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -127,4 +140,4 @@ def test_unsupported_op_is_one_error_line(tmp_path, capsys):
     onnx.save(model, tmp_path / "sq.onnx")
     np.save(tmp_path / "x.npy", np.ones((2, 3, 3), np.float32))
     _one_error(capsys, ["quantize", str(tmp_path / "sq.onnx"), "-o", str(tmp_path / "q"),
-                        "--calib", f"x={tmp_path}/x.npy"], "(matmul)")
+                        "--calib", f"x={tmp_path}/x.npy"], "(div)")
