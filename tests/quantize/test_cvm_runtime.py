@@ -41,11 +41,13 @@ RULES = {
     "matmul_add": ("m = matmul(x, w);\ny = add(m, b);", V, {"w": WM, "b": BL}, Options()),
     "residual_add": ("c = conv(x, w, padding = [(1, 1), (1, 1)]);\ny = add(c, x);", X,
                      {"w": W3}, Options()),
-    "sub_of_two": ("r = relu(x);\ny = sub(x, r);", X, {}, Options()),
+    "sub_of_two": ("c = conv(x, w, padding = [(1, 1), (1, 1)]);\ny = sub(x, c);", X,
+                   {"w": W3}, Options()),
     "add_weight": ("y = add(x, c);", X, {"c": C3}, Options()),
     "sub_weight": ("y = sub(x, c);", X, {"c": C3}, Options()),
     "mul_weight": ("y = mul(x, c);", X, {"c": C3}, Options()),
-    "mul_of_two": ("s = sigmoid(x);\ny = mul(x, s);", X, {}, Options()),
+    "mul_of_two": (("c = conv(x, w, padding = [(1, 1), (1, 1)]);\ns = sigmoid(x);\n"
+                   "y = mul(c, s);"), X, {"w": W3}, Options()),
     "concat": ("c = conv(x, w);\nd = mul(c, 8.0);\ny = concat([x, d], axis = 1);", X,
                {"w": W3}, Options()),
     "avg_pool_ignore": (("y = avg_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], "
