@@ -437,6 +437,17 @@ def _widen_where_conditions(graph: Graph) -> Graph:
     return graph.replace(nodes=nodes, types=types)
 
 
+def _cvm_runtime_form(node: Node, types: dict[str, TensorType]) -> Node:
+    """The node as CVM-Runtime runs it: an expand_dims of no new axis (num_newaxis 0, which
+    the spec allows and CVM-Runtime's parser refuses: its lower bound is 1) is the reshape
+    to its own shape."""
+    if node.op == "expand_dims" and node.attrs["num_newaxis"] == 0:
+        shape = list(types[node.outputs[0]].shape)
+        return Node("reshape", node.inputs, node.outputs,
+                    dict(lookup("reshape").normalize_attrs({"target_shape": shape})), node.span)
+    return node
+
+
 def _storage_ids(graph: Graph, order: list[str]) -> list[int]:
     """Storage ids shared by liveness, as CVM-Runtime allows (graph_runtime.cc): inputs and
     weights keep their own storage (weights are loaded once); an op output takes storage
@@ -472,6 +483,7 @@ def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
         nodes.append({"op": "null", "name": rename.get(v, v), "inputs": []})
         op_attrs.append("{}")
     for node in graph.nodes:
+        node = _cvm_runtime_form(node, graph.types)
         opdef = lookup(node.op)
         nodes.append({"op": "cvm_op", "name": node.name,
                       "attrs": {"func_name": opdef.cvm_name,

@@ -246,6 +246,8 @@ def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
     funcs = {n["name"]: n["attrs"]["func_name"] for n in doc["nodes"] if n["op"] != "null"}
     assert funcs["slice"] == "strided_slice" and funcs["get_valid_count"] == "get_valid_counts"
     op_attrs = doc["attrs"]["op_attrs"][1]
+    # CVM-Runtime's parsers read "None" for no attribute but take's optional axis
+    assert not [a for a in op_attrs if "None" in json.loads(a).values()]
     keys = {n["name"]: set(json.loads(a)) for n, a in zip(doc["nodes"], op_attrs)}
     assert {"axis"} <= keys["sum"] and {"stride"} <= keys["slice"] and "strides" in keys["conv2d"]
     assert "shape" in keys["reshape"] and "axis" in keys["squeeze"]
@@ -285,6 +287,19 @@ def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
     assert attrs["strides"] == "(1, 1)" and attrs["channels"] == "3"
     assert attrs["kernel_size"] == "(3, 3)" and attrs["use_bias"] == "False"
     assert doc["nodes"][0]["name"] == "data" and doc["attrs"]["precision"][1][0] == 8
+
+
+def test_export_writes_expand_dims_of_no_axis_as_a_reshape(tmp_path: Path) -> None:
+    """num_newaxis 0 (the spec allows it; CVM-Runtime's parser wants >= 1)."""
+    a = lookup("expand_dims").normalize_attrs({"axis": 1, "num_newaxis": 0})
+    types = {"x": TensorType((2, 3), "int32", 8), "y": TensorType((2, 3), "int32")}
+    g = retype(Graph("g", ["x"], ["y"], [Node("expand_dims", ("x",), ("y",), a)], types))
+    doc = json.loads(export_cvm(g, tmp_path)[0].read_text())
+    assert doc["nodes"][1]["attrs"]["func_name"] == "reshape"
+    assert json.loads(doc["attrs"]["op_attrs"][1][1]) == {"shape": "(2, 3)"}
+    back = load_graph(tmp_path / "symbol.json")
+    x = np.arange(6).reshape(2, 3)
+    assert np.array_equal(reference_run(back, {"data": x})["y"], x)
 
 
 def test_export_rejects_what_cvm_runtime_cannot_run(tmp_path: Path) -> None:
