@@ -32,12 +32,10 @@ class CvmRuntimeRefused(AssertionError):
     """CVM-Runtime failed to load or run an export (its message)."""
 
 
-def run_cvm_runtime(graph: Graph, x: np.ndarray, device: str) -> np.ndarray:
-    """The graph's one output as CVM-Runtime computes it on `device` ("cpu" or "formal"),
-    for the int32 input x."""
-    (out,) = graph.outputs
+def run_exported(symbol: Path, params: Path, x: np.ndarray, device: str) -> np.ndarray:
+    """The output values (flat) of exported files as CVM-Runtime computes them on `device`
+    ("cpu" or "formal") for the int32 input x."""
     with tempfile.TemporaryDirectory(prefix="cvmc-cvmrt-") as tmp:
-        symbol, params = export_cvm(graph, tmp)
         data = Path(tmp) / "data.i32"
         data.write_bytes(np.asarray(x).astype("<i4").tobytes())
         run = subprocess.run([DRIVER, str(symbol), str(params), str(data),
@@ -48,7 +46,14 @@ def run_cvm_runtime(graph: Graph, x: np.ndarray, device: str) -> np.ndarray:
                              if line.strip())
         raise CvmRuntimeRefused(f"CVM-Runtime ({device}) exit {run.returncode}: "
                                 f"{message[-1500:]}")
-    values = np.array(run.stdout.splitlines()[-1].split(), dtype=np.int64)
+    return np.array(run.stdout.splitlines()[-1].split(), dtype=np.int64)
+
+
+def run_cvm_runtime(graph: Graph, x: np.ndarray, device: str) -> np.ndarray:
+    """The graph's one output as CVM-Runtime computes it on `device` for input x."""
+    (out,) = graph.outputs
+    with tempfile.TemporaryDirectory(prefix="cvmc-cvmrt-") as tmp:
+        values = run_exported(*export_cvm(graph, tmp), x, device)
     shape = graph.types[out].shape
     if values.size != int(np.prod(shape)):
         raise CvmRuntimeRefused(f"CVM-Runtime ({device}) gave {values.size} values for "
