@@ -116,12 +116,12 @@ DEVIATIONS = {
             "near 2^31 - 1 (2147483647, shift_bit 1: negative)" for d in ("cpu", "formal")}),
     "right_shift_leaves_precision": (
         "cvm_right_shift", [BIG], {"precision": 24, "shift_bit": 8},
-        {"cpu": "with precision + shift_bit = 32 cvm_right_shift is not clipped: 2147483647 "
+        {"cpu": "with precision + shift_bit >= 32 cvm_right_shift is not clipped: 2147483647 "
                 ">> 8 at precision 24 gives 8388608 (> 2^23 - 1)"}),
     "right_shift_31_unrounded": (
         "cvm_right_shift", [BIG], {"precision": 8, "shift_bit": 31},
-        {"cpu": "with shift_bit >= 31 cvm_right_shift skips its rounding (2147483647 gives 0, "
-                "the spec 1)"}),
+        {"cpu": "with shift_bit >= 31 cvm_right_shift returns x >> 31 without rounding "
+                "(2147483647 gives 0, the spec 1; -7 gives -1, the spec 0)"}),
     "max_all_negative": (
         "max", [(np.array([[-5, -3], [-9, -4]]), 8)], {},
         {d: "max over every axis starts from 0, so an all-negative input gives 0"

@@ -147,3 +147,15 @@ def test_onnx_net_runs_on_cvm_runtime(tmp_path, net: str) -> None:
     q = quantize_graph(graph, samples, Options(per_channel=True)).graph
     for _ in range(3):
         assert_cvm_runtime_agrees(q, _full_range(shape))
+
+
+def test_concat_of_a_much_finer_branch(tmp_path) -> None:
+    """A concat input 100 times finer than its output: the requantization to the output's
+    scale (cvmc/quantize/fixedpoint.py shifts by up to 32) shifts right by 31, which
+    CVM-Runtime's CPU backend computes without rounding."""
+    graph = _quantized(tmp_path, "c = conv(x, w);\nd = mul(c, 100.0);\n"
+                       "y = concat([x, d], axis = 1);", X, {"w": W3}, Options())
+    assert max(n.attrs["shift_bit"] for n in graph.nodes if n.op == "cvm_right_shift") >= 31
+    assert_cvm_runtime_agrees(graph, _full_range(X), {
+        "cpu": "cvm_right_shift with shift_bit >= 31 returns x >> 31 without rounding: -1 for "
+               "every negative value, where the spec (and FORMAL) give 0"})
