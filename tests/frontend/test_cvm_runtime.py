@@ -10,7 +10,7 @@ import pytest
 from cvmc.frontend.cvm_json import CVM_RUNTIME_SEEDS
 from cvmc.ir import Graph
 from cvmc.ops import lookup
-from tests.codegen.op_cases import CASES, X_SHAPE
+from tests.codegen.op_cases import CASES, X_SHAPE, case_id
 from tests.cvm_runtime import assert_cvm_runtime_agrees, needs_cvm_runtime
 from tests.frontend.test_cvm_json import _all_ops_graph
 from tests.oputil import one_op_graph
@@ -52,7 +52,7 @@ def _each_output(op: str, inputs: list, attrs: dict, deviations: dict | None = N
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CVM_RUNTIME_SEEDS & set(lookup(c.op).seeds)],
-                         ids=lambda c: c.op)
+                         ids=case_id)
 def test_op_case_runs_on_cvm_runtime(case) -> None:
     _each_output(case.op, case.inputs, case.attrs,
                  LEFT_SHIFT_CPU if case.op == "cvm_left_shift" else None)
