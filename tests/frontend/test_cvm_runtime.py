@@ -1,18 +1,20 @@
 """CVM-Runtime itself, CPU and FORMAL, against the reference and llvm (tests/cvm_runtime.py):
 every CVM-Runtime op's export record and every CVM op case of tests/codegen/op_cases.py,
-the attribute values at the edges of what CVM-Runtime's parsers and shape rules accept,
+the bundled example (int8 params, shared storage), a widened where condition, the attribute
+values at the edges of what CVM-Runtime's parsers and shape rules accept,
 and the known CVM-Runtime deviations from the spec (xfailed, each naming the behaviour)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from cvmc.frontend import load_graph
 from cvmc.frontend.cvm_json import CVM_RUNTIME_SEEDS
 from cvmc.ir import Graph
 from cvmc.ops import lookup
 from tests.codegen.op_cases import CASES, X_SHAPE, case_id
 from tests.cvm_runtime import assert_cvm_runtime_agrees, needs_cvm_runtime
-from tests.frontend.test_cvm_json import _all_ops_graph
+from tests.frontend.test_cvm_json import EXAMPLE, _all_ops_graph, _where_graph
 from tests.oputil import one_op_graph
 
 pytestmark = needs_cvm_runtime
@@ -41,6 +43,17 @@ def test_export_record_runs_on_cvm_runtime(output: str) -> None:
     op = next(n.op for n in ALL_OPS.nodes if output in n.outputs)
     assert_cvm_runtime_agrees(_only(ALL_OPS, output), x,
                               LEFT_SHIFT_CPU if op == "cvm_left_shift" else None)
+
+
+def test_example_model_runs_on_cvm_runtime() -> None:
+    """The bundled example: int8 params, storage shared by liveness."""
+    graph = load_graph(EXAMPLE)
+    assert_cvm_runtime_agrees(graph, np.load(EXAMPLE / "data.npy"))
+
+
+def test_widened_where_condition_runs_on_cvm_runtime() -> None:
+    """A where whose condition is narrower than its output, passed through cvm_clip."""
+    assert_cvm_runtime_agrees(_where_graph(), np.array([[5, -6, 7], [-8, 9, -10]]))
 
 
 def _each_output(op: str, inputs: list, attrs: dict, deviations: dict | None = None) -> None:
