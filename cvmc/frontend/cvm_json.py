@@ -405,6 +405,12 @@ def _check_exportable(graph: Graph) -> None:
             raise CvmcError(f"{node.op} '{node.name}': an op of the {', '.join(seeds)} op set "
                             f"with no CVM-Runtime counterpart; cannot export to CVM-Runtime",
                             node.span)
+    rows = {o: graph.types[o].size // graph.types[o].shape[-1] for o in graph.outputs}
+    if len(set(rows.values())) > 1:
+        warnings.warn(f"CVM-Runtime's CVMAPIInference returns several outputs row by row (a "
+                      f"row: the last dimension) and refuses outputs of different row counts "
+                      f"('detection model output cannot concat'); these have "
+                      f"{', '.join(f'{o}: {n}' for o, n in rows.items())}", stacklevel=3)
     for v in graph.values():
         if not 1 <= len(graph.types[v].shape) <= MAX_RANK:
             raise CvmcError(f"tensor '{v}' has rank {len(graph.types[v].shape)}; CVM-Runtime "

@@ -239,7 +239,8 @@ def _all_ops_graph() -> Graph:
 
 def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
     graph = _all_ops_graph()
-    paths = export_cvm(graph, tmp_path / "out")
+    with pytest.warns(UserWarning, match="refuses outputs of different row counts"):
+        paths = export_cvm(graph, tmp_path / "out")
     assert [p.name for p in paths] == ["symbol.json", "params"]
     doc = json.loads(paths[0].read_text())
     assert doc["version"] == "cvm_1.1.0" and doc["nodes"][0]["name"] == "data"
@@ -300,6 +301,16 @@ def test_export_writes_expand_dims_of_no_axis_as_a_reshape(tmp_path: Path) -> No
     back = load_graph(tmp_path / "symbol.json")
     x = np.arange(6).reshape(2, 3)
     assert np.array_equal(reference_run(back, {"data": x})["y"], x)
+
+
+def test_export_warns_of_outputs_cvm_runtime_cannot_return_together(tmp_path: Path) -> None:
+    t = TensorType((1, 4, 6), "int32", 8)
+    types = {"x": t, "n": TensorType((1,), "int32"), "y": TensorType((1, 4, 6), "int32")}
+    g = retype(Graph("g", ["x"], ["n", "y"],
+                     [Node("get_valid_count", ("x",), ("n", "y"), {"score_threshold": 0})],
+                     types))
+    with pytest.warns(UserWarning, match="refuses outputs of different row counts.*n: 1, y: 4"):
+        export_cvm(g, tmp_path)
 
 
 def test_export_rejects_what_cvm_runtime_cannot_run(tmp_path: Path) -> None:
