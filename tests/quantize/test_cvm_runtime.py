@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cvmc.frontend import load_checked
+from cvmc.frontend import load_checked, load_graph
 from cvmc.quantize import Options, quantize_graph
 from tests.cvm_runtime import assert_cvm_runtime_agrees, needs_cvm_runtime
 from tests.quantize.test_rules import _model
@@ -164,3 +164,28 @@ def test_concat_of_a_much_finer_branch(tmp_path) -> None:
     assert_cvm_runtime_agrees(graph, *_full_range(X), {
         "cpu": "cvm_right_shift with shift_bit >= 31 returns x >> 31 without rounding: -1 for "
                "every negative value, where the spec (and FORMAL) give 0"})
+
+
+@pytest.mark.parametrize("net", ["float_net-u8", "float_net-s8-per-channel", "branchy_net",
+                                 "qlinear_conv", "qlinear_matmul"])
+def test_imported_quantized_onnx_runs_on_cvm_runtime(tmp_path, net: str) -> None:
+    """Models quantized elsewhere (ONNX Runtime's QDQ, QLinearConv / QLinearMatMul) as
+    `cvmc quantize` imports them (tests/quantize/test_qdq.py)."""
+    pytest.importorskip("onnxruntime")
+    import onnx
+
+    from cvmc.cli import main
+    from tests.quantize import test_qdq
+    from tests.quantize.onnx_nets import branchy_net
+
+    if net.startswith("qlinear"):
+        onnx.save(test_qdq.qlinear_conv_net(matmul=net == "qlinear_matmul"),
+                  tmp_path / "q.onnx")
+        assert main(["quantize", str(tmp_path / "q.onnx"), "-o", str(tmp_path / "q")]) == 0
+    else:
+        model = branchy_net() if net == "branchy_net" else test_qdq.float_net()
+        test_qdq.ort_qdq(model, tmp_path, "QInt8" if "s8" in net else "QUInt8",
+                         "per-channel" in net or net == "branchy_net")
+    graph = load_graph(tmp_path / "q")
+    for x in _full_range(graph.types[graph.inputs[0]].shape, 2):
+        assert_cvm_runtime_agrees(graph, x)
