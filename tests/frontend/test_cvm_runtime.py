@@ -100,6 +100,7 @@ EDGES = {
     "expand_dims_none": ("expand_dims", [(X, 8)], {"axis": 1, "num_newaxis": 0}),
     "max_pool_ceil": ("max_pool2d", [(X, 8)], {"pool_size": [4, 5], "padding": [1, 1],
                                                "strides": [3, 3], "ceil_mode": True}),
+    "max_pool_one_padding": ("max_pool2d", [(X, 8)], {"pool_size": [3, 3], "padding": [1]}),
     "upsampling_1": ("upsampling", [(X, 8)], {"scale": 1}),
     "nms_limits": ("non_max_suppression", [(BOXES, 8), (np.array([5]), 8)],
                    {"iou_threshold": 1, "top_k": 2, "max_output_size": 1}),
