@@ -10,9 +10,11 @@ defaults to `<stem>.params` beside the JSON, else `params` in the same folder (t
 name `export_cvm` writes). Extra outputs of a multi-output node are named
 `<node>_out<k>`.
 
-Export writes `symbol.json` ("cvm_1.1.0") and `params` (int32 arrays: CVM-Runtime loads
-nothing else). CVM-Runtime feeds one input named `data`, so a single graph input of
-another name is renamed `data` in the exported files.
+Export writes `symbol.json` ("cvm_1.1.0") and `params` (int8 arrays for weights of
+precision <= 8, int32 for the others: the two widths CVM-Runtime loads), every attribute
+as CVM-Runtime's parser reads it (docs/cvm-runtime.md; never "None"). CVM-Runtime feeds one
+input named `data`, so a single graph input of another name is renamed `data` in the
+exported files.
 """
 from __future__ import annotations
 
