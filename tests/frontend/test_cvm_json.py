@@ -12,6 +12,7 @@ from cvmc.cli import main
 from cvmc.errors import CvmcError
 from cvmc.frontend import load_graph
 from cvmc.frontend.cvm_json import (
+    _DERIVED_ATTRS,
     CVM_RUNTIME_SEEDS,
     export_cvm,
     format_attr_value,
@@ -275,6 +276,14 @@ def test_round_trip_covers_every_cvm_runtime_op() -> None:
                if CVM_RUNTIME_SEEDS & set(d.seeds) and d.name not in exports()]
     assert not missing, f"give these ops' records in tests/codegen/op_cases.py an export: " \
                         f"{missing}"
+
+
+def test_every_unset_attribute_is_derived_or_optional_in_cvm_runtime() -> None:
+    """Export writes no "None": an attribute that may be unset (None) is derived from the
+    inputs, or is one CVM-Runtime's parser also leaves unset (take's axis)."""
+    unset = [(d.name, at.name) for d in all_ops() if CVM_RUNTIME_SEEDS & set(d.seeds)
+             for at in d.attrs if at.default is None or at.kind == "int?"]
+    assert [u for u in unset if u[1] not in _DERIVED_ATTRS.get(u[0], ())] == [("take", "axis")]
 
 
 def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
