@@ -13,6 +13,7 @@ from cvmc.cli import main
 pytest.importorskip("nnef_tools", reason="needs the convert extra: pip install 'cvmc[convert]'")
 onnx = pytest.importorskip("onnx")
 
+from tests.cvm_runtime import DEVICES, needs_cvm_runtime, run_exported
 from tests.quantize.onnx_nets import branchy_net, conv_bn_net
 
 NETS = {"conv_bn": (conv_bn_net, "logits", (1, 1, 12, 12)),
@@ -71,6 +72,22 @@ def test_check_and_export_accept_it(quantized, capsys):
         want = reference_run(folder, feeds)
         got = reference_run(cvm, {cvm.inputs[0]: feeds["x"]})
         assert np.array_equal(got[cvm.outputs[0]], want[out])
+
+
+@needs_cvm_runtime
+@pytest.mark.parametrize("device", DEVICES)
+def test_cli_export_runs_on_cvm_runtime(quantized, device):
+    """What `cvmc export --format cvm` wrote loads in CVM-Runtime and gives the folder's
+    bits (the branchy net holds sigmoid and tanh tables and a softmax)."""
+    tmp, out, samples = quantized
+    exported = tmp / f"cvm-{device}"
+    assert main(["export", str(tmp / "q"), "--format", "cvm", "-o", str(exported)]) == 0
+    scale = json.loads((tmp / "q" / "quantization.json").read_text())["inputs"]["x"]["scale"]
+    folder = load_graph(tmp / "q")
+    for x in samples[:4]:
+        xi = quantize("x", x, scale, 8).astype(np.int8)
+        got = run_exported(exported / "symbol.json", exported / "params", xi, device)
+        assert np.array_equal(got, reference_run(folder, {"x": xi})[out].ravel())
 
 
 @pytest.mark.parametrize("target", ["llvm", "cuda"])
