@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from cvmc.errors import CvmcError, OpRuleError
+from cvmc.frontend.container import file_in_folder
 from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import OpDef, lookup
@@ -120,9 +121,13 @@ def _load_json(path: Path) -> Any:
 
 
 def _default_params(path: Path) -> Path | None:
-    for candidate in (path.with_suffix(".params"), path.parent / "params"):
-        if candidate.is_file():
-            return candidate
+    """The params file found beside a graph JSON (`<stem>.params`, else `params`): like a
+    folder's weights, it must stay inside the JSON's folder, symlinks included."""
+    root = path.resolve().parent
+    for name in (path.with_suffix(".params").name, "params"):
+        found = file_in_folder(root, name, "params file")
+        if found is not None:
+            return found
     return None
 
 

@@ -198,6 +198,21 @@ def test_missing_params_makes_weights_inputs_without_precision(tmp_path: Path) -
         load_graph(path)
 
 
+@pytest.mark.parametrize("name", ["m.params", "params"])
+def test_params_found_beside_the_json_stay_in_its_folder(tmp_path: Path, name: str) -> None:
+    # a params file found by name is the folder's, as a weight file is: a link to
+    # outside is refused (the user's own --params may point anywhere)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "real.params").write_bytes(_conv_params())
+    (tmp_path / "model").mkdir()
+    path = _write(tmp_path / "model", _conv_doc(), b"")
+    (tmp_path / "model" / "m.params").unlink()
+    (tmp_path / "model" / name).symlink_to(tmp_path / "elsewhere" / "real.params")
+    with pytest.raises(CvmcError, match="params file .* resolves outside the model folder"):
+        load_graph(path)
+    assert load_graph(path, params=tmp_path / "elsewhere" / "real.params").constants
+
+
 @pytest.mark.parametrize("text,kind,value", [
     ("(1, 1)", "ints", [1, 1]), ("[1,2]", "ints", [1, 2]), ("(3,)", "ints", [3]),
     ("()", "ints", []), ("True", "bool", True), ("false", "bool", False), ("0", "bool", False),
