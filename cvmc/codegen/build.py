@@ -25,16 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from cvmc.codegen.cache import KernelCache, KernelObject, kernel_key
+from cvmc.codegen.cache import KernelCache, KernelObject, entry_key
 from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
 from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
-from cvmc.lowering.rules import SCALAR_RULE, schedule_and_build, schedule_llvm
+from cvmc.lowering.rules import SCALAR_RULE, SCHEDULE_TABLE, schedule_and_build, schedule_llvm
 from cvmc.lowering.schedule import cuda_target, reads_own_output
 from cvmc.passes.target import Target, host_cpu
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 KERNELS_PER_WORKER = 6
+# The schedule rules a cached kernel may carry, and the backend shim's entry: its "rule"
+# and the one function it exports (`__tvm_ffi_cvmc_shim_stats`, shim.py).
+KERNEL_RULES = frozenset(rule.name for rule in [*SCHEDULE_TABLE, SCALAR_RULE])
+SHIM_RULE, SHIM_SYMBOLS = "backend-shim", ("cvmc_shim_stats",)
 
 
 @dataclass
@@ -107,8 +111,9 @@ def _shim_key() -> str:
     import tvm_ffi
 
     gcc = subprocess.run(["gcc", "--version"], check=False, capture_output=True, text=True)
-    return kernel_key(SHIM_C, {"command": _gcc_command(Path("shim.c"), Path("shim.o")),
-                               "gcc": gcc.stdout, "tvm_ffi": tvm_ffi.__version__})
+    return entry_key("shim", SHIM_SYMBOLS, SHIM_C,
+                     {"command": _gcc_command(Path("shim.c"), Path("shim.o")),
+                      "gcc": gcc.stdout, "tvm_ffi": tvm_ffi.__version__})
 
 
 # The compiled shim, kept for the rest of the process (for compiles without the cache).
@@ -119,7 +124,7 @@ def _cached_shim(cache: KernelCache | None) -> bytes | None:
     """The backend shim's object as `cache` or this process keeps it (stored in `cache`
     when only the process had it), or None: it is the same C for every model, and gcc
     takes 0.3-0.6 s to compile it."""
-    entry = cache.load(_shim_key()) if cache else None
+    entry = cache.load(_shim_key(), {SHIM_RULE}) if cache else None
     if entry is not None:
         return entry.obj
     obj = _SHIM_OBJECT.get(_shim_key())
@@ -130,7 +135,7 @@ def _keep_shim(cache: KernelCache | None, obj: bytes) -> bytes:
     """`obj`, the compiled shim, kept for this process and in `cache`."""
     _SHIM_OBJECT[_shim_key()] = obj
     if cache:
-        cache.store(_shim_key(), KernelObject(obj, "backend-shim"))
+        cache.store(_shim_key(), KernelObject(obj, SHIM_RULE))
     return obj
 
 
@@ -172,8 +177,9 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
     warn_if_not_host(target.mcpu, host_cpu(), features)
     built_for = {**target.describe(), "features": features}
     funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
-    keys = {s: kernel_key(f.script(), built_for) for s, f in funcs.items()} if cache else {}
-    kernels = {s: cache.load(keys[s]) for s in funcs} if cache else {}
+    keys = {s: entry_key("kernel", [s], f.script(), built_for)
+            for s, f in funcs.items()} if cache else {}
+    kernels = {s: cache.load(keys[s], KERNEL_RULES) for s in funcs} if cache else {}
     kernels = {s: k for s, k in kernels.items() if k is not None}
     for symbol in kernels:
         if on_kernel:
