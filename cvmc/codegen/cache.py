@@ -16,9 +16,11 @@ another cvmc, TVM, LLVM or gcc, built for another CPU (`--mcpu`), or of the othe
 key (`entry_key`: kind, the symbols it defines, sha256 of its source, the target, CPU and
 LLVM features it was built for, the versions of cvmc, TVM, LLVM and the schedules),
 the schedule rule it got and its object's sha256. `load` uses an entry only when that
-key is the one asked for, field by field, its rule is one the caller knows and the
-object matches its checksum; any other entry is ignored, rebuilt and overwritten. The
-file's name (a digest of the key) only finds the entry; it proves nothing.
+key is the one asked for, field by field, its rule is one the caller knows, the object
+matches its checksum and defines the functions the key names and no other global
+symbol (so it links beside the others); any other entry is ignored, rebuilt and
+overwritten. The file's name (a digest of the key) only finds the entry; it proves
+nothing.
 
 An entry is written to a temporary file in the folder and renamed into place, so a
 reader sees a whole entry or none, and compiles sharing the folder at the same time
@@ -40,6 +42,10 @@ from pathlib import Path
 CACHE_ENV = "CVMC_CACHE_DIR"
 MAGIC = b"cvmc-kernel-2\n"
 _HEADER = struct.Struct("<I")  # length of the JSON header that follows MAGIC
+# ELF64: a section header, a symbol, the symbol table's section type, a global binding
+_SECTION = struct.Struct("<IIQQQQIIQQ")
+_SYMBOL = struct.Struct("<IBBHQQ")
+_SHT_SYMTAB, _STB_GLOBAL = 2, 1
 
 
 def cache_folder() -> Path | None:
@@ -81,6 +87,27 @@ def entry_key(kind: str, symbols: Collection[str], source: str, built_for: dict)
                        "built_for": built_for, "versions": _versions()}, sort_keys=True)
 
 
+def exported_symbols(obj: bytes) -> set[str]:
+    """The global symbols an ELF64 little-endian object file defines (weak and local ones
+    aside): what it adds to a library, and could define twice there. A ValueError,
+    struct.error or IndexError when it is not such a file."""
+    if obj[:6] != b"\x7fELF\x02\x01":
+        raise ValueError("not an ELF64 little-endian object")
+    (shoff,) = struct.unpack_from("<Q", obj, 0x28)
+    (shnum,) = struct.unpack_from("<H", obj, 0x3C)
+    sections = [_SECTION.unpack_from(obj, shoff + i * _SECTION.size) for i in range(shnum)]
+    found = set()
+    for _, kind, _, _, offset, size, link, *_ in sections:
+        if kind != _SHT_SYMTAB:
+            continue
+        names = sections[link][4]  # the string table's offset
+        for i in range(offset, offset + size, _SYMBOL.size):
+            name, info, _, shndx, _, _ = _SYMBOL.unpack_from(obj, i)
+            if info >> 4 == _STB_GLOBAL and shndx != 0:  # defined here, not weak
+                found.add(obj[names + name:obj.index(b"\0", names + name)].decode())
+    return found
+
+
 @dataclass(frozen=True)
 class KernelObject:
     """A kernel compiled to an object file, and the schedule rule it got."""
@@ -102,7 +129,8 @@ class KernelCache:
     def load(self, key: str, rules: Collection[str]) -> KernelObject | None:
         """The entry of `key`, or None when there is none or it is not exactly that: its
         header must hold `key` itself and a rule among `rules`, and its object must match
-        the header's checksum (module docstring)."""
+        the header's checksum and define (strongly) the functions of the key's symbols
+        and no other (module docstring)."""
         try:
             data = self._path(key).read_bytes()
         except OSError:
@@ -115,10 +143,12 @@ class KernelCache:
             header = json.loads(data[start:start + size])
             obj = data[start + size:]
             if (header["key"] != key or header["rule"] not in rules
-                    or hashlib.sha256(obj).hexdigest() != header["sha256"]):
+                    or hashlib.sha256(obj).hexdigest() != header["sha256"]
+                    or exported_symbols(obj) != {f"__tvm_ffi_{symbol}"
+                                                 for symbol in json.loads(key)["symbols"]}):
                 return None
             return KernelObject(obj, header["rule"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, IndexError, struct.error):
             return None
 
     def store(self, key: str, kernel: KernelObject) -> None:

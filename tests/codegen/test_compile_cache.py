@@ -258,17 +258,31 @@ def test_concurrent_compiles_share_one_cache(tmp_path, monkeypatch):
     assert zipfile.ZipFile(tmp_path / "warm.cvmx").read("kernels.so") == libraries[0]
 
 
+def c_object(tmp_path, *functions: str, weak: str = "") -> bytes:
+    """An object file gcc compiles that defines `__tvm_ffi_<name>` for each of `functions`
+    (and, weakly, `weak`)."""
+    lines = [f"int __tvm_ffi_{name}(void) {{ return 0; }}" for name in functions]
+    if weak:
+        lines.append(f"__attribute__((weak)) int {weak} = 1;")
+    source = tmp_path / "f.c"
+    source.write_text("\n".join([*lines, "static int helper(void) { return 1; }", ""]))
+    subprocess.run(["gcc", "-c", "-fPIC", str(source), "-o", str(tmp_path / "f.o")],
+                   check=True)
+    return (tmp_path / "f.o").read_bytes()
+
+
 def test_cache_entry_round_trip_and_damage(tmp_path):
-    store = cache.KernelCache(tmp_path)
-    kernel = cache.KernelObject(b"\x7fELF" + bytes(range(256)), "cpu-default")
+    store = cache.KernelCache(tmp_path / "cache")
+    kernel = cache.KernelObject(c_object(tmp_path, "k0", weak="__TVMBackendAllocWorkspace"),
+                                "cpu-default")
     key = cache.entry_key("kernel", ["k0"], "kernel A", {"kind": "llvm"})
     store.store(key, kernel)
     assert store.load(key, {"cpu-default"}) == kernel
     assert store.load(key, {"cpu-scalar"}) is None  # a rule the caller does not know
     assert store.load(cache.entry_key("kernel", ["k0"], "kernel B", {"kind": "llvm"}),
                       {"cpu-default"}) is None
-    path = next(p for p in tmp_path.rglob("*") if p.is_file())
-    assert not [p for p in tmp_path.rglob(".tmp-*")]  # the temporary file was renamed
+    path = next(p for p in (tmp_path / "cache").rglob("*") if p.is_file())
+    assert not list((tmp_path / "cache").rglob(".tmp-*"))  # the temporary file was renamed
     for damaged in (b"", path.read_bytes()[:10], b"x" + path.read_bytes()[1:],
                     path.read_bytes()[:-1]):
         path.write_bytes(damaged)
@@ -277,8 +291,8 @@ def test_cache_entry_round_trip_and_damage(tmp_path):
 
 def test_entry_under_another_keys_name_is_refused(tmp_path):
     """An entry copied to the file name of another key (of any field) is not that key's."""
-    store = cache.KernelCache(tmp_path)
-    kernel = cache.KernelObject(b"\x7fELF object", "cpu-default")
+    store = cache.KernelCache(tmp_path / "cache")
+    kernel = cache.KernelObject(c_object(tmp_path, "k0"), "cpu-default")
     fields = ("kernel", ["k0"], "kernel A", {"kind": "llvm", "mcpu": "znver3"})
     key = cache.entry_key(*fields)
     store.store(key, kernel)
@@ -291,6 +305,18 @@ def test_entry_under_another_keys_name_is_refused(tmp_path):
         store._path(other).write_bytes(store._path(key).read_bytes())
         assert store.load(other, {"cpu-default"}) is None
     assert store.load(key, {"cpu-default"}) == kernel
+
+
+@pytest.mark.parametrize("functions", [(), ("k1",), ("k0", "k1")])
+def test_entry_whose_object_defines_other_symbols_is_refused(tmp_path, functions):
+    """An entry whose header is right but whose object defines other functions than its key
+    names (none, another, one more) would not link, or link the wrong code: refused."""
+    store = cache.KernelCache(tmp_path / "cache")
+    key = cache.entry_key("kernel", ["k0"], "kernel A", {"kind": "llvm"})
+    store.store(key, cache.KernelObject(c_object(tmp_path, *functions), "cpu-default"))
+    assert store.load(key, {"cpu-default"}) is None
+    store.store(key, cache.KernelObject(b"not an object file", "cpu-default"))
+    assert store.load(key, {"cpu-default"}) is None
 
 
 def test_cache_key_follows_kernel_and_target():
