@@ -31,12 +31,15 @@ def die_with_parent(parent: int) -> None:
 
 
 def die_with_server() -> None:
-    """In a worker the server forked: die with the server."""
-    die_with_parent(SERVER)
+    """In a worker the server forked: die with the server. (A worker of a server this
+    module did not start, one the program had started before cvmc, keeps the default.)"""
+    if SERVER is not None:
+        die_with_parent(SERVER)
 
 
 # Imported by the server first: its pid, for its workers (they inherit it), and its tie
-# to its parent. (Imported by the compiling process too, where PARENT_ENV is not set yet.)
-SERVER = os.getpid()
+# to its parent. (Imported by the compiling process too, where PARENT_ENV is not set.)
+SERVER = None
 if PARENT_ENV in os.environ:
+    SERVER = os.getpid()
     die_with_parent(int(os.environ.pop(PARENT_ENV)))
