@@ -97,6 +97,16 @@ def test_cold_warm_and_jobs_give_the_same_library(tmp_path, monkeypatch):
     assert one == cold == warm
 
 
+def built_here(monkeypatch) -> list:
+    """The symbols of the kernels this process compiles from here on (the cache did not
+    serve them, and no worker took them)."""
+    built = []
+    real = build.compile_kernel
+    monkeypatch.setattr(build, "compile_kernel",
+                        lambda f, t: built.append(str(f.attrs["global_symbol"])) or real(f, t))
+    return built
+
+
 def test_damaged_entries_are_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
     first = compiled(tmp_path, "first", jobs=1)
@@ -107,10 +117,7 @@ def test_damaged_entries_are_rebuilt(tmp_path, monkeypatch):
     data[-1] ^= 0xFF  # one bit pattern of the object changed
     entries[1].write_bytes(bytes(data))
     entries[2].write_bytes(b"")
-    rebuilt = []
-    real = build.compile_kernel
-    monkeypatch.setattr(build, "compile_kernel",
-                        lambda f, t: rebuilt.append(str(f.attrs["global_symbol"])) or real(f, t))
+    rebuilt = built_here(monkeypatch)
     assert compiled(tmp_path, "again", jobs=1) == first
     assert len(rebuilt) == 3
     refuse_builds(monkeypatch)  # and the rebuilt entries were written back whole
@@ -126,15 +133,6 @@ def entries_by_symbol(folder, symbols) -> dict:
             if path.is_file() and f"__tvm_ffi_{symbol}\0".encode() in path.read_bytes():
                 found[symbol] = path
     return found
-
-
-def rebuilt_count(monkeypatch) -> list:
-    """The symbols of the kernels compiled from here on (as the cache did not serve them)."""
-    rebuilt = []
-    real = build.compile_kernel
-    monkeypatch.setattr(build, "compile_kernel",
-                        lambda f, t: rebuilt.append(str(f.attrs["global_symbol"])) or real(f, t))
-    return rebuilt
 
 
 def symbols_of(built: tuple[bytes, bytes]) -> set[str]:
@@ -157,7 +155,7 @@ def test_another_models_kernel_under_an_entry_name_is_rebuilt(tmp_path, monkeypa
     assert len(changed) == 1  # the conv kernel: the pool and the sum are the same
     ours[changed[0]].write_bytes(theirs[changed[0]].read_bytes())
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "ours"))
-    rebuilt = rebuilt_count(monkeypatch)
+    rebuilt = built_here(monkeypatch)
     assert compiled(tmp_path, "again", jobs=1) == first
     assert rebuilt == changed
     refuse_builds(monkeypatch)  # and its entry was overwritten with the right one
@@ -180,7 +178,7 @@ def test_entries_of_another_cpu_are_rebuilt(tmp_path, monkeypatch):
     for symbol in symbols:
         ours[symbol].write_bytes(theirs[symbol].read_bytes())
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "ours"))
-    rebuilt = rebuilt_count(monkeypatch)
+    rebuilt = built_here(monkeypatch)
     assert compiled(tmp_path, "again", first, jobs=1) == first
     assert sorted(rebuilt) == sorted(symbols)
 
@@ -197,7 +195,7 @@ def test_shim_and_kernel_entries_swapped_are_rebuilt(tmp_path, monkeypatch, fres
     shim.write_bytes(kernel_bytes)
     kernel.write_bytes(shim_bytes)
     monkeypatch.setattr(build, "_SHIM_OBJECT", {})  # a new process: the cache alone has it
-    rebuilt = rebuilt_count(monkeypatch)
+    rebuilt = built_here(monkeypatch)
     assert compiled(tmp_path, "again", first, jobs=1) == first
     assert rebuilt == [symbol] and fresh_shim.count("shim") == 2
     assert (shim.read_bytes(), kernel.read_bytes()) == (shim_bytes, kernel_bytes)
@@ -224,7 +222,7 @@ def test_entries_with_a_rule_not_a_cpu_rule_are_rebuilt(tmp_path, monkeypatch, r
     first = compiled(tmp_path, "first", jobs=1)
     for path in entries_by_symbol(tmp_path / "cache", symbols_of(first)).values():
         edit_header(path, rule=rule)
-    rebuilt = rebuilt_count(monkeypatch)
+    rebuilt = built_here(monkeypatch)
     assert compiled(tmp_path, "again", first, jobs=1) == first
     assert sorted(rebuilt) == sorted(symbols_of(first))
 
@@ -485,10 +483,7 @@ def test_compiling_process_builds_the_small_kernels_beside_the_workers(tmp_path,
     monkeypatch.setenv("CVMC_CACHE_DIR", "")
     alone = compiled(tmp_path, "alone", jobs=1)
     monkeypatch.setattr(build, "KERNELS_PER_WORKER", 1)
-    here = []
-    real = build.compile_kernel
-    monkeypatch.setattr(build, "compile_kernel",
-                        lambda f, t: here.append(str(f.attrs["global_symbol"])) or real(f, t))
+    here = built_here(monkeypatch)
     assert compiled(tmp_path, "both", jobs=2) == alone
     target = Target.make("llvm")
     graph = pipeline.run_pipeline(blocks_graph(), target=target)
