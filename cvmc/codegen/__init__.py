@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from cvmc.errors import CvmcError, check_argument
 from cvmc.ir import Graph
-from cvmc.passes.target import Target
+from cvmc.passes.target import Target, compiler_tvm
 
 if TYPE_CHECKING:
     from cvmc.codegen.build import Built
@@ -90,6 +90,7 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
             raise CvmcError("compile: give mcpu and arch to Target.make, not beside a Target")
     else:
         target = Target.make(target, mcpu, arch)
+    compiler_tvm()  # a clear error now if TVM cannot compile (Target.make asks it for llvm)
     if target.kind == "cuda":
         check_cuda_arch(target)
     writable_file(output, "artifact")  # before the work, not after it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import re
 import shutil
@@ -20,21 +21,26 @@ import tempfile
 import types
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from cvmc.codegen.cache import KernelCache, KernelObject, kernel_key
+from cvmc.codegen.cache import KernelCache, KernelObject, entry_key
 from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
+from cvmc.codegen.lifeline import PARENT_ENV, die_with_server
 from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
-from cvmc.lowering.rules import SCALAR_RULE, schedule_and_build, schedule_llvm
+from cvmc.lowering.rules import SCALAR_RULE, SCHEDULE_TABLE, schedule_and_build, schedule_llvm
 from cvmc.lowering.schedule import cuda_target, reads_own_output
 from cvmc.passes.target import Target, host_cpu
 
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 KERNELS_PER_WORKER = 6
+# The schedule rules a cached kernel may carry, and the backend shim's entry: its "rule"
+# and the one function it exports (`__tvm_ffi_cvmc_shim_stats`, shim.py).
+KERNEL_RULES = frozenset(rule.name for rule in [*SCHEDULE_TABLE, SCALAR_RULE])
+SHIM_RULE, SHIM_SYMBOLS = "backend-shim", ("cvmc_shim_stats",)
 
 
 @dataclass
@@ -107,8 +113,9 @@ def _shim_key() -> str:
     import tvm_ffi
 
     gcc = subprocess.run(["gcc", "--version"], check=False, capture_output=True, text=True)
-    return kernel_key(SHIM_C, {"command": _gcc_command(Path("shim.c"), Path("shim.o")),
-                               "gcc": gcc.stdout, "tvm_ffi": tvm_ffi.__version__})
+    return entry_key("shim", SHIM_SYMBOLS, SHIM_C,
+                     {"command": _gcc_command(Path("shim.c"), Path("shim.o")),
+                      "gcc": gcc.stdout, "tvm_ffi": tvm_ffi.__version__})
 
 
 # The compiled shim, kept for the rest of the process (for compiles without the cache).
@@ -119,7 +126,7 @@ def _cached_shim(cache: KernelCache | None) -> bytes | None:
     """The backend shim's object as `cache` or this process keeps it (stored in `cache`
     when only the process had it), or None: it is the same C for every model, and gcc
     takes 0.3-0.6 s to compile it."""
-    entry = cache.load(_shim_key()) if cache else None
+    entry = cache.load(_shim_key(), {SHIM_RULE}) if cache else None
     if entry is not None:
         return entry.obj
     obj = _SHIM_OBJECT.get(_shim_key())
@@ -130,7 +137,7 @@ def _keep_shim(cache: KernelCache | None, obj: bytes) -> bytes:
     """`obj`, the compiled shim, kept for this process and in `cache`."""
     _SHIM_OBJECT[_shim_key()] = obj
     if cache:
-        cache.store(_shim_key(), KernelObject(obj, "backend-shim"))
+        cache.store(_shim_key(), KernelObject(obj, SHIM_RULE))
     return obj
 
 
@@ -172,8 +179,9 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
     warn_if_not_host(target.mcpu, host_cpu(), features)
     built_for = {**target.describe(), "features": features}
     funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
-    keys = {s: kernel_key(f.script(), built_for) for s, f in funcs.items()} if cache else {}
-    kernels = {s: cache.load(keys[s]) for s in funcs} if cache else {}
+    keys = {s: entry_key("kernel", [s], f.script(), built_for)
+            for s, f in funcs.items()} if cache else {}
+    kernels = {s: cache.load(keys[s], KERNEL_RULES) for s in funcs} if cache else {}
     kernels = {s: k for s, k in kernels.items() if k is not None}
     for symbol in kernels:
         if on_kernel:
@@ -190,8 +198,10 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
         signature = None if plan is None else gcc(
             signature_source(signature_json(built_for, kernel_signatures(mod, plan))),
             "signature", "the library signature")
-        for symbol, kernel in _compile_kernels(missing, target, jobs or compile_jobs(),
-                                               on_kernel):
+        # closed on any error here too, so its workers stop now, not at garbage collection
+        building = stack.enter_context(closing(_compile_kernels(
+            missing, target, jobs or compile_jobs(), on_kernel)))
+        for symbol, kernel in building:
             kernels[symbol] = kernel
             if cache:
                 cache.store(keys[symbol], kernel)
@@ -225,18 +235,38 @@ def start_workers(kernels: int, jobs: int | None = None) -> None:
     kernels may use workers (`_compile_kernels`): it imports TVM and the schedules (2-3 s
     of CPU) in the background while the passes and lowering run in this process."""
     if min(jobs or compile_jobs(), kernels // KERNELS_PER_WORKER) > 1:
-        _worker_context()
-        multiprocessing.forkserver.ensure_running()
+        _start_server()
 
 
 def _worker_context():
     """The workers' multiprocessing context: each worker forks from a fork server that has
     imported this module (TVM and the schedule table) once, for every compile of this
     process. Not forked from the compiling process itself (TVM's threads and state do not
-    survive a fork), nor spawned (each worker would import TVM again: 2-3 s)."""
+    survive a fork), nor spawned (each worker would import TVM again: 2-3 s). The server
+    imports `cvmc.codegen.lifeline` first: it dies with the thread that started it, and
+    its workers with it (`_start_server`)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload(["cvmc.codegen.lifeline", __name__])
     return context
+
+
+def _start_server() -> None:
+    """Start the workers' fork server (and multiprocessing's resource tracker), unless
+    running, from this thread: the server dies when this thread ends (a later compile
+    starts another). They start with Ctrl-C blocked, and so do the workers the server
+    forks: the terminal sends Ctrl-C to the whole process group, and the compiling
+    process alone handles it, dropping the kernels not started yet, so the user sees
+    `cvmc: interrupted` rather than a traceback from a helper."""
+    _worker_context()
+    # the tracker first: its own start unblocks SIGINT (it ignores SIGINT by itself)
+    multiprocessing.resource_tracker.ensure_running()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    os.environ[PARENT_ENV] = str(os.getpid())
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        del os.environ[PARENT_ENV]
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _compile_kernels(funcs: dict, target: Target, jobs: int,
@@ -261,8 +291,9 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
     texts = dict(sorted(((symbol, tvm.ir.save_json(func)) for symbol, func in funcs.items()),
                         key=lambda pair: -len(pair[1])))
     order, pending = list(texts), {}
+    _start_server()  # (if not yet) from this thread, not the short-lived one below
     pool = ProcessPoolExecutor(jobs - 1, mp_context=_worker_context(),
-                               initializer=_ignore_interrupt)
+                               initializer=die_with_server)
 
     def submit(symbol: str):
         with _main_module_hidden():  # a submit may start a worker
@@ -270,10 +301,10 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
 
     # The first submit starts a worker, which waits for the fork server to have imported
     # TVM: a thread waits for it, while this process builds kernels.
-    with ThreadPoolExecutor(1) as thread:
-        first = order.pop(0)
-        starting = thread.submit(submit, first)
-        try:
+    try:
+        with ThreadPoolExecutor(1) as thread:
+            first = order.pop(0)
+            starting = thread.submit(submit, first)
             while order or pending or starting:
                 if starting and starting.done():
                     pending[starting.result()] = first
@@ -296,9 +327,11 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
                     yield symbol, kernel
                     if on_kernel:
                         on_kernel(symbol)
-        finally:
-            # On an error or Ctrl-C the kernels not started yet are dropped, not waited for.
-            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        # On an error or Ctrl-C (wherever it comes) the kernels not started yet are dropped,
+        # not waited for, and the pool lets go of its queues: an interrupted compile exits
+        # with no worker left and no semaphore for the resource tracker to report.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @contextmanager
@@ -313,13 +346,6 @@ def _main_module_hidden():
         yield
     finally:
         sys.modules["__main__"] = main
-
-
-def _ignore_interrupt() -> None:
-    """A worker ignores Ctrl-C (which the terminal sends to the whole process group): the
-    compiling process alone handles it, dropping the kernels not started yet, so the user
-    sees `cvmc: interrupted` rather than a traceback per worker."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def compile_kernel_json(func_json: str, target: Target) -> KernelObject:

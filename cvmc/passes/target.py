@@ -82,17 +82,41 @@ class Target:
             else {"kind": "cuda", "arch": self.arch}
 
 
+def compiler_tvm():
+    """`tvm`, with its compiler library loaded: the first thing compiling asks of TVM. TVM
+    falls back to its runtime alone, without a word, when that library does not load,
+    and its first compiler function is then missing: a CvmcError says so instead, as
+    running out of memory when the process has an address-space limit (`ulimit -v`),
+    which that 260 MB library is the first to hit."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    within = "" if limit == resource.RLIM_INFINITY else (
+        f" within this process's address-space limit of {limit >> 20} MiB (ulimit -v); "
+        "raise it")
+    try:
+        import tvm
+    except MemoryError:
+        raise CvmcError(f"out of memory loading TVM{within}") from None
+    if "tvm_compiler" not in tvm.base._LOADED_LIBS:
+        if within:
+            raise CvmcError(f"out of memory: TVM's compiler library does not load{within}")
+        raise CvmcError("TVM's compiler library (libtvm_compiler.so) does not load: this "
+                        "TVM can only run models; reinstall apache-tvm")
+    return tvm
+
+
 @functools.cache
 def host_cpu() -> str:
     """The host CPU's LLVM name (never LLVM's generic fallback)."""
-    import tvm
+    tvm = compiler_tvm()
     return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mcpu"])
 
 
 @functools.cache
 def llvm_features(mcpu: str) -> frozenset[str]:
     """The features LLVM enables for `mcpu`."""
-    import tvm
+    tvm = compiler_tvm()
     from tvm.target import codegen
 
     return frozenset(str(f) for f in codegen.llvm_get_cpu_features(
@@ -101,7 +125,7 @@ def llvm_features(mcpu: str) -> frozenset[str]:
 
 def _check_cpu(mcpu: str) -> None:
     """Reject a CPU name LLVM does not know (it would silently fall back to generic)."""
-    import tvm
+    tvm = compiler_tvm()
     from tvm.target import codegen
 
     triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
