@@ -41,3 +41,52 @@ def test_tvm_without_its_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.delitem(tvm.base._LOADED_LIBS, "tvm_compiler")
     with pytest.raises(CvmcError, match="reinstall apache-tvm"):
         target.compiler_tvm()
+
+
+@pytest.mark.parametrize("failure", [MemoryError(),
+                                     RuntimeError("InternalError: std::bad_alloc")])
+def test_a_failed_allocation_anywhere_is_one_line(monkeypatch, capsys, failure):
+    """Under other limits the allocation fails elsewhere: in Python (MemoryError) or in
+    TVM's C++ (its InternalError of std::bad_alloc), each one line, exit 1."""
+    from cvmc import cli
+
+    def run(args):
+        raise failure
+
+    monkeypatch.setattr(cli, "cmd_check", run)
+    assert cli.main(["check", str(EXAMPLE)]) == 1
+    assert capsys.readouterr().err == f"error: {cli.OUT_OF_MEMORY}\n"
+
+
+def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
+    from cvmc import cli
+
+    def run(args):
+        raise RuntimeError("something else")
+
+    monkeypatch.setattr(cli, "cmd_check", run)
+    with pytest.raises(RuntimeError, match="something else"):
+        cli.main(["check", str(EXAMPLE)])
+
+
+_FAILING_REPORT = """
+from cvmc import cli
+
+def main():
+    try:
+        raise MemoryError
+    except MemoryError:
+        raise KeyError("reporting the error needed memory too")
+
+cli.main = main
+cli.entry()
+"""
+
+
+def test_memory_too_short_to_report_an_error_still_ends_in_one_line():
+    # near the limit, printing the message fails as well: the chain ends in another error
+    proc = subprocess.run([sys.executable, "-c", _FAILING_REPORT], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, check=False)
+    from cvmc.cli import OUT_OF_MEMORY
+
+    assert (proc.returncode, proc.stderr) == (1, f"error: {OUT_OF_MEMORY}\n")

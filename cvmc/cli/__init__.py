@@ -204,6 +204,22 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+OUT_OF_MEMORY = ("out of memory (an allocation failed; if an address-space limit is set, "
+                 "`ulimit -v`, raise it)")
+
+
+_OUT_OF_MEMORY_LINE = f"error: {OUT_OF_MEMORY}\n".encode()
+
+
+def _out_of_memory(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised while handling, is a MemoryError."""
+    while error is not None:
+        if isinstance(error, MemoryError):
+            return True
+        error = error.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `cvmc` console script. Exit codes: 0 success, 1 error (one
     message, never a traceback), 2 usage (argparse), 130 interrupted (SIGINT / SIGTERM)."""
@@ -224,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
     except UnicodeError as e:
         print(f"error: cannot decode text ({e})", file=sys.stderr)
+    except MemoryError:
+        print(f"error: {OUT_OF_MEMORY}", file=sys.stderr)
+    except RuntimeError as e:  # TVM's C++ raises a failed allocation as its InternalError
+        if "std::bad_alloc" not in str(e):
+            raise
+        print(f"error: {OUT_OF_MEMORY}", file=sys.stderr)
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 1
@@ -232,8 +254,16 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The `cvmc` command: exit with main's code. An interrupt exits with 130 at once (its
     temporary files are already removed): at interpreter shutdown TVM's FFI may re-raise
-    the interrupt as SIGINT, which turned 130 into death by signal (-2)."""
-    code = main()
+    the interrupt as SIGINT, which turned 130 into death by signal (-2). Memory so short
+    that reporting an error fails too ends with the one out-of-memory line, written
+    without allocating, and no interpreter shutdown (which would fail the same way)."""
+    try:
+        code = main()
+    except BaseException as e:
+        if not _out_of_memory(e):
+            raise
+        os.write(2, _OUT_OF_MEMORY_LINE)
+        os._exit(1)
     if code == 130:
         sys.stdout.flush()
         sys.stderr.flush()
