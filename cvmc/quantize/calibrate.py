@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cvmc.errors import CvmcError
-from cvmc.quantize.layers import Layers, run_float
+from cvmc.quantize.layers import Layers, run_float, unsupported
 
 METHODS = ("absmax", "percentile", "lambda")
 _KEEP = 1 << 16  # values kept per tensor per sample for the percentile
@@ -86,12 +86,18 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
 
 
 def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
-    """Statistics of every input and layer output over the first `count` samples."""
+    """Statistics of every input and layer output over the first `count` samples; a layer
+    output that is not finite (the float model overflows float32) is an error."""
     g = layers.graph
     names = [*g.inputs, *(n.name for n in g.nodes)]
     stats = {name: Stats() for name in names}
     for k in range(count):
         env = run_float(layers, {n: samples[n][k] for n in g.inputs})
         for name in names:
+            bad = env[name][~np.isfinite(env[name])]
+            if bad.size:
+                node = next(n for n in g.nodes if n.name == name)  # inputs are finite
+                raise unsupported(node, f"its float output holds {bad[0]} on calibration "
+                                        f"sample {k} (float32 overflows): no scale covers it")
             stats[name].add(env[name])
     return stats

@@ -27,3 +27,49 @@ def test_an_all_zero_tensor_still_has_a_scale():
     stats = Stats()
     stats.add(np.zeros((2, 3)))
     assert stats.threshold("absmax", 0, 0) == 1.0
+
+
+def _net(tmp, nodes, inits):
+    """A float ONNX model of input x [1, 2, 4, 4] and output y, in tmp/net.onnx."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+    graph = helper.make_graph(
+        nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 2, 4, 4))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp / "net.onnx")
+    return tmp / "net.onnx"
+
+
+def _conv(w):
+    from onnx import helper
+    return [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"w": w}
+
+
+def _square():
+    from onnx import helper
+    return [helper.make_node("Mul", ["x", "x"], ["y"])], {}
+
+
+@pytest.mark.parametrize("net, magnitude, layer", [
+    (lambda: _conv(np.full((3, 2, 3, 3), 1e38, np.float32)), 1.0, "layer 'y' (conv)"),
+    # +1e38 and -1e38 taps: inf - inf
+    (lambda: _conv(np.where(np.arange(54).reshape(3, 2, 3, 3) % 2, 1e38, -1e38)
+                   .astype(np.float32)), 1e3, "layer 'y' (conv)"),
+    (_square, 1e20, "layer 'y' (mul)"),
+])
+def test_overflow_in_the_float_model_is_one_error_line(tmp_path, capsys, net, magnitude,
+                                                       layer):
+    """Issue 29 item 4: a float model that overflows float32 on the calibration samples
+    has no scale; the error names the layer and says why (it was an assert)."""
+    pytest.importorskip("nnef_tools")
+    from cvmc.cli import main
+    path = _net(tmp_path, *net())
+    xs = np.random.default_rng(0).standard_normal((2, 1, 2, 4, 4)) * magnitude
+    np.save(tmp_path / "x.npy", xs.astype(np.float32))
+    assert main(["quantize", str(path), "-o", str(tmp_path / "q"),
+                 "--calib", f"x={tmp_path / 'x.npy'}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and layer in err and "float32 overflows" in err, err
