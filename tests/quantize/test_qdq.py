@@ -280,3 +280,149 @@ def test_errors(tmp_path, capsys):
     onnx.save(float_net(), tmp_path / "float.onnx")
     _one_error(capsys, ["quantize", str(tmp_path / "float.onnx"), "-o", str(tmp_path / "c")],
                "--calib: no samples for input 'x'")
+
+
+# ---- bad quantized models: one line naming the node, exit 1 (issue 29 item 3) -----------
+def _init(model, name, value):
+    """Replace initializer `name` of `model` by `value`."""
+    t = next(t for t in model.graph.initializer if t.name == name)
+    t.CopyFrom(numpy_helper.from_array(np.asarray(value), name))
+
+
+def _node(model, output):
+    return next(n for n in model.graph.node if n.output[0] == output)
+
+
+def _attr(model, output, **attrs):
+    _node(model, output).attribute.extend(helper.make_attribute(k, v) for k, v in attrs.items())
+
+
+def qdq_conv_net(axis=None):
+    """x -> Q/DQ (s8) -> Conv by an int8 weight through DequantizeLinear (per channel on
+    `axis` when given) -> Q/DQ (s8), written with onnx.helper."""
+    r = np.random.default_rng(3)
+    w = r.integers(-127, 128, (3, 2, 3, 3)).astype(np.int8)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(0, np.int8), "w": w,
+             "ws": np.array(0.003 if axis is None else [0.003, 0.002, 0.004], np.float32),
+             "wz": np.zeros(() if axis is None else 3, np.int8),
+             "ys": np.array(0.1, np.float32), "yz": np.array(0, np.int8)}
+    q, dq = "QuantizeLinear", "DequantizeLinear"
+    nodes = [helper.make_node(q, ["x", "xs", "xz"], ["xq"]),
+             helper.make_node(dq, ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node(dq, ["w", "ws", "wz"], ["wd"],
+                              **({} if axis is None else {"axis": axis})),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node(q, ["c", "ys", "yz"], ["cq"]),
+             helper.make_node(dq, ["cq", "ys", "yz"], ["y"])]
+    return _model(nodes, inits, [1, 3, 8, 8])
+
+
+def _drop_input(model, output, keep):
+    node = _node(model, output)
+    del node.input[keep:]
+
+
+def _rename_input(model, output, index, name):
+    _node(model, output).input[index] = name
+
+
+QL, QC = "node 'yq' (QLinearConv)", "node 'xq' (QuantizeLinear)"
+WD = "node 'wd' (DequantizeLinear)"
+BAD_MODELS = {
+    "scale-0": (qlinear_conv_net, lambda m: _init(m, "xs", np.float32(0)), QC),
+    "scale-negative": (qlinear_conv_net, lambda m: _init(m, "ys", np.float32(-0.05)), QL),
+    "scale-nan": (qlinear_conv_net, lambda m: _init(m, "ws", np.array([0.004, np.nan, 0.003],
+                                                                      np.float32)), QL),
+    "scale-inf": (qlinear_conv_net, lambda m: _init(m, "xs", np.float32(np.inf)), QC),
+    "scale-denormal": (qlinear_conv_net, lambda m: _init(m, "ys", np.float32(1e-40)), QL),
+    "scale-1e30": (qlinear_conv_net, lambda m: _init(m, "xs", np.float32(1e30)), QL),
+    "scale-integer": (qlinear_conv_net, lambda m: _init(m, "xs", np.int32(1)), QC),
+    "scale-per-axis-activation": (qlinear_conv_net,
+                                  lambda m: _init(m, "xs", np.float32([0.02, 0.02])), QC),
+    "weight-scales-length": (qlinear_conv_net,
+                             lambda m: _init(m, "ws", np.float32([0.004, 0.002])), QL),
+    "weight-zero-points-length": (qlinear_conv_net,
+                                  lambda m: _init(m, "wz", np.zeros(2, np.int8)), QL),
+    "weight-zero-point-type": (qlinear_conv_net,
+                               lambda m: _init(m, "wz", np.zeros(3, np.uint8)), QL),
+    "weight-float": (qlinear_conv_net,
+                     lambda m: _init(m, "w", np.ones((3, 2, 3, 3), np.float32)), QL),
+    "zero-point-int32": (qlinear_conv_net, lambda m: _init(m, "xz", np.int32(0)), QC),
+    "zero-point-float": (qlinear_conv_net, lambda m: _init(m, "xz", np.float32(0)), QC),
+    "zero-point-vs-output_dtype": (
+        qlinear_conv_net, lambda m: _attr(m, "xq", output_dtype=TensorProto.INT8), QC),
+    "output_dtype-999": (qlinear_conv_net, lambda m: (_drop_input(m, "xq", 2),
+                                                      _attr(m, "xq", output_dtype=999)), QC),
+    "qlinearconv-3-inputs": (qlinear_conv_net, lambda m: _drop_input(m, "yq", 3), QL),
+    "bias-float": (qlinear_conv_net, lambda m: _init(m, "b", np.ones(3, np.float32)), QL),
+    "bias-length": (qlinear_conv_net, lambda m: _init(m, "b", np.ones(2, np.int32)), QL),
+    "missing-initializer": (qlinear_conv_net, lambda m: _rename_input(m, "yq", 4, "nope"), QL),
+    "quantize-no-inputs": (qlinear_conv_net, lambda m: _drop_input(m, "xq", 0), QC),
+    "dq-axis-out-of-range": (lambda: qdq_conv_net(axis=4), lambda m: None, WD),
+    "dq-scales-length": (lambda: qdq_conv_net(axis=1), lambda m: None, WD),
+    "dq-int32-zero-point": (qdq_conv_net, lambda m: (
+        _init(m, "w", np.ones((3, 2, 3, 3), np.int32)), _init(m, "wz", np.int32(1))), WD),
+    "float-bias-inf": (qdq_conv_net, lambda m: (
+        _node(m, "c").input.append("b"), m.graph.initializer.append(numpy_helper.from_array(
+            np.array([np.inf, 0, 0], np.float32), "b"))), "node 'c' (Conv)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_bad_quantized_models(tmp_path, capsys, case):
+    make, edit, where = BAD_MODELS[case]
+    model = make()
+    edit(model)
+    onnx.save(model, tmp_path / "bad.onnx")
+    _one_error(capsys, ["quantize", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "q")],
+               where)
+
+
+def test_per_channel_dequantize_of_a_weight(tmp_path):
+    """The control of the dq-* cases: the same model with valid per-channel scales."""
+    onnx.save(qdq_conv_net(axis=0), tmp_path / "w.onnx")
+    assert main(["quantize", str(tmp_path / "w.onnx"), "-o", str(tmp_path / "q")]) == 0
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "w.onnx", samples(6, 5) * 0.5)
+    assert np.abs(got - want).max() <= 1 / scale + 1e-6
+
+
+def _external(tmp, location, length=None):
+    """qlinear_conv_net in tmp/m/bad.onnx with its weight 'w' in tmp/m/w.bin, read at
+    `location` (and `length`)."""
+    from onnx.external_data_helper import set_external_data
+    (tmp / "m").mkdir()
+    model = qlinear_conv_net()
+    t = next(t for t in model.graph.initializer if t.name == "w")
+    (tmp / "m" / "w.bin").write_bytes(numpy_helper.to_array(t).tobytes())
+    set_external_data(t, location, length=length)
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    onnx.save(model, tmp / "m" / "bad.onnx")
+    return tmp / "m" / "bad.onnx"
+
+
+@pytest.mark.parametrize("location, length, message", [
+    ("../w.bin", None, "must be a relative path inside"),
+    ("ABSOLUTE", None, "must be a relative path inside"),
+    ("link.bin", None, "symbolic link"),
+    ("missing.bin", None, "no such file"),
+    ("w.bin", 1 << 40, "lies beyond the end"),
+])
+def test_bad_external_data(tmp_path, capsys, location, length, message):
+    (tmp_path / "w.bin").write_bytes(bytes(54))
+    if location == "ABSOLUTE":
+        location = str(tmp_path / "w.bin")
+    path = _external(tmp_path, location, length)
+    (path.parent / "link.bin").symlink_to(path.parent / "w.bin")
+    assert main(["quantize", str(path), "-o", str(tmp_path / "q")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "initializer 'w'" in err and message in err, err
+
+
+def test_external_data_inside_the_folder_is_read(tmp_path):
+    path = _external(tmp_path, "w.bin")
+    assert main(["quantize", str(path), "-o", str(tmp_path / "q")]) == 0
+    onnx.save(qlinear_conv_net(), tmp_path / "inline.onnx")
+    assert main(["quantize", str(tmp_path / "inline.onnx"), "-o", str(tmp_path / "q2")]) == 0
+    assert (tmp_path / "q" / "graph.nnef").read_text() == \
+        (tmp_path / "q2" / "graph.nnef").read_text()
