@@ -222,9 +222,9 @@ class _Stripper:
             raise CvmcError(f"{_where(node)}: '{node.input[q]}' is {w.dtype}; a quantized "
                             f"weight is {', '.join(t.name for t in _INTEGER_TYPES)}")
         scale, zero = self.per_axis(node, s, z, q, w.dtype, axis)
-        if w.dtype in (np.int8, np.int32) and np.any(zero):
-            raise CvmcError(f"{_where(node)}: a {w.dtype} weight with a nonzero zero point; "
-                            f"CVM weights are symmetric")
+        if w.dtype == np.int32 and np.any(zero):
+            raise CvmcError(f"{_where(node)}: zero point '{node.input[z]}' of an int32 tensor "
+                            f"is not 0 (ONNX dequantizes int32 with none)")
         if w.dtype in (np.int8, np.uint8):
             self.weight_scales.extend(scale.reshape(-1).tolist())
         real = ((w.astype(np.float64) - zero) * scale).astype(np.float32)

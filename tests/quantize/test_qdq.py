@@ -59,10 +59,11 @@ CASES = {"u8-per-tensor": ("QUInt8", False), "u8-per-channel": ("QUInt8", True),
          "s8-per-tensor": ("QInt8", False), "s8-per-channel": ("QInt8", True)}
 
 
-def ort_qdq(model, tmp, act: str, per_channel: bool, shape=SHAPE):
+def ort_qdq(model, tmp, act: str | None, per_channel: bool, shape=SHAPE):
     """`model` as float.onnx, ORT's QDQ quantization of it (32 random calibration samples)
     as qdq.onnx, and cvmc's quantization of that as q, in `tmp`. 7-bit weights
-    (reduce_range) keep ORT's own int8 kernels exact on AVX2 machines."""
+    (reduce_range) keep ORT's own int8 kernels exact on AVX2 machines; `act` None: all of
+    quantize_static's defaults."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -80,8 +81,10 @@ def ort_qdq(model, tmp, act: str, per_channel: bool, shape=SHAPE):
         def get_next(self):
             return next(self.it, None)
     quantize_static(str(tmp / "float.onnx"), str(tmp / "qdq.onnx"), Reader(),
-                    quant_format=QuantFormat.QDQ, activation_type=getattr(QuantType, act),
-                    weight_type=QuantType.QInt8, per_channel=per_channel, reduce_range=True)
+                    **({} if act is None else {
+                        "quant_format": QuantFormat.QDQ, "per_channel": per_channel,
+                        "activation_type": getattr(QuantType, act),
+                        "weight_type": QuantType.QInt8, "reduce_range": True}))
     assert main(["quantize", str(tmp / "qdq.onnx"), "-o", str(tmp / "q")]) == 0
     return tmp
 
@@ -92,8 +95,9 @@ def qdq(request, tmp_path_factory):
     return ort_qdq(float_net(), tmp_path_factory.mktemp(request.param), *CASES[request.param])
 
 
-def _runs(folder, onnx_path, xs):
-    """(cvmc's dequantized outputs, ORT's outputs of `onnx_path`, the output scale)."""
+def _runs(folder, onnx_path, xs, options=None):
+    """(cvmc's dequantized outputs, ORT's outputs of `onnx_path` (session `options`), the
+    output scale)."""
     manifest = json.loads((folder / "quantization.json").read_text())
     (name, out), = manifest["outputs"].items()
     inp = manifest["inputs"]["x"]
@@ -101,7 +105,8 @@ def _runs(folder, onnx_path, xs):
     got = np.array([dequantize(reference_run(graph, {"x": quantize(
         "x", x, inp["scale"], inp["precision"]).astype(np.int8)})[name], out["scale"])
         for x in xs])
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(onnx_path), sess_options=options,
+                                   providers=["CPUExecutionProvider"])
     want = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
     return got, want, out["scale"]
 
@@ -426,3 +431,77 @@ def test_external_data_inside_the_folder_is_read(tmp_path):
     assert main(["quantize", str(tmp_path / "inline.onnx"), "-o", str(tmp_path / "q2")]) == 0
     assert (tmp_path / "q" / "graph.nnef").read_text() == \
         (tmp_path / "q2" / "graph.nnef").read_text()
+
+
+# ---- what exporters write: Constant and Identity nodes, shared weights (issue 30) --------
+def _qdq_semantics():
+    """ORT session options that run a QDQ model as written (Q/DQ and float ops, no int8
+    kernels): the model's own meaning on any CPU."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["defaults", "per-channel-7-bit"])
+def test_torch_like_export_quantized_by_ort(tmp_path, per_channel):
+    """A Constant scalar (ORT quantizes it as an activation: s8 with a zero point), an
+    Identity, one weight shared by two convs; quantize_static with all its defaults, or
+    per channel with reduce_range (it was 'NNEF-Tools failed ... NoneType')."""
+    from tests.quantize.onnx_nets import torch_like_net
+    ort_qdq(torch_like_net(), tmp_path, "QInt8" if per_channel else None, per_channel,
+            (1, 2, 8, 8))
+    ops = [n.op_type for n in onnx.load(tmp_path / "qdq.onnx").graph.node]
+    assert {"Constant", "Identity"} <= set(ops) and ops.count("Conv") == 3
+    xs = np.random.default_rng(51).standard_normal((24, 1, 2, 8, 8)).astype(np.float32)
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "qdq.onnx", xs, _qdq_semantics())
+    # as in test_agrees_with_ort_int8_and_with_float: a unit per requantized tensor
+    # (ties, the halved grid of a one-sided range) through the gemm, plus ORT's half unit
+    # (1.3 and 2.2 units measured)
+    assert np.abs(got - want).max() <= 4 / scale
+    session = ort.InferenceSession(str(tmp_path / "float.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    real = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
+    assert np.abs(got - real).max() <= np.abs(want - real).max() + 4 / scale
+    if per_channel:  # llvm = the reference, bit for bit
+        import cvmc_runtime
+
+        import cvmc
+        graph = load_graph(tmp_path / "q")
+        cvmc.compile(graph, str(tmp_path / "q.cvmx"), target="llvm")
+        model = cvmc_runtime.load(str(tmp_path / "q.cvmx"))
+        x_scale = json.loads((tmp_path / "q" / "quantization.json").read_text())[
+            "inputs"]["x"]["scale"]
+        for x in xs[:4]:
+            xi = quantize("x", x, x_scale, 8).astype(np.int8)
+            assert np.array_equal(model.run({"x": xi})["y"],
+                                  reference_run(graph, {"x": xi})["y"])
+
+
+def test_constant_and_identity_nodes_by_hand(tmp_path):
+    """qdq_conv_net with its int8 weight and its scale from Constant nodes, and Identity
+    nodes on the integer input, on the dequantized weight and on the output: the grids are
+    kept exactly, so only the output's rounding differs from ORT."""
+    model = qdq_conv_net()
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for name in ("w", "ws"):
+        model.graph.initializer.remove(next(t for t in model.graph.initializer
+                                            if t.name == name))
+    nodes = [helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(inits["w"])),
+             helper.make_node("Constant", [], ["ws"], value_float=float(inits["ws"]))]
+    for n in model.graph.node:
+        nodes.append(n)
+        if n.output[0] in ("xq", "wd"):
+            nodes.append(helper.make_node("Identity", [n.output[0]], [n.output[0] + "i"]))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    _node(model, "xd").input[0] = "xqi"
+    _node(model, "c").input[1] = "wdi"
+    _node(model, "y").output[0] = "yd"
+    model.graph.node.append(helper.make_node("Identity", ["yd"], ["y"]))
+    onnx.checker.check_model(model)
+    onnx.save(model, tmp_path / "w.onnx")
+    assert main(["quantize", str(tmp_path / "w.onnx"), "-o", str(tmp_path / "q")]) == 0
+    got, want, scale = _runs(tmp_path / "q", tmp_path / "w.onnx", samples(6, 5) * 0.5,
+                             _qdq_semantics())
+    assert scale == pytest.approx(10)
+    assert np.abs(got - want).max() <= 1 / scale + 1e-6
