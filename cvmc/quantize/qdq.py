@@ -315,6 +315,9 @@ class _Stripper:
             if ints and op not in _PASS:
                 raise CvmcError(f"{_where(node)}: computes on the ONNX integers of '{ints[0]}'"
                                 f" (only {', '.join(sorted(_PASS))} may)")
+            if op == "Relu" and ints and self.grids[self.name(ints[0])].zero:
+                raise CvmcError(f"{_where(node)}: a Relu of ONNX integers with a zero point "
+                                f"is no relu of the reals they stand for")
             new = helper.make_node(op, [self.name(i) if i else i for i in node.input],
                                    list(node.output), name=node.name, domain=node.domain)
             new.attribute.extend(node.attribute)

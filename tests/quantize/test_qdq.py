@@ -367,6 +367,9 @@ BAD_MODELS = {
     "dq-scales-length": (lambda: qdq_conv_net(axis=1), lambda m: None, WD),
     "dq-int32-zero-point": (qdq_conv_net, lambda m: (
         _init(m, "w", np.ones((3, 2, 3, 3), np.int32)), _init(m, "wz", np.int32(1))), WD),
+    "relu-of-integers-with-zero-point": (qlinear_conv_net, lambda m: (
+        m.graph.node.insert(1, helper.make_node("Relu", ["xq"], ["xr"])),
+        _rename_input(m, "yq", 0, "xr")), "node 'xr' (Relu)"),
     "float-bias-inf": (qdq_conv_net, lambda m: (
         _node(m, "c").input.append("b"), m.graph.initializer.append(numpy_helper.from_array(
             np.array([np.inf, 0, 0], np.float32), "b"))), "node 'c' (Conv)"),
@@ -505,3 +508,24 @@ def test_constant_and_identity_nodes_by_hand(tmp_path):
                              _qdq_semantics())
     assert scale == pytest.approx(10)
     assert np.abs(got - want).max() <= 1 / scale + 1e-6
+
+
+@pytest.mark.parametrize("case", ["scale-0", "qlinearconv-3-inputs", "output_dtype-999",
+                                  "external-data-outside"])
+def test_the_command_exits_1_without_a_traceback(tmp_path, case):
+    """`python -m cvmc.cli quantize bad.onnx -o DIR` in its own process."""
+    import subprocess
+    import sys
+    if case == "external-data-outside":
+        path = _external(tmp_path, "../w.bin")
+    else:
+        make, edit, _ = BAD_MODELS[case]
+        model = make()
+        edit(model)
+        path = tmp_path / "bad.onnx"
+        onnx.save(model, path)
+    run = subprocess.run([sys.executable, "-m", "cvmc.cli", "quantize", str(path), "-o",
+                          str(tmp_path / "q")], check=False, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
