@@ -286,6 +286,9 @@ class _Stripper:
                 if src in self.ints:
                     self.ints.add(node.output[0])
         elif op == "QuantizeLinear":
+            if node.input[0] in self.ints:
+                raise CvmcError(f"{_where(node)}: quantizes '{node.input[0]}', which holds "
+                                f"ONNX integers already")
             if node.input[0] in self.inits:  # a float weight quantized in the model
                 self.quantized_weight(node)
             else:

@@ -370,6 +370,9 @@ BAD_MODELS = {
     "relu-of-integers-with-zero-point": (qlinear_conv_net, lambda m: (
         m.graph.node.insert(1, helper.make_node("Relu", ["xq"], ["xr"])),
         _rename_input(m, "yq", 0, "xr")), "node 'xr' (Relu)"),
+    "quantize-of-integers": (qlinear_conv_net, lambda m: (
+        m.graph.node.insert(1, helper.make_node("QuantizeLinear", ["xq", "xs", "xz"], ["xr"])),
+        _rename_input(m, "yq", 0, "xr")), "node 'xr' (QuantizeLinear)"),
     "float-bias-inf": (qdq_conv_net, lambda m: (
         _node(m, "c").input.append("b"), m.graph.initializer.append(numpy_helper.from_array(
             np.array([np.inf, 0, 0], np.float32), "b"))), "node 'c' (Conv)"),
