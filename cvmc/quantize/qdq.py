@@ -1,8 +1,10 @@
-"""Models already quantized (ONNX QDQ, QLinearConv / QLinearMatMul): their own scales, no
-calibration (docs/quantize.md, "Models already quantized").
+"""Models already quantized (ONNX QDQ, QLinear ops: QLinearConv, QLinearMatMul and ORT's
+com.microsoft QGemm, QLinearAdd, ...): their own scales, no calibration (docs/quantize.md,
+"Models already quantized").
 
 `float_model` strips the Q/DQ pairs (and turns QLinear ops into their float twins with
-dequantized weights) into a float ONNX model, remembering each tensor's ONNX grid (scale
+dequantized weights), folds Constant nodes into initializers and Identity nodes into
+aliases, into a float ONNX model, remembering each tensor's ONNX grid (scale
 s, zero point z, integer range); the float model goes through the converter and the
 quantizer's float passes as any other, and `QdqRewriter` applies the same rules with the
 ONNX grids in place of calibrated thresholds:
@@ -17,6 +19,8 @@ ONNX grids in place of calibrated thresholds:
   larger);
 - 8-bit weights with zero point 0 whose largest |q| is 127 (what ORT writes, per tensor or
   per channel) map exactly; int32 biases at s_x s_w too, when x keeps its grid.
+Every scale, zero point, axis, bias and input count is checked before it is used; each
+refusal is one CvmcError naming the ONNX node.
 """
 from __future__ import annotations
 
@@ -33,12 +37,24 @@ from cvmc.quantize.rewrite import Options, QTensor, Rewriter
 QUANT_OPS = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul"}
 # ops that compute the same on the integers as on the reals they stand for
 _PASS = {"MaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Relu"}
-_INTEGER_OPS = {"ConvInteger", "MatMulInteger", "QGemm", "QLinearAdd", "QLinearMul",
-                "QLinearConcat", "QLinearAveragePool", "QLinearGlobalAveragePool",
-                "QLinearSigmoid", "QLinearLeakyRelu", "QLinearSoftmax", "DynamicQuantizeLinear"}
+# QLinear ops with a weight: the float twin, the axis of per-channel weight scales (QGemm:
+# by transB), the bias input, the output's scale input
+_LINEAR = {"QLinearConv": ("Conv", 0, 8, 6), "QLinearMatMul": ("MatMul", -1, None, 6),
+           "QGemm": ("Gemm", None, 6, 7)}
+# com.microsoft ops ORT writes (QuantFormat.QOperator): the float twin, the first input of
+# each (tensor, scale, zero point) triple, the output's scale input (its zero point next)
+_QOPERATOR = {"QLinearAdd": ("Add", (0, 3), 6), "QLinearMul": ("Mul", (0, 3), 6),
+              "QLinearSigmoid": ("Sigmoid", (0,), 3), "QLinearLeakyRelu": ("LeakyRelu", (0,), 3),
+              "QLinearAveragePool": ("AveragePool", (0,), 3),
+              "QLinearGlobalAveragePool": ("GlobalAveragePool", (0,), 3)}
+_INTEGER_OPS = {"ConvInteger", "MatMulInteger", "QGemm", "QLinearConcat", "QLinearSoftmax",
+                "DynamicQuantizeLinear", *_QOPERATOR}
 # (fewest, most) inputs of the ops read here; each has one output
 _ARITY = {"QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3), "QLinearConv": (8, 9),
-          "QLinearMatMul": (8, 8), "Identity": (1, 1), "Constant": (0, 0)}
+          "QLinearMatMul": (8, 8), "QGemm": (8, 9), "QLinearConcat": (5, 1 << 20),
+          "Identity": (1, 1), "Constant": (0, 0),
+          **{op: (out + 1, out + 2) for op, (_, _, out) in _QOPERATOR.items()}}
+_DOMAINS = ("", "ai.onnx", "com.microsoft")
 _ACTIVATION_TYPES = tuple(map(np.dtype, (np.int8, np.uint8, np.int16, np.uint16)))
 _INTEGER_TYPES = (*_ACTIVATION_TYPES, np.dtype(np.int32))  # int32: biases
 # a scale and its reciprocal (a CVM scale) are float32 normals
@@ -257,19 +273,38 @@ class _Stripper:
         self.grids[self.name(out)] = grid
         self.ints.add(out)
 
-    def integer_input(self, node, i: int, grid: Grid) -> str:
-        """Input i of a QLinear op: an ONNX integer on `grid`, as its float twin."""
+    def integer_input(self, node, i: int) -> str:
+        """Input i of a QLinear op, ONNX integers with scale input i + 1 and zero point
+        input i + 2, as its float twin."""
         n = node.input[i]
-        if n not in self.ints or self.grids.get(self.name(n)) != grid:
+        if n not in self.ints or self.grids[self.name(n)] != self.grid(
+                node, i + 1, i + 2, self.grids[self.name(n)].dtype):
             raise CvmcError(f"{_where(node)}: input '{n}' is not a quantized tensor with "
                             f"its scale and zero point")
         return self.name(n)
+
+    def real_input(self, node, i: int) -> str:
+        """Input i of a QLinear op (scale i + 1, zero point i + 2) as reals: a quantized
+        tensor's float twin, or an integer initializer dequantized (per tensor)."""
+        if node.input[i] in self.inits:
+            return self.add_init(f"{node.output[0]}__{i}", self.dequantized(node, i, i + 1,
+                                                                            i + 2, 0))
+        return self.integer_input(node, i)
+
+    def output_grid(self, node, s: int, like: str) -> Grid:
+        """The grid of a QLinear op's output (scale input s, zero point s + 1): where its
+        zero point is left out, of the type of its input `like`."""
+        given = len(node.input) > s + 1 and node.input[s + 1]
+        return self.grid(node, s, s + 1, None if given or like not in self.grids
+                         else self.grids[like].dtype)
 
     def node(self, node) -> None:
         """One ONNX node into float nodes, grids and initializers."""
         from onnx import helper
         op = node.op_type
-        if op in _ARITY and node.domain in ("", "ai.onnx"):
+        if node.domain not in _DOMAINS:
+            raise CvmcError(f"{_where(node)}: an op of the domain '{node.domain}'")
+        if op in _ARITY:
             fewest, most = _ARITY[op]
             if not fewest <= len(node.input) <= most or len(node.output) != 1:
                 raise CvmcError(f"{_where(node)}: has {len(node.input)} inputs and "
@@ -308,11 +343,13 @@ class _Stripper:
             else:
                 raise CvmcError(f"{_where(node)}: '{src}' is neither a quantized tensor nor "
                                 f"an initializer")
-        elif op in ("QLinearConv", "QLinearMatMul"):
+        elif op in _LINEAR:
             self.qlinear(node)
+        elif op in _QOPERATOR or op == "QLinearConcat":
+            self.qoperator(node)
         elif op in _INTEGER_OPS or node.domain not in ("", "ai.onnx"):
-            raise CvmcError(f"{_where(node)}: not supported in a quantized model (QDQ, "
-                            f"QLinearConv and QLinearMatMul are; docs/quantize.md)")
+            raise CvmcError(f"{_where(node)}: not supported in a quantized model (QDQ and "
+                            f"the QLinear ops of docs/quantize.md are)")
         else:
             ints = [i for i in node.input if i in self.ints]
             if ints and op not in _PASS:
@@ -348,31 +385,54 @@ class _Stripper:
         self.inits[node.output[0]] = np.clip(q, info.min, info.max).astype(kind)
 
     def qlinear(self, node) -> None:
-        """QLinearConv / QLinearMatMul: the float twin of dequantized weights (and bias)."""
-        from onnx import helper
-        op = node.op_type
-        x_grid = self.grid(node, 1, 2)
-        x = self.integer_input(node, 0, x_grid)
+        """QLinearConv / QLinearMatMul / QGemm: the float twin of dequantized weights (and
+        bias)."""
+        op, attrs = node.op_type, _attrs(node)
+        twin, axis, b, out = _LINEAR[op]
+        if op == "QGemm":
+            alpha = attrs.pop("alpha", 1.0)
+            if alpha != 1.0:
+                raise CvmcError(f"{_where(node)}: alpha {alpha}; cvmc takes 1")
+            axis = 0 if attrs.get("transB") else 1
+        x = self.integer_input(node, 0)
         if node.input[3] not in self.inits:
             raise CvmcError(f"{_where(node)}: the weight must be an initializer")
-        axis = 0 if op == "QLinearConv" else -1
         w = self.dequantized(node, 3, 4, 5, axis)
         inputs = [x, self.add_init(f"{node.output[0]}__w", w)]
-        if len(node.input) > 8 and node.input[8]:
-            b = self.const(node, 8)
-            if b.dtype != np.int32 or b.shape != (w.shape[0],):
-                raise CvmcError(f"{_where(node)}: bias '{node.input[8]}' is {list(b.shape)} "
-                                f"{b.dtype}; expected [{w.shape[0]}] int32")
-            scale = x_grid.scale * self.scales(node, 4)
+        if b is not None and len(node.input) > b and node.input[b]:
+            bias = self.const(node, b)
+            if bias.dtype != np.int32 or bias.shape != (w.shape[axis],):
+                raise CvmcError(f"{_where(node)}: bias '{node.input[b]}' is "
+                                f"{list(bias.shape)} {bias.dtype}; expected [{w.shape[axis]}] "
+                                f"int32")
+            scale = self.grids[x].scale * self.scales(node, 4)
             inputs.append(self.add_init(f"{node.output[0]}__b",
-                                        (b * scale).astype(np.float32)))
+                                        (bias * scale).astype(np.float32)))
+        self.twin(node, twin, inputs, attrs, self.output_grid(node, out, x))
+
+    def qoperator(self, node) -> None:
+        """A com.microsoft QLinear op (QLinearAdd, QLinearConcat, ...): its float twin on
+        the reals of its inputs."""
+        op, attrs = node.op_type, _attrs(node)
+        if op == "QLinearConcat":
+            if (len(node.input) - 2) % 3:
+                raise CvmcError(f"{_where(node)}: {len(node.input)} inputs; QLinearConcat "
+                                f"takes a scale, a zero point, then triples")
+            twin, firsts, out = "Concat", range(2, len(node.input), 3), 0
+        else:
+            twin, firsts, out = _QOPERATOR[op]
+        if attrs.pop("channels_last", 0):
+            raise CvmcError(f"{_where(node)}: channels_last; cvmc takes NCHW")
+        inputs = [self.real_input(node, i) for i in firsts]
+        self.twin(node, twin, inputs, attrs, self.output_grid(node, out, inputs[0]))
+
+    def twin(self, node, op: str, inputs: list[str], attrs: dict, grid: Grid) -> None:
+        """The float op `op` for the QLinear `node`, its output quantized on `grid`."""
+        from onnx import helper
         real = f"{node.output[0]}__real"
-        self.nodes.append(helper.make_node(op.removeprefix("QLinear"), inputs, [real],
-                                           name=node.name, domain="",
-                                           **{a.name: helper.get_attribute_value(a)
-                                              for a in node.attribute}))
+        self.nodes.append(helper.make_node(op, inputs, [real], name=node.name, **attrs))
         self.origin[real] = _where(node)
-        self.quantized(node, real, self.grid(node, 6, 7), node.output[0])
+        self.quantized(node, real, grid, node.output[0])
 
     def propagate(self) -> None:
         """Tensors without a grid next to a pass-through op take its other side's grid."""
