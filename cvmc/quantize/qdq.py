@@ -211,7 +211,12 @@ class _Stripper:
             raise CvmcError(f"{_where(node)}: per-axis scales of an activation; CVM scales "
                             f"activations per tensor")
         info = np.iinfo(zero.dtype)
-        return Grid(float(scale.reshape(())), int(zero.reshape(())), int(info.min), int(info.max))
+        grid = Grid(float(scale.reshape(())), int(zero.reshape(())), int(info.min),
+                    int(info.max))
+        if grid.span * grid.scale > float(np.finfo(np.float32).max):
+            raise CvmcError(f"{_where(node)}: scale {grid.scale:g} of a {zero.dtype} grid "
+                            f"spans reals beyond float32")
+        return grid
 
     def per_axis(self, node, s: int, z: int, q: int, kind: np.dtype, axis: int):
         """(scales, zero points) of inputs s and z, zero points of type `kind`, for the

@@ -367,6 +367,8 @@ BAD_MODELS = {
     "scale-inf": (qlinear_conv_net, lambda m: _init(m, "xs", np.float32(np.inf)), QC),
     "scale-denormal": (qlinear_conv_net, lambda m: _init(m, "ys", np.float32(1e-40)), QL),
     "scale-1e30": (qlinear_conv_net, lambda m: _init(m, "xs", np.float32(1e30)), QL),
+    "scale-16-bit-grid-beyond-float32": (qlinear_conv_net, lambda m: (
+        _init(m, "xz", np.uint16(0)), _init(m, "xs", np.float32(1e37))), QC),
     "scale-integer": (qlinear_conv_net, lambda m: _init(m, "xs", np.int32(1)), QC),
     "scale-per-axis-activation": (qlinear_conv_net,
                                   lambda m: _init(m, "xs", np.float32([0.02, 0.02])), QC),
