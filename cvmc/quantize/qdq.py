@@ -24,6 +24,7 @@ refusal is one CvmcError naming the ONNX node.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,12 +310,16 @@ class _Stripper:
         op = node.op_type
         if node.domain not in _DOMAINS:
             raise CvmcError(f"{_where(node)}: an op of the domain '{node.domain}'")
+        if not (node.output and node.output[0]):
+            raise CvmcError(f"{_where(node)}: its first output has no name")
         if op in _ARITY:
             fewest, most = _ARITY[op]
             if not fewest <= len(node.input) <= most or len(node.output) != 1:
                 raise CvmcError(f"{_where(node)}: has {len(node.input)} inputs and "
                                 f"{len(node.output)} outputs; ONNX's {op} has "
                                 f"{fewest}..{most} inputs and one output")
+        if (op in _PASS or _ARITY.get(op, (0,))[0]) and not (node.input and node.input[0]):
+            raise CvmcError(f"{_where(node)}: its first input has no name")
         if op == "Constant":
             self.inits[node.output[0]] = _constant(node)
         elif op == "Identity":
@@ -368,7 +373,7 @@ class _Stripper:
             new.attribute.extend(node.attribute)
             self.nodes.append(new)
             self.origin.update((o, _where(node)) for o in node.output)
-            if op in _PASS and op != "Relu" and new.input[0] in self.clamped:
+            if op in _PASS and op != "Relu" and new.input and new.input[0] in self.clamped:
                 self.clamped[node.output[0]] = self.clamped[new.input[0]]
             if ints:
                 self.ints.update(node.output)
@@ -492,7 +497,11 @@ def float_model(model):
                           list(g.output), inits),
         opset_imports=[o for o in model.opset_import if o.domain in ("", "ai.onnx")])
     fm.ir_version = model.ir_version
-    fm = onnx.shape_inference.infer_shapes(fm)
+    try:
+        fm = onnx.shape_inference.infer_shapes(fm)
+    except onnx.shape_inference.InferenceError as e:
+        raise CvmcError(f"ONNX's shape inference fails on its float ops: "
+                        f"{str(e).splitlines()[0]}") from None
     known = {v.name: v for v in fm.graph.value_info}
     extra = [k for k in grids if k in known and k not in io]
     fm.graph.output.extend(known[k] for k in extra)
@@ -604,9 +613,18 @@ def load_qdq(path: Path, tmp: Path, input_shapes: dict | None):
     except CvmcError as e:
         raise CvmcError(f"{path}: {e.message}") from None
     onnx.load_external_data_for_model(model, str(path.parent))
-    fm, grids, wscales, extra, origin = float_model(model)
+    try:
+        fm, grids, wscales, extra, origin = float_model(model)
+    except CvmcError as e:
+        raise CvmcError(f"{path}: {e.message}") from None
     onnx.save_model(fm, tmp / "float.onnx")
-    graph = load_checked(convert_onnx(tmp / "float.onnx", tmp / "nnef",
-                                      input_shapes=input_shapes))
+    try:
+        graph = load_checked(convert_onnx(tmp / "float.onnx", tmp / "nnef",
+                                          input_shapes=input_shapes))
+    except CvmcError as e:  # one line naming the model and, where known, the ONNX node
+        message = e.message.removeprefix(f"{tmp / 'float.onnx'}: ").splitlines()[0]
+        node = next((origin[t] for t in re.findall(r"'([^']*)'", message) if t in origin),
+                    None)
+        raise CvmcError(f"{path}: {node + ': ' if node else ''}{message}") from None
     graph = graph.replace(outputs=[o for o in graph.outputs if o not in extra])
     return graph, grids, wscales, origin

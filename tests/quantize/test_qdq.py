@@ -409,6 +409,14 @@ BAD_MODELS = {
                     "node 'gq' (QGemm)"),
     "qgemm-float-output": (lambda: qoperator_net("QGemm"), lambda m: _drop_input(m, "gq", 7),
                            "node 'gq' (QGemm)"),
+    "output-without-name": (qlinear_conv_net, lambda m: m.graph.node[0].output.__setitem__(
+        0, ""), "first output has no name"),
+    "pass-op-without-input": (lambda: qlinear_conv_net(matmul=True),
+                              lambda m: _node(m, "fq").input.pop(), "node 'fq' (Flatten)"),
+    "float-op-without-input": (qdq_conv_net, lambda m: m.graph.node.insert(
+        3, helper.make_node("Sigmoid", [], ["s"])), "shape inference fails"),
+    "float-conv-weight-of-rank-2": (qdq_conv_net, lambda m: _init(
+        m, "w", np.ones((3, 18), np.int8)), "node 'c' (Conv)"),
     "float-bias-inf": (qdq_conv_net, lambda m: (
         _node(m, "c").input.append("b"), m.graph.initializer.append(numpy_helper.from_array(
             np.array([np.inf, 0, 0], np.float32), "b"))), "node 'c' (Conv)"),
