@@ -98,6 +98,7 @@ def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dic
             if bad.size:
                 node = next(n for n in g.nodes if n.name == name)  # inputs are finite
                 raise unsupported(node, f"its float output holds {bad[0]} on calibration "
-                                        f"sample {k} (float32 overflows): no scale covers it")
+                                        f"sample {k}: no scale covers a value that is not "
+                                        f"finite (float32 overflowed, or a weight is not)")
             stats[name].add(env[name])
     return stats
