@@ -236,20 +236,22 @@ def test_qlinear_matmul_after_flatten_of_integers(tmp_path):
     assert np.abs(got - want).max() <= bound, (np.abs(got - want).max(), bound)
 
 
-def test_weight_quantized_inside_the_model(tmp_path):
-    """A float weight through QuantizeLinear / DequantizeLinear (not stored as int8): its
-    grid is ONNX's rounding of it, kept exactly; the output is s8 with zero point 0."""
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_weight_quantized_inside_the_model(tmp_path, per_channel):
+    """A float weight through QuantizeLinear / DequantizeLinear (not stored as int8; per
+    output channel, axis 0, as PyTorch's fake-quantized export writes it): its grid is
+    ONNX's rounding of it, kept exactly; the output is s8 with zero point 0."""
     r = np.random.default_rng(2)
     w = r.standard_normal((3, 2, 3, 3)).astype(np.float32)
-    ws = np.float32(np.abs(w).max() / 127)
+    ws = (np.abs(w).max(axis=(1, 2, 3)) if per_channel else np.abs(w).max()) / 127
     inits = {"xs": np.array(0.02, np.float32), "xz": np.array(0, np.int8), "w": w,
-             "ws": np.array(ws), "wz": np.array(0, np.int8),
+             "ws": np.asarray(ws, np.float32), "wz": np.zeros(np.shape(ws), np.int8),
              "ys": np.array(0.1, np.float32), "yz": np.array(0, np.int8)}
     q, dq = "QuantizeLinear", "DequantizeLinear"
     nodes = [helper.make_node(q, ["x", "xs", "xz"], ["xq"]),
              helper.make_node(dq, ["xq", "xs", "xz"], ["xd"]),
-             helper.make_node(q, ["w", "ws", "wz"], ["wq"]),
-             helper.make_node(dq, ["wq", "ws", "wz"], ["wd"]),
+             helper.make_node(q, ["w", "ws", "wz"], ["wq"], axis=0),
+             helper.make_node(dq, ["wq", "ws", "wz"], ["wd"], axis=0),
              helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node(q, ["c", "ys", "yz"], ["cq"]),
              helper.make_node(dq, ["cq", "ys", "yz"], ["y"])]
