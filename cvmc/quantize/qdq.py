@@ -46,9 +46,10 @@ _LINEAR = {"QLinearConv": ("Conv", 0, 8, 6), "QLinearMatMul": ("MatMul", -1, Non
 # each (tensor, scale, zero point) triple, the output's scale input (its zero point next)
 _QOPERATOR = {"QLinearAdd": ("Add", (0, 3), 6), "QLinearMul": ("Mul", (0, 3), 6),
               "QLinearSigmoid": ("Sigmoid", (0,), 3), "QLinearLeakyRelu": ("LeakyRelu", (0,), 3),
+              "QLinearSoftmax": ("Softmax", (0,), 3),
               "QLinearAveragePool": ("AveragePool", (0,), 3),
               "QLinearGlobalAveragePool": ("GlobalAveragePool", (0,), 3)}
-_INTEGER_OPS = {"ConvInteger", "MatMulInteger", "QGemm", "QLinearConcat", "QLinearSoftmax",
+_INTEGER_OPS = {"ConvInteger", "MatMulInteger", "QGemm", "QLinearConcat",
                 "DynamicQuantizeLinear", *_QOPERATOR}
 # (fewest, most) inputs of the ops read here; each has one output
 _ARITY = {"QuantizeLinear": (2, 3), "DequantizeLinear": (2, 3), "QLinearConv": (8, 9),
@@ -138,6 +139,8 @@ class _Stripper:
         self.clamped: dict[str, tuple[float, float]] = {}  # float tensors known in a range
         self.weight_scales: list[float] = []
         self.origin: dict[str, str] = {}  # float tensor -> the ONNX node that made it
+        self.opset = max((o.version for o in model.opset_import
+                          if o.domain in ("", "ai.onnx")), default=0)
         self.count = 0
 
     def name(self, n: str) -> str:
@@ -433,6 +436,10 @@ class _Stripper:
             twin, firsts, out = _QOPERATOR[op]
         if attrs.pop("channels_last", 0):
             raise CvmcError(f"{_where(node)}: channels_last; cvmc takes NCHW")
+        opset = attrs.pop("opset", self.opset)  # QLinearSoftmax: its Softmax's meaning
+        if (opset >= 13) != (self.opset >= 13):
+            raise CvmcError(f"{_where(node)}: the softmax of opset {opset} in a model of "
+                            f"opset {self.opset} (the axis means another thing)")
         inputs = [self.real_input(node, i) for i in firsts]
         self.twin(node, twin, inputs, attrs, self.output_grid(node, out, inputs[0]))
 

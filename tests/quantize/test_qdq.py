@@ -277,13 +277,13 @@ def test_errors(tmp_path, capsys):
                         "--calib", f"x={tmp_path / 'x.npy'}"], "already quantized")
     model = qlinear_conv_net()
     model.graph.node.insert(2, helper.make_node(
-        "QLinearSoftmax", ["yq", "ys", "yz", "ys", "yz"], ["yq2"], domain="com.microsoft",
-        name="sig", axis=1, opset=13))
+        "QLinearReduceMean", ["yq", "ys", "yz", "ys", "yz"], ["yq2"], domain="com.microsoft",
+        name="sig", axes=[1]))
     model.graph.node[3].input[0] = "yq2"
     model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     onnx.save(model, tmp_path / "bad.onnx")
     _one_error(capsys, ["quantize", str(tmp_path / "bad.onnx"), "-o", str(tmp_path / "b")],
-               "node 'sig' (QLinearSoftmax)")
+               "node 'sig' (QLinearReduceMean)")
     onnx.save(float_net(), tmp_path / "float.onnx")
     _one_error(capsys, ["quantize", str(tmp_path / "float.onnx"), "-o", str(tmp_path / "c")],
                "--calib: no samples for input 'x'")
@@ -407,6 +407,9 @@ BAD_MODELS = {
                                 "node 'gq' (QLinearGlobalAveragePool)"),
     "qoperator-inputs": (lambda: qoperator_net("QLinearConcat", axis=1), lambda m: None,
                          "node 'gq' (QLinearConcat)"),
+    "qlinearsoftmax-of-another-opset": (
+        lambda: qoperator_net("QLinearSoftmax", axis=1, opset=11), lambda m: None,
+        "node 'gq' (QLinearSoftmax)"),
     "qgemm-alpha": (lambda: qoperator_net("QGemm", alpha=2.0), lambda m: None,
                     "node 'gq' (QGemm)"),
     "qgemm-float-output": (lambda: qoperator_net("QGemm"), lambda m: _drop_input(m, "gq", 7),
@@ -580,14 +583,19 @@ def test_the_command_exits_1_without_a_traceback(tmp_path, case):
     assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
 
 
-def _leaky_branchy_net():
-    """branchy_net without its tanh (ORT leaves it in float between a DequantizeLinear and
-    a QuantizeLinear: it has no scale) and with a LeakyRelu in place of its softmax
-    (QLinearSoftmax is refused)."""
+def _branchy_net_without_tanh():
+    """branchy_net without its tanh (ORT's QOperator format leaves it in float between a
+    DequantizeLinear and a QuantizeLinear: it has no scale)."""
     from tests.quantize.onnx_nets import branchy_net
     model = branchy_net()
     model.graph.node.remove(_node(model, "th"))
     _node(model, "gap").input[0] = "cl"
+    return model
+
+
+def _leaky_branchy_net():
+    """_branchy_net_without_tanh with a LeakyRelu in place of its softmax."""
+    model = _branchy_net_without_tanh()
     last = model.graph.node[-1]
     last.op_type = "LeakyRelu"
     del last.attribute[:]
@@ -603,37 +611,41 @@ def _integers(folder, xs):
             for x in xs]
 
 
-@pytest.mark.parametrize("net, per_channel", [("torch_like", False), ("branchy", True)])
+@pytest.mark.parametrize("net, per_channel", [("torch_like", False), ("leaky", True),
+                                              ("softmax", False)])
 def test_qoperator_model_of_ort(tmp_path, net, per_channel):
     """QuantFormat.QOperator: QLinearConv, QLinearAdd, QLinearMul (by a quantized Constant),
     QLinearSigmoid, QLinearConcat, QLinearGlobalAveragePool, QGemm (torch_like_net);
-    QLinearAveragePool, QLinearLeakyRelu too (branchy_net), against ORT's own int8 run of
-    the same file (its com.microsoft kernels)."""
+    QLinearAveragePool and QLinearLeakyRelu or QLinearSoftmax too (branchy_net), against
+    ORT's own int8 run of the same file (its com.microsoft kernels)."""
     from tests.quantize.onnx_nets import torch_like_net
-    model = torch_like_net() if net == "torch_like" else _leaky_branchy_net()
+    model = {"torch_like": torch_like_net, "leaky": _leaky_branchy_net,
+             "softmax": _branchy_net_without_tanh}[net]()
     ort_qdq(model, tmp_path, "QInt8", per_channel, (1, 2, 8, 8), fmt="QOperator")
     ops = {n.op_type for n in onnx.load(tmp_path / "qdq.onnx").graph.node}
-    assert ops >= ({"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearConcat",
-                    "QLinearGlobalAveragePool", "QGemm"} if net == "torch_like" else
-                   {"QLinearAveragePool", "QLinearLeakyRelu", "QLinearConcat", "QGemm"})
+    assert ops >= {"torch_like": {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearConcat",
+                                  "QLinearGlobalAveragePool", "QGemm"},
+                   "leaky": {"QLinearAveragePool", "QLinearLeakyRelu", "QGemm"},
+                   "softmax": {"QLinearAveragePool", "QLinearSoftmax", "QGemm"}}[net]
     xs = np.random.default_rng(52).standard_normal((24, 1, 2, 8, 8)).astype(np.float32)
     got, want, scale = _runs(tmp_path / "q", tmp_path / "qdq.onnx", xs)
-    session = ort.InferenceSession(str(tmp_path / "float.onnx"),
-                                   providers=["CPUExecutionProvider"])
-    real = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
     if net == "torch_like":
         # as for the QDQ models: a unit per requantized tensor through the gemm, plus
         # ORT's half unit (1.6 measured)
         assert np.abs(got - want).max() <= 4 / scale
+        session = ort.InferenceSession(str(tmp_path / "float.onnx"),
+                                       providers=["CPUExecutionProvider"])
+        real = np.array([session.run(None, {"x": x})[0] for x in xs], np.float64)
         assert np.abs(got - real).max() <= np.abs(want - real).max() + 4 / scale
         return
-    # branchy: the concat's, the global pool's and the output's s8 grids have zero points
+    # branchy: the concat's, the global pool's and the gemm's s8 grids have zero points
     # far from the middle, so each loses a bit in CVM (docs/quantize.md); the concat of
     # a sigmoid on a grid 24 times coarser rounds its values the same way in every sample,
-    # and the pools average that bias instead of noise: 5.5 units measured. The import
-    # itself is checked against the QDQ model of the same net and calibration, whose
-    # import the tests above check against ORT: the same integers.
-    assert np.abs(got - want).max() <= 8 / scale
+    # and the pools average that bias instead of noise: 5.5 units of the LeakyRelu's grid
+    # measured, 3.3 of the softmax's (scale 127). The import itself is checked against
+    # the QDQ model of the same net and calibration, whose import the tests above check
+    # against ORT: the same integers.
+    assert np.abs(got - want).max() <= (8 if net == "leaky" else 4) / scale
     (tmp_path / "qdq").mkdir()
     ort_qdq(model, tmp_path / "qdq", "QInt8", per_channel, (1, 2, 8, 8))
     for a, b in zip(_integers(tmp_path / "q", xs), _integers(tmp_path / "qdq" / "q", xs)):
