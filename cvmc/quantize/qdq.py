@@ -141,7 +141,6 @@ class _Stripper:
         self.origin: dict[str, str] = {}  # float tensor -> the ONNX node that made it
         self.opset = max((o.version for o in model.opset_import
                           if o.domain in ("", "ai.onnx")), default=0)
-        self.count = 0
 
     def name(self, n: str) -> str:
         """The float tensor that `n` stands for."""
@@ -269,7 +268,6 @@ class _Stripper:
         lo, hi = grid.bounds
         if (lo == 0 or hi == 0) and self.clamped.get(src) != (lo, hi):
             # a one-sided range clamps (ORT drops the Relu or Clip before it)
-            self.count += 1
             bounds = [self.add_init(f"{out}__{k}", np.array(v, np.float32))
                       for k, v in (("lo", lo), ("hi", hi))]
             self.nodes.append(helper.make_node("Clip", [src, *bounds], [out],
