@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from cvmc.errors import CvmcError
+from cvmc.errors import CvmcError, check_argument
 from cvmc.frontend.fragments import NO_DEFAULT, Tensor, stdlib
 from cvmc.frontend.semantics import Arg, Scope, caller_number
 from cvmc.frontend.semantics import GraphBuilder as _Evaluator
@@ -303,6 +303,8 @@ class GraphBuilder:
         """The graph computing `outputs`, typed as the text frontend's is."""
         if isinstance(outputs, Var):
             outputs = [outputs]
+        check_argument("build", "outputs", outputs, isinstance(outputs, Sequence),
+                       "a Var or a list of them")
         names = [self._name_of(v, "output") for v in outputs]
         if not names:
             raise CvmcError("build: at least one output is needed")

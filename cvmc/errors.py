@@ -51,3 +51,16 @@ class CvmcError(Exception):
 
 class OpRuleError(CvmcError):
     """Raised by an op's shape/precision/attribute rule; the caller adds the op instance."""
+
+
+class ForeignCpuWarning(UserWarning):
+    """Code built for a CPU other than this machine's (`--mcpu`): it may not run here.
+    Its own class, so that a caller who compiles for other machines on purpose (a test
+    suite, a build farm) can filter exactly this warning."""
+
+
+def check_argument(function: str, name: str, value: object, ok: bool, want: str) -> None:
+    """An argument of a public function that is not `want` is a CvmcError naming it,
+    raised before any work (not a TypeError from deep inside)."""
+    if not ok:
+        raise CvmcError(f"{function}: {name} must be {want}, got {value!r:.60}")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 import numpy as np
 from cvmc_runtime import TensorSpec, check_inputs
 
-from cvmc.errors import CvmcError
+from cvmc.errors import CvmcError, check_argument
 from cvmc.ir import Graph
 from cvmc.ops import lookup
 from cvmc.ops.common import convert_np, prec_max
@@ -40,6 +40,10 @@ def output_specs(graph: Graph) -> list[TensorSpec]:
 def reference_run(graph: Graph, inputs: Mapping[str, np.ndarray],
                   saturate: bool = False) -> dict[str, np.ndarray]:
     """Run `graph` on `inputs` (checked against the signature); returns outputs by name."""
+    check_argument("reference_run", "graph", graph, isinstance(graph, Graph),
+                   "a Graph (cvmc.load_graph, GraphBuilder)")
+    check_argument("reference_run", "saturate", saturate,
+                   isinstance(saturate, (bool, np.bool_)), "True or False")
     # Graphs are typed (`retype`: element kinds and weight data checked as every loader
     # does); one without weight data or with an op it cannot run is refused here, before
     # any op runs.

@@ -90,3 +90,19 @@ graph G(x) -> (y) {
     assert row["gops"] is None
     line = next(s for s in capsys.readouterr().out.splitlines() if row["kernel"] in s)
     assert line.split()[-2] == "-"  # ... max ms, GOPS, share
+
+
+def test_bench_into_a_file_keeps_each_kernel_on_one_line(artifact, tmp_path):
+    # not a terminal: no wrapping at 80 columns, so a kernel's row can be grepped whole
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-m", "cvmc.cli", "bench", str(artifact),
+                          "--repeat", "2", "--warmup", "1"], capture_output=True, text=True,
+                         env=env, check=True).stdout
+    plan = json.loads(__import__("zipfile").ZipFile(artifact).read("plan.json"))
+    for kernel in plan["kernels"]:
+        line = next(x for x in out.splitlines() if kernel["symbol"] in x.split())
+        assert line.split()[1] == kernel["schedule"] and line.rstrip().endswith("%")

@@ -37,7 +37,7 @@ def test_check_prints_signature_and_precisions(capsys):
     assert "inputs:  data: [1, 3, 16, 16]" in out
     # conv2d: 8 + 8 + bitlen(3*3*3 = 27) = 21; with bias (12 bits): max(21, 12) + 1 = 22
     assert any(line.split()[:5] == ["c1", "conv2d", "[1,", "8,", "16,"]
-               and line.split()[-2:] == ["int32", "22"] for line in out.splitlines())
+               and line.split()[6:8] == ["int32", "22"] for line in out.splitlines())
 
 
 def test_check_rejects_precision_over_32_with_the_chain(tmp_path, capsys):
@@ -132,3 +132,33 @@ def test_every_command_refuses_integer_nnef_arithmetic_alike(tmp_path, capsys, e
     with pytest.raises(cvmc.CvmcError) as error:
         cvmc.load_graph(doc)  # a loaded graph is typed: loading refuses it
     assert error.value.render() + "\n" == want
+
+
+def test_check_totals_parameters_and_multiply_adds(capsys):
+    assert main(["check", EXAMPLE]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()
+            if line.startswith(" ")}
+    # c1: conv of 3 -> 8 channels, 3x3, on 16x16 (same size): weights 8*3*3*3 = 216 and a
+    # bias of 8; 8*16*16 outputs of 27 multiply-adds each. logits: dense 512 -> 10 + bias.
+    assert rows["c1"][-2:] == [str(216 + 8), str(8 * 16 * 16 * 27)]
+    assert rows["logits"][-2:] == [str(5120 + 10), str(5120)]
+    assert rows["r1"][-2:] == ["-", "-"]  # relu: no weights, no multiply-adds
+
+
+def test_check_prints_the_totals_line(capsys):
+    assert main(["check", EXAMPLE]) == 0
+    out = capsys.readouterr().out
+    # int8 weights 216 + 5120 bytes, int32 biases (8 + 10) * 4 bytes
+    assert (f"parameters: {216 + 8 + 5120 + 10:,} in 4 weight tensors "
+            f"({216 + 5120 + 18 * 4:,} bytes); MACs: {8 * 16 * 16 * 27 + 5120:,}") in out
+
+
+def test_version_names_cvmc_and_what_it_runs_with(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"cvmc {version('cvmc')} (") and out.count("\n") == 1
+    assert f"apache-tvm {version('apache-tvm')}" in out

@@ -1,4 +1,4 @@
-"""Imports run one way, down the layers (ARCHITECTURE.md), and no two files import each other.
+"""Imports run one way, down the layers (docs/imports.md), and no two files import each other.
 
 The layers, each importing only those below it:
 

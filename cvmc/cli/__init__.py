@@ -29,10 +29,35 @@ from cvmc.cli.run import cmd_run
 from cvmc.errors import CvmcError
 
 
+def _versions() -> str:
+    """cvmc's version and the versions it runs with, read from the installed packages'
+    metadata (importing TVM to ask would take seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"cvmc {of('cvmc')} (cvmc-runtime {of('cvmc-runtime')}, apache-tvm "
+            f"{of('apache-tvm')}, apache-tvm-ffi {of('apache-tvm-ffi')})")
+
+
+class _PrintVersions(argparse.Action):
+    """`--version`, printed on one line (argparse's own action wraps it to the terminal)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_versions())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
     p = argparse.ArgumentParser(prog="cvmc", description="Compiler for integer (CVM) "
                                 "neural networks. See README.md.")
+    p.add_argument("--version", action=_PrintVersions, nargs=0,
+                   help="print the versions of cvmc and what it runs with, and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(sp, what="model: NNEF file, folder or tar(.gz), or CVM-Runtime JSON"):
@@ -90,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     input_shape = {"action": "append", "default": [], "type": shape_arg,
                    "metavar": "NAME=D1,D2,...",
-                   "help": "static shape of an ONNX input with symbolic dimensions"}
+                   "help": "static shape of an ONNX input with symbolic dimensions, or a "
+                           "new batch (dimension 0) where the graph carries it"}
     sp = sub.add_parser("convert", help="convert an ONNX model to NNEF (Khronos NNEF-Tools), "
                         "then check it")
     sp.add_argument("model", metavar="MODEL.onnx", help="an ONNX model")

@@ -64,5 +64,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         report = {"artifact": str(args.model), "threads": os.environ.get("TVM_NUM_THREADS"),
                   "repeat": args.repeat, "kernels": rows, "run": run}
-        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1).encode()))
+        atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1, allow_nan=False).encode()))
     return 0

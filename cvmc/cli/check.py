@@ -13,6 +13,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Parse, type and shape-check a model; print its signature and tensor table."""
     from cvmc.frontend import load_checked
     from cvmc.ops import lookup
+    from cvmc.ops.arith import multiply_adds
 
     graph = load_checked(args.model, args.quant, args.params, need_data=False)
     producers = graph.producers()
@@ -24,19 +25,40 @@ def cmd_check(args: argparse.Namespace) -> int:
     console.print(f"graph {graph.name}")
     console.print(f"  inputs:  {sig(graph.inputs)}")
     console.print(f"  outputs: {sig(graph.outputs)}")
-    rows = [("tensor", "op", "shape", "dtype", "precision")]
+    # a layer's parameters: the elements of the weights it reads; its MACs: the
+    # multiply-adds of a convolution or matrix product (cvmc.ops.arith)
+    weights = set(graph.weights())
+    layer = {}
+    for node in graph.nodes:
+        params = sum(graph.types[i].size for i in dict.fromkeys(node.inputs) if i in weights)
+        layer[node.outputs[0]] = (params, multiply_adds(node, graph.types))
+    rows = [("tensor", "op", "shape", "dtype", "precision", "params", "MACs")]
     for name in graph.values():
         t = graph.types[name]
         op = producers[name].op if name in producers else kinds[name]
+        params, macs = (str(v) if v else "-" for v in layer.get(name, (0, 0)))
         rows.append((name, op, fmt_shape(t.shape), t.dtype,
-                     "-" if t.precision is None else str(t.precision)))
+                     "-" if t.precision is None else str(t.precision), params, macs))
     _print_table(rows)
+    total_params = sum(graph.types[w].size for w in weights)
+    total_bytes = sum(graph.types[w].size * _itemsize(graph.types[w].dtype) for w in weights)
+    console.print(f"parameters: {total_params:,} in {len(weights)} weight tensors "
+                  f"({total_bytes:,} bytes); MACs: "
+                  f"{sum(macs for _, macs in layer.values()):,} (convolutions and matrix "
+                  f"products)")
     if all({"cvm", "cvm-runtime"} & set(lookup(n.op).seeds) for n in graph.nodes):
         from cvmc.passes.gas import gas
         cost = gas(graph)
         console.print(f"gas: {cost.total} (operations {cost.operations} + memory "
                       f"{cost.memory}, as CVM-Runtime prices the model)")
     return 0
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes per element; a logical is stored as one byte."""
+    import numpy as np
+
+    return np.dtype(dtype).itemsize
 
 
 def _print_table(rows: list[tuple[str, ...]]) -> None:

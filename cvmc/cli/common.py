@@ -2,44 +2,24 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
-from cvmc_runtime import atomic_write
+from cvmc_runtime import atomic_write, read_npy
 from rich.console import Console
 
 from cvmc.errors import CvmcError
 
 console = Console(highlight=False, soft_wrap=True)
+if not console.is_terminal and "COLUMNS" not in os.environ:
+    # Output to a file or a pipe is for reading whole lines back (grep, a log): tables
+    # take their natural width there rather than rich's default of 80 columns.
+    console.width = 10_000
 
 
 def fmt_shape(shape) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-MAX_INPUT_ELEMENTS = 1 << 30  # the compiler's tensor limit (CVM-Runtime's)
-
-
-def load_npy(what: str, file: str) -> np.ndarray:
-    """A .npy array (no pickles), its header checked before anything is allocated; `what`
-    names it in messages (`--input NAME`, `--data`)."""
-    try:
-        with open(file, "rb") as f:
-            read_header = {(1, 0): np.lib.format.read_array_header_1_0,
-                           (2, 0): np.lib.format.read_array_header_2_0}.get(
-                np.lib.format.read_magic(f))
-            if read_header is None:
-                raise ValueError("unsupported .npy format version")
-            shape = read_header(f)[0]
-            count = int(np.prod(shape, dtype=object))
-            if count > MAX_INPUT_ELEMENTS:
-                raise CvmcError(f"{what}: '{file}' declares shape {list(shape)} "
-                                f"({count} elements, more than {MAX_INPUT_ELEMENTS})")
-            f.seek(0)
-            return np.load(f, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as e:  # missing, empty, truncated, not .npy
-        raise CvmcError(f"{what}: cannot read '{file}' as a .npy array "
-                        f"({str(e) or type(e).__name__})") from None
 
 
 def read_inputs(pairs: list[str], flag: str = "--input") -> dict[str, np.ndarray]:
@@ -51,7 +31,7 @@ def read_inputs(pairs: list[str], flag: str = "--input") -> dict[str, np.ndarray
             raise CvmcError(f"{flag} expects NAME=FILE.npy, got '{pair}'")
         if name in feeds:
             raise CvmcError(f"{flag} {name} is given twice")
-        feeds[name] = load_npy(f"{flag} {name}", file)
+        feeds[name] = read_npy(file, f"{flag} {name}")
     return feeds
 
 
@@ -102,7 +82,12 @@ def write_outputs(outputs: dict[str, np.ndarray], out_dir: str | None) -> None:
 
 
 def load_artifact(args: argparse.Namespace):
-    """The artifact of `args.model`, with `--threads` applied."""
+    """The artifact of `args.model`, with `--threads` applied; an ONNX model is refused
+    with the commands that make an artifact of it."""
+    if is_onnx(args.model):
+        raise CvmcError(f"{args.model}: an ONNX model, not an artifact; compile it first with "
+                        f"`cvmc compile {args.model} --target llvm -o MODEL.cvmx` (or convert "
+                        f"it with `cvmc convert {args.model} -o DIR` and run DIR with --reference)")
     import cvmc_runtime
     if args.threads is not None:
         cvmc_runtime.set_num_threads(args.threads)

@@ -13,7 +13,6 @@ from cvmc.cli.common import (
     is_onnx,
 )
 from cvmc.codegen import CompileResult, Quiet, compile_model, writable_file
-from cvmc.codegen.quantization import beside_model
 from cvmc.errors import CvmcError
 
 
@@ -51,6 +50,7 @@ def compile_checked_model(args) -> int:
 
     from cvmc.codegen.progress import RichProgress
     from cvmc.frontend import load_checked
+    from cvmc.frontend.container import quantization_file
     from cvmc.frontend.printer import graph_dumper
     from cvmc.passes.pipeline import run_pipeline
     from cvmc.passes.target import Target
@@ -72,10 +72,11 @@ def compile_checked_model(args) -> int:
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0
     result = compile_model(graph, output, target, progress=progress,
-                           quantization=beside_model(args.model), cache=not args.no_cache)
+                           quantization=quantization_file(args.model), cache=not args.no_cache)
     # Only what is asked for is made: the TIR and source of a CPU build are made again
     # for --emit (the kernels were compiled apart, perhaps in an earlier run).
-    extras = {"tir": lambda: result.tir, "plan": lambda: json.dumps(result.plan, indent=1),
+    extras = {"tir": lambda: result.tir,
+              "plan": lambda: json.dumps(result.plan, indent=1, allow_nan=False),
               "source": lambda: result.source}
     for kind, path in emits.items():
         atomic_write_bytes(path, extras[kind]().encode())

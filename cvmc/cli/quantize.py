@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -44,6 +45,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                                 f"scales are used, so --calib and --report do not apply")
             graph, samples = qdq[0], None
         elif is_onnx(model):
+            _check_calib_shapes(model, samples, input_shapes(args))
             graph = load_checked(convert_onnx(model, Path(tmp) / "nnef",
                                               input_shapes=input_shapes(args)))
         elif args.input_shape:
@@ -78,14 +80,38 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_calib_shapes(model: str, samples: dict, shapes: dict) -> None:
+    """--calib against the ONNX model's declared input shapes (or --input-shape's), before
+    the model is converted (seconds for a real model)."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    from cvmc.quantize.calibrate import check_shape
+    try:
+        graph = onnx.load_model(model, load_external_data=False).graph
+    except (DecodeError, ValueError, RuntimeError, OSError):
+        return  # convert_onnx reports what is wrong with the file
+    weights = {t.name for t in graph.initializer}
+    for vi in graph.input:
+        if vi.name in samples and vi.name not in weights:
+            dims = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?"
+                    for d in vi.type.tensor_type.shape.dim]
+            check_shape(vi.name, samples[vi.name], shapes.get(vi.name, dims))
+
+
 def _report(q, samples: dict, args: argparse.Namespace) -> None:
     """Per-layer SQNR and max error of the integer model against the float one."""
     from cvmc.quantize.report import layer_report
     count = min(next(iter(samples.values())).shape[0], args.samples or 1 << 62)
     rows = layer_report(q, samples, count)
     if args.report_json:
+        # Strict JSON (no Infinity): an SQNR that is not finite is null, and max_abs_error
+        # tells which it was (0: the integer layer is exact, +inf dB; else the float layer
+        # is all zero, -inf dB).
+        finite = [{k: None if isinstance(v, float) and not math.isfinite(v) else v
+                   for k, v in r.items()} for r in rows]
         atomic_write_bytes(args.report_json, (json.dumps(
-            {"samples": count, "layers": rows}, indent=1) + "\n").encode())
+            {"samples": count, "layers": finite}, indent=1, allow_nan=False) + "\n").encode())
     if args.report:
         table = Table(title=f"integer vs float, {count} calibration samples")
         for col in ("layer", "op", "SQNR dB", "max |error|"):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cvmc.errors import CvmcError
+from cvmc.errors import CvmcError, check_argument
 from cvmc.ir import Graph
 from cvmc.passes.target import Target
 
@@ -73,6 +73,18 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
 
+    path = (str, os.PathLike)
+    for name, value, ok, want in (
+            ("graph", graph, isinstance(graph, Graph), "a Graph (cvmc.load_graph, GraphBuilder)"),
+            ("output", output, isinstance(output, path), "a path"),
+            ("mcpu", mcpu, mcpu is None or isinstance(mcpu, str), "a CPU name"),
+            ("arch", arch, arch is None or isinstance(arch, str), "a CUDA arch such as 'sm_80'"),
+            ("quantization", quantization,
+             quantization is None or isinstance(quantization, (Mapping, *path)),
+             "a quantization.json path or its parsed object"),
+            ("jobs", jobs, jobs is None or (type(jobs) is int and jobs >= 1), "an integer >= 1"),
+            ("cache", cache, isinstance(cache, bool), "True or False")):
+        check_argument("compile", name, value, ok, want)
     if isinstance(target, Target):
         if mcpu is not None or arch is not None:
             raise CvmcError("compile: give mcpu and arch to Target.make, not beside a Target")

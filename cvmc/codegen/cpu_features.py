@@ -18,7 +18,7 @@ import warnings
 
 from cvmc_runtime import CPUINFO_FLAGS, host_flags
 
-from cvmc.errors import CvmcError
+from cvmc.errors import CvmcError, ForeignCpuWarning
 from cvmc.passes.target import llvm_features
 
 NEVER_EMITTED = frozenset({
@@ -66,7 +66,8 @@ def needed_features(mcpu: str) -> list[str]:
     a feature cvmc cannot classify or check."""
     if not _x86_host():
         warnings.warn(f"--mcpu {mcpu}: the runtime checks CPU features on x86 only; an "
-                      f"artifact built for a CPU newer than its host may crash there")
+                      f"artifact built for a CPU newer than its host may crash there",
+                      ForeignCpuWarning)
         return []
     features = llvm_features(mcpu)
     unknown = sorted(f for f in features if classify(f) == "unknown")
@@ -85,4 +86,5 @@ def warn_if_not_host(mcpu: str, host: str, needed: list[str]) -> None:
     lacking = [f for f in needed if flags is not None and CPUINFO_FLAGS[f] not in flags]
     consequence = f"it will not run here (this CPU lacks {', '.join(lacking)})" if lacking \
         else "it runs only on CPUs with its features"
-    warnings.warn(f"--mcpu {mcpu} is not this machine's CPU ({host}): {consequence}")
+    warnings.warn(f"--mcpu {mcpu} is not this machine's CPU ({host}): {consequence}",
+                  ForeignCpuWarning)

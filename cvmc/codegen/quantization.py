@@ -17,18 +17,8 @@ from pathlib import Path
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
 
-FILE_NAME = "quantization.json"
 MAX_BYTES = 16 << 20  # a few lines per input and output
 Scales = dict[str, dict[str, float]]  # {"inputs": {name: scale}, "outputs": {name: scale}}
-
-
-def beside_model(model: str | os.PathLike) -> Path | None:
-    """The quantization.json in a model folder or beside its `.nnef` graph file; None if
-    there is none (and for archives and CVM-Runtime JSON, which hold no such file)."""
-    model = Path(model)
-    folder = model if model.is_dir() else model.parent if model.suffix == ".nnef" else None
-    path = folder / FILE_NAME if folder is not None else None
-    return path if path is not None and path.is_file() else None
 
 
 def _read(path: Path) -> object:

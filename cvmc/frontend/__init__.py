@@ -4,10 +4,11 @@
 """
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
-from cvmc.errors import CvmcError
+from cvmc.errors import CvmcError, check_argument
 from cvmc.ir import Graph
 
 
@@ -23,6 +24,9 @@ def load_graph(path: str | Path, quant: str | Path | None = None,
                params: str | Path | None = None, need_data: bool = False) -> Graph:
     """Read a model: an NNEF document / folder / tar(.gz), or a CVM-Runtime graph JSON,
     typed (`cvmc.ops.infer.retype`; `need_data`: a weight without data is an error)."""
+    for name, value in (("path", path), ("quant", quant), ("params", params)):
+        check_argument("load_graph", name, value, value is None and name != "path" or
+                       isinstance(value, (str, os.PathLike)), "a path")
     path = Path(path)
     if not path.exists():
         raise CvmcError(f"{path}: no such file or folder")

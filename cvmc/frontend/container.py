@@ -5,13 +5,14 @@ A model is a `.nnef` file (weights in its folder), a folder holding `graph.nnef`
 extracted) and hold only regular files and folders; every header is checked first, then
 only the graph files and the .dat members the graph names are read, each bounded before it
 is decompressed (graph files by MAX_TEXT_BYTES, a .dat by its variable's declared shape).
-Nothing cvmc finds in a model folder by name (weights, graph.nnef, graph.quant) reaches
-outside it.
+Nothing cvmc finds in a model folder by name (weights, graph.nnef, graph.quant,
+quantization.json) reaches outside it.
 """
 from __future__ import annotations
 
 import contextlib
 import lzma
+import os
 import posixpath
 import re
 import tarfile
@@ -29,6 +30,7 @@ from cvmc.frontend.tensorfile import read_tensor_bytes
 
 GRAPH_FILE = "graph.nnef"
 QUANT_FILE = "graph.quant"
+QUANTIZATION_FILE = "quantization.json"
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # Sum of member sizes, checked header by header as the archive is read: a hostile archive
 # (a small .tgz of a huge member, a sparse tar) fails at the first header past the bound,
@@ -130,7 +132,7 @@ def _read_file(path: Path, what: str, limit: int, bound: str) -> bytes:
         raise CvmcError(f"{path}: cannot read {what}: {e.strerror}") from None
 
 
-def _inside(root: Path, rel: str, what: str) -> Path | None:
+def file_in_folder(root: Path, rel: str, what: str) -> Path | None:
     """`root/rel` resolved, if it is a file inside `root` (None if there is no file).
 
     Every file cvmc finds in a model folder by name (weights, graph.quant, the graph of a
@@ -151,10 +153,10 @@ def _open_folder(graph: Path, quant: Path | None) -> ModelSource:
     root = graph.parent.resolve()
 
     def fetch(rel: str, limit: int) -> bytes | None:
-        path = _inside(root, rel, "weight file")
+        path = file_in_folder(root, rel, "weight file")
         return None if path is None else _read_file(path, "weights", limit, DAT_BOUND)
 
-    beside = _inside(root, QUANT_FILE, "quantization file") if quant is None else None
+    beside = file_in_folder(root, QUANT_FILE, "quantization file") if quant is None else None
     quant_text, quant_name = _read_quant(quant if quant is not None else beside)
     return ModelSource(
         graph_text=_decode(_read_file(graph, "graph", MAX_TEXT_BYTES, TEXT_BOUND), str(graph)),
@@ -278,11 +280,22 @@ def _tar_source(path: Path, tar: tarfile.TarFile, quant: Path | None) -> ModelSo
                        where=f"{path.name}:{member('')}", position=position, close=tar.close)
 
 
+def quantization_file(model: str | os.PathLike) -> Path | None:
+    """The quantization.json (`cvmc quantize`'s scales) in a model folder or beside its
+    `.nnef` graph file, inside that folder as every file cvmc finds by name (a link that
+    leaves it is an error); None if there is none (archives and CVM-Runtime JSON hold
+    none)."""
+    model = Path(model)
+    folder = model if model.is_dir() else model.parent if model.suffix == ".nnef" else None
+    return None if folder is None else \
+        file_in_folder(folder.resolve(), QUANTIZATION_FILE, "quantization file")
+
+
 def open_model(path: Path, quant: Path | None = None) -> ModelSource:
     """Open an NNEF model: a .nnef file, a folder with graph.nnef, or a .tar/.tar.gz/.tgz."""
     path = Path(path)
     if path.is_dir():
-        graph = _inside(path.resolve(), GRAPH_FILE, "graph file")
+        graph = file_in_folder(path.resolve(), GRAPH_FILE, "graph file")
         if graph is None:
             raise CvmcError(f"{path}: model folder has no {GRAPH_FILE}")
         return _open_folder(graph, quant)

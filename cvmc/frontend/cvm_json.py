@@ -10,9 +10,11 @@ defaults to `<stem>.params` beside the JSON, else `params` in the same folder (t
 name `export_cvm` writes). Extra outputs of a multi-output node are named
 `<node>_out<k>`.
 
-Export writes `symbol.json` ("cvm_1.1.0") and `params` (int32 arrays: CVM-Runtime loads
-nothing else). CVM-Runtime feeds one input named `data`, so a single graph input of
-another name is renamed `data` in the exported files.
+Export writes `symbol.json` ("cvm_1.1.0") and `params` (int8 arrays for weights of
+precision <= 8, int32 for the others: the two widths CVM-Runtime loads), every attribute
+as CVM-Runtime's parser reads it (docs/cvm-runtime.md; never "None"). CVM-Runtime feeds one
+input named `data`, so a single graph input of another name is renamed `data` in the
+exported files.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from cvmc.errors import CvmcError, OpRuleError
+from cvmc.frontend.container import file_in_folder
 from cvmc.frontend.cvm_params import params_bytes, read_params
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import OpDef, lookup
@@ -38,9 +41,10 @@ MAX_RANK = 6  # CVM-Runtime's limit on every tensor
 
 # NNVM conv2d/dense attributes with no effect on integer results, checked then dropped.
 _INERT_ATTRS = {"out_dtype": ("same", "int32", "-1", ""), "out_layout": ("", "NCHW", "None")}
-# Attributes CVM-Runtime requires that a cvmc graph may leave to the weight's shape.
+# Attributes CVM-Runtime requires that a cvmc graph may leave to its second input's shape
+# (the weight; cvm_lut's table, whose size CVM-Runtime checks against in_dim).
 _DERIVED_ATTRS = {"conv2d": ("channels", "kernel_size", "use_bias"),
-                  "dense": ("units", "use_bias")}
+                  "dense": ("units", "use_bias"), "cvm_lut": ("in_dim",)}
 
 
 # ---- attribute strings ------------------------------------------------------------------
@@ -66,8 +70,6 @@ def format_attr_value(value: Any) -> str:
     """A Python attribute value in CVM-Runtime's string spelling."""
     if isinstance(value, bool):
         return "True" if value else "False"
-    if value is None:
-        return "None"
     if isinstance(value, (list, tuple)):
         items = [format_attr_value(v) for v in value]
         return f"({items[0]},)" if len(items) == 1 else "(" + ", ".join(items) + ")"
@@ -119,9 +121,13 @@ def _load_json(path: Path) -> Any:
 
 
 def _default_params(path: Path) -> Path | None:
-    for candidate in (path.with_suffix(".params"), path.parent / "params"):
-        if candidate.is_file():
-            return candidate
+    """The params file found beside a graph JSON (`<stem>.params`, else `params`): like a
+    folder's weights, it must stay inside the JSON's folder, symlinks included."""
+    root = path.resolve().parent
+    for name in (path.with_suffix(".params").name, "params"):
+        found = file_in_folder(root, name, "params file")
+        if found is not None:
+            return found
     return None
 
 
@@ -377,17 +383,21 @@ def read_cvm_model(path: Path, params: Path | None = None) -> Graph:
 
 # ---- export -----------------------------------------------------------------------------
 def _cvm_attrs(node: Node, opdef: OpDef, types: dict[str, TensorType]) -> dict[str, str]:
-    """The node's attributes as CVM-Runtime op_attrs strings, in its spellings."""
+    """The node's attributes as CVM-Runtime op_attrs strings, in its spellings. An unset
+    attribute (None) is derived from the inputs where CVM-Runtime requires it, else left
+    out: CVM-Runtime's default for the one optional field (take's axis) is unset too,
+    and its parser refuses "None" for a required int (cvm_lut's in_dim, for example)."""
     attrs = dict(node.attrs)
     derived = _DERIVED_ATTRS.get(opdef.name, ())
     if derived:
         w = types[node.inputs[1]].shape
         fill = {"channels": w[0], "units": w[0], "kernel_size": tuple(w[2:]),
-                "use_bias": len(node.inputs) == 3}
+                "use_bias": len(node.inputs) == 3, "in_dim": int(np.prod(w))}
         attrs.update({k: fill[k] for k in derived if attrs.get(k) is None})
     out = {}
     for at in opdef.attrs:  # in CVM-Runtime's spelling (`cvm_name`, an alias: import reads it)
-        out[at.cvm_name or at.name] = format_attr_value(attrs[at.name])
+        if attrs[at.name] is not None:
+            out[at.cvm_name or at.name] = format_attr_value(attrs[at.name])
     return out
 
 
@@ -402,6 +412,12 @@ def _check_exportable(graph: Graph) -> None:
             raise CvmcError(f"{node.op} '{node.name}': an op of the {', '.join(seeds)} op set "
                             f"with no CVM-Runtime counterpart; cannot export to CVM-Runtime",
                             node.span)
+    rows = {o: graph.types[o].size // graph.types[o].shape[-1] for o in graph.outputs}
+    if len(set(rows.values())) > 1:
+        warnings.warn(f"CVM-Runtime's CVMAPIInference returns several outputs row by row (a "
+                      f"row: the last dimension) and refuses outputs of different row counts "
+                      f"('detection model output cannot concat'); these have "
+                      f"{', '.join(f'{o}: {n}' for o, n in rows.items())}", stacklevel=3)
     for v in graph.values():
         if not 1 <= len(graph.types[v].shape) <= MAX_RANK:
             raise CvmcError(f"tensor '{v}' has rank {len(graph.types[v].shape)}; CVM-Runtime "
@@ -432,6 +448,17 @@ def _widen_where_conditions(graph: Graph) -> Graph:
             node = Node(node.op, (wide, *node.inputs[1:]), node.outputs, node.attrs, node.span)
         nodes.append(node)
     return graph.replace(nodes=nodes, types=types)
+
+
+def _cvm_runtime_form(node: Node, types: dict[str, TensorType]) -> Node:
+    """The node as CVM-Runtime runs it: an expand_dims of no new axis (num_newaxis 0, which
+    the spec allows and CVM-Runtime's parser refuses: its lower bound is 1) is the reshape
+    to its own shape."""
+    if node.op == "expand_dims" and node.attrs["num_newaxis"] == 0:
+        shape = list(types[node.outputs[0]].shape)
+        return Node("reshape", node.inputs, node.outputs,
+                    dict(lookup("reshape").normalize_attrs({"target_shape": shape})), node.span)
+    return node
 
 
 def _storage_ids(graph: Graph, order: list[str]) -> list[int]:
@@ -469,6 +496,7 @@ def cvm_document(graph: Graph) -> tuple[dict, dict[str, np.ndarray]]:
         nodes.append({"op": "null", "name": rename.get(v, v), "inputs": []})
         op_attrs.append("{}")
     for node in graph.nodes:
+        node = _cvm_runtime_form(node, graph.types)
         opdef = lookup(node.op)
         nodes.append({"op": "cvm_op", "name": node.name,
                       "attrs": {"func_name": opdef.cvm_name,

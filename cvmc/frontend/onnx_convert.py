@@ -15,8 +15,10 @@ declares: the opset (OPSETS), every tensor's size against its dims and type, ext
 files inside the model's folder, and the whole model against MAX_ONNX_BYTES. Only then is
 the external data loaded and the model given to the converter's reader.
 
-Before the converter's reader types the graph, `onnx_rewrite.rewrite` rewrites the
-ModelProto (its module docstring lists each rewrite, with the reason): shape computations
+`--input-shape` gives symbolic input dimensions, or a new batch (dimension 0) to a model
+exported with a fixed one, which `onnx_rewrite.check_batch` refuses, naming the node,
+where the graph does not carry it. Before the converter's reader types the graph,
+`onnx_rewrite.rewrite` rewrites the ModelProto (its module docstring lists each rewrite, with the reason): shape computations
 (Shape, Size and what computes from them, ConstantOfShape, Range) are folded into
 initializers; LayerNormalization, HardSigmoid, HardSwish, GRU, and the LSTMs the
 converter's `lstm_loop` cannot express (Y used, reverse or bidirectional, no initial
@@ -62,6 +64,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from math import ceil, floor, prod
 from pathlib import Path, PurePosixPath
@@ -70,7 +73,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cvmc.errors import CvmcError
-from cvmc.frontend.onnx_rewrite import rewrite
+from cvmc.frontend.onnx_rewrite import internal_errors, rewrite
 from cvmc.frontend.syntax import KEYWORDS
 
 MISSING = "cvmc convert needs the Khronos NNEF-Tools: pip install 'cvmc[convert]'"
@@ -183,9 +186,9 @@ def _check_input_shapes(path: Path, graph, input_shapes: dict[str, list[int]]) -
                             f"(inputs: {', '.join(inputs)})")
         dims = inputs[name].type.tensor_type.shape.dim
         if len(dims) != len(shape) or any(_fixed(d) and d.dim_value != s
-                                          for d, s in zip(dims, shape)):
+                                          for d, s in zip(dims[1:], shape[1:])):
             raise CvmcError(f"--input-shape {name}: {shape} does not fit the model's shape "
-                            f"{_onnx_shape(dims)}")
+                            f"{_onnx_shape(dims)} (only the batch, dimension 0, may change)")
         if not all(1 <= s <= MAX_DIM for s in shape):
             raise CvmcError(f"--input-shape {name}: every dimension must be 1..{MAX_DIM}")
     for name, info in inputs.items():
@@ -250,46 +253,87 @@ def move_into_place(folder: Path, out_dir: Path) -> None:
 def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path, opset: int,
                    input_shapes: dict[str, list[int]] | None) -> None:
     """Read, adjust, convert and write the checked `model` into `folder` (see the module
-    docstring)."""
-    converter = tools.convert.get_converter(
-        "onnx", "nnef", io_transpose=False, custom_transforms=None, custom_functions=None,
-        custom_shapes={}, mirror_unsupported=False, keep_io_names=True)
-    writer = tools.convert.get_writer(
-        "nnef", fragments=converter.defined_operations(),
-        fragment_dependencies=converter.defined_operation_dependencies(),
-        generate_fragments=False, annotate_shapes=False, compression=None)
+    docstring). NNEF-Tools' steps run under `_nnef_tools`, cvmc's own under
+    `internal_errors`, so that a failure is told as what it is: the model's, the
+    converter's, or a bug in cvmc naming the node it was at."""
     shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
     try:
-        graph = _read_graph(tools.reader, model, onnx_path.parent, shapes, opset)
-        graph = tools.convert.get_optimizer("onnx")(graph, only_required=True)
+        with _nnef_tools(tools):
+            converter = tools.convert.get_converter(
+                "onnx", "nnef", io_transpose=False, custom_transforms=None,
+                custom_functions=None, custom_shapes={}, mirror_unsupported=False,
+                keep_io_names=True)
+            writer = tools.convert.get_writer(
+                "nnef", fragments=converter.defined_operations(),
+                fragment_dependencies=converter.defined_operation_dependencies(),
+                generate_fragments=False, annotate_shapes=False, compression=None)
+        graph = _read_graph(tools, model, onnx_path.parent, shapes, opset)
+        with _nnef_tools(tools):
+            graph = tools.convert.get_optimizer("onnx")(graph, only_required=True)
         _adjust(graph, opset)
-        graph.sort()
-        graph = converter(graph)
-        _nnef_names(graph)
-        writer(graph, str(folder))
+        with _nnef_tools(tools):
+            graph.sort()
+            graph = converter(graph)
+        with internal_errors("renaming the converted tensors"):
+            _nnef_names(graph)
+        with _nnef_tools(tools):
+            writer(graph, str(folder))
     except CvmcError as e:
-        raise CvmcError(f"{onnx_path}: {e.message}") from None
+        raise CvmcError(f"{onnx_path}: {e.message}") from e.__cause__
+
+
+@contextmanager
+def _nnef_tools(tools: SimpleNamespace) -> Iterator[None]:
+    """Run NNEF-Tools' code: what it raises is the model's failure or its own, and says so."""
+    try:
+        yield
     except tools.ConversionError as e:
         lines = [*str(e).strip().splitlines(), *(e.details or [])]
-        raise CvmcError(f"{onnx_path}: NNEF-Tools cannot convert this model: "
-                        + "\n  ".join(lines)) from None
+        if lines[0].startswith("Input graph contains tensors with dynamic shape"):
+            # its advice names its own command-line options, which cvmc does not have
+            lines = [lines[0] + " (their shapes depend on values known only when the model "
+                     "runs; cvmc folds the shapes computed from the input shapes)"]
+        raise CvmcError("NNEF-Tools cannot convert this model: " + "\n  ".join(lines)) \
+            from None
     except Exception as e:  # noqa: BLE001 - third-party code: any failure is the model's
-        raise CvmcError(f"{onnx_path}: NNEF-Tools failed on this model "
-                        f"({type(e).__name__}: {e})") from None
+        raise CvmcError(f"NNEF-Tools failed on this model ({type(e).__name__}: {e})") from None
 
 
-def _read_graph(reader, model, model_folder: Path, shapes: dict | None, opset: int):
+def _read_graph(tools: SimpleNamespace, model, model_folder: Path, shapes: dict | None,
+                opset: int):
     """NNEF-Tools' ONNX reader (its `Reader.__call__`, without the simplifier) on the checked
     `model`, whose external data (bounded by `_check_tensors`) is loaded first, rewritten by
     `onnx_rewrite.rewrite` (ops the converter lacks, shape computations)."""
     import onnx
 
     onnx.load_external_data_for_model(model, str(model_folder))
+    batches = _release_batches(model.graph, shapes or {})
     if shapes:
-        reader._set_input_shapes(model.graph, shapes)
-    rewrite(model, opset)  # after the input shapes: shape computations fold from them
-    reader._add_value_info_for_constants(model)
-    return reader.onnx_model_to_graph(reader.infer_shapes(model))
+        with _nnef_tools(tools):
+            tools.reader._set_input_shapes(model.graph, shapes)
+    with internal_errors("rewriting the ONNX graph"):  # each node's rewrite names it
+        rewrite(model, opset, batches)  # after the input shapes: shapes fold from them
+    with _nnef_tools(tools):
+        tools.reader._add_value_info_for_constants(model)
+        return tools.reader.onnx_model_to_graph(tools.reader.infer_shapes(model))
+
+
+def _release_batches(graph, shapes: dict) -> dict[str, int]:
+    """The inputs whose fixed batch (dimension 0) `shapes` changes, with that batch. Their
+    dimension 0 is made free, and the shapes the model declares for other tensors, which
+    the old batch may be part of, are dropped for shape inference to compute again."""
+    batches = {}
+    for info in graph.input:
+        dims = info.type.tensor_type.shape.dim
+        if info.name in shapes and dims and dims[0].HasField("dim_value") \
+                and dims[0].dim_value != shapes[info.name][0]:
+            batches[info.name] = dims[0].dim_value
+            dims[0].ClearField("dim_value")
+    if batches:
+        del graph.value_info[:]
+        for info in graph.output:
+            info.type.tensor_type.ClearField("shape")
+    return batches
 
 
 # ---- the model's tensors: sizes checked before any data is read --------------------------
@@ -459,41 +503,54 @@ def _check_inline(where: str, tensor, declared: int) -> None:
 def _adjust(graph, opset: int) -> None:
     """Fix what NNEF-Tools would refuse or mistranslate (module docstring)."""
     for op in graph.operations:
-        for attr, default in _ASSUMED.get(op.type, {}).items():
-            if op.attribs.get(attr, default) != default:
-                raise CvmcError(f"{op.type} '{_label(op)}': {attr} = {op.attribs[attr]}, but "
-                                f"NNEF-Tools ignores {attr} and assumes {default}")
-        if op.type in ("Min", "Max") and len(op.inputs) != 2:
-            raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools "
-                            f"converts it with exactly two (a third one would be dropped)")
-        if op.type in _ATTRIBUTES_BECAME_INPUTS and opset < _ATTRIBUTES_BECAME_INPUTS[op.type][0]:
-            _attributes_as_inputs(op, *_ATTRIBUTES_BECAME_INPUTS[op.type][1:])
-        if op.type in _REDUCTIONS:
-            _reduction_axes(op)
-        elif op.type == "Softmax":
-            _softmax_axis(op, opset)
-        elif op.type == "Flatten" and op.attribs.get("axis", 1) != 1:
-            _flatten_as_reshape(op)
-        elif op.type == "Split" and "split" not in op.attribs and \
-                (len(op.inputs) < 2 or not op.inputs[1].name):
-            # equal parts (opset 18: `num_outputs`): the converter reads the sizes only
-            op.attribs["split"] = [out.shape[op.attribs.get("axis", 0)] for out in op.outputs]
-            op.attribs.pop("num_outputs", None)
-        elif op.type == "Pad" and len(op.inputs) > 3 and op.inputs[3].name:
-            raise CvmcError(f"Pad '{_label(op)}': its input 'axes' (opset 18) is ignored by "
-                            f"NNEF-Tools (it reads the pads as those of all dimensions)")
-        elif op.type == "Resize":
-            if opset < 11:  # what ONNX Runtime does for Resize-10 (no such attributes)
-                op.attribs.update(coordinate_transformation_mode="asymmetric",
-                                  nearest_mode="floor")
-            if op.attribs.get("mode", "nearest") == "nearest":
-                _check_nearest_resize(op)
-        elif op.type == "LSTM":
-            _lstm_gates(op)
-        elif op.type == "Round":  # exact ties are rare in float models: warn, not refuse
-            warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
-                          f"(which NNEF-Tools converts it to) rounds them up: the results "
-                          f"differ where a value lies exactly halfway", stacklevel=2)
+        with internal_errors(f"{op.type} '{_label(op)}'"):
+            _adjust_op(op, opset)
+
+
+def _adjust_op(op, opset: int) -> None:
+    """`_adjust` of one op."""
+    for attr, default in _ASSUMED.get(op.type, {}).items():
+        if op.attribs.get(attr, default) != default:
+            raise CvmcError(f"{op.type} '{_label(op)}': {attr} = {op.attribs[attr]}, but "
+                            f"NNEF-Tools ignores {attr} and assumes {default}")
+    if op.type in ("Min", "Max") and len(op.inputs) != 2:
+        raise CvmcError(f"{op.type} '{_label(op)}' has {len(op.inputs)} inputs; NNEF-Tools "
+                        f"converts it with exactly two (a third one would be dropped)")
+    if op.type in _ATTRIBUTES_BECAME_INPUTS and opset < _ATTRIBUTES_BECAME_INPUTS[op.type][0]:
+        _attributes_as_inputs(op, *_ATTRIBUTES_BECAME_INPUTS[op.type][1:])
+    if op.type in _REDUCTIONS:
+        _reduction_axes(op)
+    elif op.type == "Softmax":
+        _softmax_axis(op, opset)
+    elif op.type == "Flatten" and op.attribs.get("axis", 1) != 1 and _static(op.inputs[0]):
+        _flatten_as_reshape(op)
+    elif op.type == "Split" and "split" not in op.attribs and _static(op.inputs[0]) and \
+            (len(op.inputs) < 2 or not op.inputs[1].name):
+        # equal parts (opset 18: `num_outputs`): the converter reads the sizes only
+        op.attribs["split"] = [out.shape[op.attribs.get("axis", 0)] for out in op.outputs]
+        op.attribs.pop("num_outputs", None)
+    elif op.type == "Pad" and len(op.inputs) > 3 and op.inputs[3].name:
+        raise CvmcError(f"Pad '{_label(op)}': its input 'axes' (opset 18) is ignored by "
+                        f"NNEF-Tools (it reads the pads as those of all dimensions)")
+    elif op.type == "Resize":
+        if opset < 11:  # what ONNX Runtime does for Resize-10 (no such attributes)
+            op.attribs.update(coordinate_transformation_mode="asymmetric",
+                              nearest_mode="floor")
+        if op.attribs.get("mode", "nearest") == "nearest":
+            _check_nearest_resize(op)
+    elif op.type == "LSTM":
+        _lstm_gates(op)
+    elif op.type == "Round":  # exact ties are rare in float models: warn, not refuse
+        warnings.warn(f"Round '{_label(op)}': ONNX rounds halves to even, NNEF's round "
+                      f"(which NNEF-Tools converts it to) rounds them up: the results "
+                      f"differ where a value lies exactly halfway", stacklevel=2)
+
+
+def _static(tensor) -> bool:
+    """Whether the reader knows the tensor's shape. An adjustment that needs the shape
+    leaves an op whose input shape is unknown as it is: the converter refuses every tensor
+    of dynamic shape, naming them."""
+    return tensor.shape is not None and None not in tensor.shape
 
 
 def _attributes_as_inputs(op, names: tuple[str, ...], dtype: type) -> None:
@@ -594,10 +651,12 @@ def _reduction_axes(op) -> None:
 
 def _softmax_axis(op, opset: int) -> None:
     """Spell out the opset's default axis; refuse the flattened softmax of opset < 13."""
-    shape = op.inputs[0].shape
     axis = op.attribs.setdefault("axis", -1 if opset >= 13 else 1)
+    if opset >= 13 or not _static(op.inputs[0]):
+        return
+    shape = op.inputs[0].shape
     axis += len(shape) if axis < 0 else 0
-    if opset < 13 and any(s != 1 for s in shape[axis + 1:]):
+    if any(s != 1 for s in shape[axis + 1:]):
         raise CvmcError(f"Softmax '{_label(op)}' (opset {opset}) normalizes the dimensions "
                         f"{axis}.. of its {list(shape)} input together, which NNEF-Tools "
                         f"converts as a softmax over dimension {axis} alone; export the "
@@ -627,7 +686,7 @@ def _check_nearest_resize(op) -> None:
     mode = op.attribs.get("coordinate_transformation_mode", "half_pixel")
     rounding = op.attribs.get("nearest_mode", "round_prefer_floor")
     x, y = op.inputs[0].shape, op.outputs[0].shape
-    if None in x or None in y or mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric",
+    if not _static(op.inputs[0]) or not _static(op.outputs[0]) or mode not in ("half_pixel", "pytorch_half_pixel", "asymmetric",
                                               "align_corners"):
         return  # the converter refuses these itself
     for axis in range(2, len(x)):

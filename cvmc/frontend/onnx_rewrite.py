@@ -6,8 +6,10 @@ by ONNX ops the converter converts (`rewrite` folds first, which may make the sh
 others need static, then rewrites node by node):
 - `_fold_constants`: Shape / Size of statically shaped tensors, and every node computing
   only from them and from constants (Gather, Concat, Unsqueeze, Slice, Cast, Equal,
-  Where, ...), plus ConstantOfShape and Range of constants, become initializers: what
-  onnx-simplifier does for `x.view(x.size(0), -1)`, evaluated by onnx's NumPy reference
+  Where, ...), plus ConstantOfShape and Range of constants and every node computing from
+  int64 constants alone (index arithmetic such as torch's `Mod(2, 3)`), become
+  initializers: what onnx-simplifier does for `x.view(x.size(0), -1)` and for the
+  attention reshapes of torch's transformer exports, evaluated by onnx's NumPy reference
   evaluator. Other constant nodes are left to the converter (QDQ weights stay as they are).
 - `_layer_normalization`: LayerNormalization (opset 17) becomes the plain decomposition
   ReduceMean, Sub, Mul (the square), ReduceMean, Add (epsilon), Sqrt, Div, Mul (scale),
@@ -20,10 +22,15 @@ others need static, then rewrites node by node):
   (its output Y used, reverse or bidirectional, no initial state, sequence_lens, other
   activations), are unrolled over their static sequence into Gemm, Add, Split, the
   activations, Mul and Reshape / Concat for the outputs.
-Attributes a rewrite does not model are refused with a CvmcError naming the op and the
-attribute.
+`check_batch` first refuses, naming the node, a new batch given to a model exported with
+a fixed one where the graph pins the old batch. Attributes a rewrite does not model are
+refused with a CvmcError naming the op and the attribute.
 """
 from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -37,8 +44,11 @@ _FOLD_ALWAYS = ("ConstantOfShape", "Range")
 _ACTIVATIONS = ("Sigmoid", "Tanh", "Relu")
 
 
-def rewrite(model, opset: int) -> None:
-    """Fold shape computations, then decompose the ops NNEF-Tools lacks (module docstring)."""
+def rewrite(model, opset: int, batches: dict[str, int] | None = None) -> None:
+    """Fold shape computations, then decompose the ops NNEF-Tools lacks (module docstring).
+    `batches`: the inputs given a new batch, with the model's own (`check_batch`)."""
+    if batches:
+        check_batch(model, batches)
     _fold_constants(model)
     rewrites = {"LayerNormalization": _layer_normalization, "HardSigmoid": _hard_sigmoid,
                 "HardSwish": _hard_swish, "GRU": _gru, "LSTM": _lstm,
@@ -51,13 +61,27 @@ def rewrite(model, opset: int) -> None:
     nodes = []
     for node in model.graph.node:
         emit = _Emitter(model.graph, opset, names, _label(node))
-        if node.op_type not in rewrites or not rewrites[node.op_type](emit, node, shapes,
-                                                                      values):
-            nodes.append(node)
-            continue
-        nodes.extend(emit.nodes)
+        with internal_errors(f"{node.op_type} '{_label(node)}'"):
+            rewritten = node.op_type in rewrites and rewrites[node.op_type](emit, node, shapes,
+                                                                            values)
+        nodes.extend(emit.nodes if rewritten else [node])
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+
+
+@contextmanager
+def internal_errors(where: str) -> Iterator[None]:
+    """Run cvmc's own converter code at `where` (a node): an exception other than a
+    CvmcError is a bug in cvmc, told as one naming the node, never as the model's fault
+    or NNEF-Tools' (its cause stays chained for a debugger)."""
+    try:
+        yield
+    except CvmcError:
+        raise
+    except Exception as e:  # any other failure here is cvmc's own
+        raise CvmcError(f"{where}: internal error in cvmc's ONNX converter ({type(e).__name__}: "
+                        f"{e}); this is a bug in cvmc, not in the model: please report it") \
+            from e
 
 
 # ---- constant folding ---------------------------------------------------------------------
@@ -76,8 +100,9 @@ def _fold_constants(model) -> None:
         values = _constants(model)
         folded = []
         for node in graph.node:
-            if _fold_node(node, shapes, values, derived, model.opset_import):
-                folded.append(node)
+            with internal_errors(f"{node.op_type} '{_label(node)}'"):
+                if _fold_node(node, shapes, values, derived, model.opset_import):
+                    folded.append(node)
         if not folded:
             break
         folded_any = True
@@ -88,6 +113,64 @@ def _fold_constants(model) -> None:
                                      for o in node.output if o in used)
     if folded_any:
         _drop_dead_constants(graph)
+
+
+def check_batch(model, batches: dict[str, int]) -> None:
+    """Refuse, naming the node, a new batch that the graph does not carry: `batches` maps
+    the inputs given a new batch (`model` has it) to the model's own. Both models are
+    folded and shape-inferred; every node that reads a tensor whose shape the batch
+    changed must pass it on: an output whose shape changes too (not Shape / Size, whose
+    values carry it), and a Reshape to a shape the exporter wrote as a constant keeps it
+    in dimension 0 where it did so at the old batch (`x.view(1, -1)` traced at batch 1
+    does not; a shape computed from a Shape follows the data). Then the new batch must
+    pass strict shape inference."""
+    import onnx
+
+    traced = {t.name for t in model.graph.initializer}
+    traced.update(n.output[0] for n in model.graph.node if n.op_type == "Constant")
+    old = onnx.ModelProto()
+    old.CopyFrom(model)
+    for info in old.graph.input:
+        if info.name in batches:
+            info.type.tensor_type.shape.dim[0].dim_value = batches[info.name]
+    _fold_constants(old)
+    _fold_constants(model)
+    name = next(iter(batches))
+    new = next(i for i in model.graph.input if i.name == name).type.tensor_type.shape.dim[0]
+    what = f"--input-shape {name}: the model's batch {batches[name]} cannot be changed to " \
+        f"{new.dim_value}"
+    before, after = _static_shapes(old), _static_shapes(model)
+    carried = set(batches)  # tensors whose shape the new batch changes
+    for node in model.graph.node:
+        if node.op_type in _SHAPE_SOURCES or not carried.intersection(node.input):
+            continue
+        changed = [o for o in node.output if o and (after.get(o) != before.get(o) or
+                                                   after.get(o) is None or None in after[o])]
+        if not changed or node.op_type == "Reshape" and node.input[1] in traced \
+                and _drops_batch(node, before, after):
+            x, y = next(i for i in node.input if i in carried), node.output[0]
+            output = f"becomes {after.get(y)} with the batch moved out of dimension 0" \
+                if changed else f"stays {after.get(y)}"
+            raise CvmcError(f"{what}: {node.op_type} '{_label(node)}' pins it (its input "
+                            f"'{x}' {before.get(x)} becomes {after.get(x)}, its output "
+                            f"'{y}' {output}); export the model with a dynamic batch")
+        carried.update(changed)
+    try:  # what no node above pins may still not fit: a constant joined with the batch
+        _static_shapes(model, strict=True)
+    except onnx.shape_inference.InferenceError as e:
+        found = re.search(r"\(op_type:(\w+)(?:, node name: ([^)]*))?\): (?:\[\w+\] )?(.*)",
+                          str(e))
+        where = f"{found[1]} '{found[2] or '?'}': {found[3].strip()}" if found \
+            else str(e).strip().splitlines()[0]
+        raise CvmcError(f"{what}: onnx shape inference fails at {where}; export the model "
+                        f"with a dynamic batch") from None
+
+
+def _drops_batch(node, before: dict, after: dict) -> bool:
+    """Whether a Reshape that kept its input's dimension 0 at the old batch no longer does."""
+    x, y = node.input[0], node.output[0]
+    known = all(s.get(t) for s in (before, after) for t in (x, y))
+    return known and before[x][0] == before[y][0] and after[x][0] != after[y][0]
 
 
 def _fold_node(node, shapes: dict, values: dict, derived: set, opsets) -> bool:
@@ -101,8 +184,12 @@ def _fold_node(node, shapes: dict, values: dict, derived: set, opsets) -> bool:
         values[node.output[0]] = _shape_value(node, shape)
     else:
         inputs = [i for i in node.input if i]
+        # int64 is ONNX's type of shapes, axes and indices, never of a float model's
+        # weights: torch computes the bounds of a Slice of a Shape from constants alone
+        # (`unflatten`'s Mod(2, 3)), and the chain must fold for the Slice to fold
         if not all(i in values for i in inputs) or node.op_type == "Constant" or not (
-                node.op_type in _FOLD_ALWAYS or any(i in derived for i in inputs)):
+                node.op_type in _FOLD_ALWAYS or any(i in derived for i in inputs)
+                or inputs and all(values[i].dtype == np.int64 for i in inputs)):
             return False
         values.update(_evaluate(node, values, opsets))
     derived.update(node.output)
@@ -146,13 +233,16 @@ def _drop_dead_constants(graph) -> None:
         graph.initializer.remove(tensor)
 
 
-def _static_shapes(model) -> dict[str, list]:
-    """Every tensor's shape as ONNX shape inference gives it (None for an unknown dim)."""
+def _static_shapes(model, strict: bool = False) -> dict[str, list]:
+    """Every tensor's shape as ONNX shape inference gives it (None for an unknown dim);
+    `strict`: an inconsistent graph raises onnx's InferenceError."""
     import onnx
 
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-    except Exception:  # noqa: BLE001 - the converter's reader reports a broken model
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=strict, data_prop=True)
+    except Exception:  # the converter's reader reports a broken model
+        if strict:
+            raise
         inferred = model
     graph = inferred.graph
     shapes = {t.name: list(t.dims) for t in graph.initializer}

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from cvmc.errors import check_argument
 from cvmc.ir.graph import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
@@ -22,6 +23,8 @@ _ELEM = {"int8": "integer", "int32": "integer", "float32": "scalar", "bool": "lo
 
 def print_graph(graph: Graph) -> str:
     """The graph as NNEF text (flat syntax plus cvmc's `precision` arguments)."""
+    check_argument("print_graph", "graph", graph, isinstance(graph, Graph),
+                   "a Graph (cvmc.load_graph, GraphBuilder)")
     header = f"graph {graph.name}( {', '.join(graph.inputs)} ) -> ( {', '.join(graph.outputs)} )"
     lines = ["version 1.0;", "", header, "{"]
     for name in graph.inputs:

@@ -14,6 +14,7 @@ import numpy as np
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
+from cvmc.ops.arith import node_ops
 from cvmc.ops.fastmath import vector_exp
 from cvmc.ops.registry import Attrs
 from cvmc.ops.te import ANCHOR_ATTR
@@ -212,12 +213,6 @@ def _spec(graph: Graph, name: str) -> dict:
     return {"name": name, "shape": list(t.shape), "dtype": t.dtype, "precision": t.precision}
 
 
-def arith_ops(node: Node, types: Mapping[str, TensorType]) -> int:
-    """Arithmetic operations of a node, for GOPS in `cvmc bench` (its op's `arith` rule)."""
-    return lookup(node.op).arith_ops([types[i] for i in node.inputs],
-                                     [types[o] for o in node.outputs], Attrs(node.attrs))
-
-
 def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dict:
     """The JSON-ready plan: signature, weights, intermediate buffers, kernel calls, memory."""
     # A weight is stored when a kernel reads it or when it is itself a graph output (a
@@ -228,7 +223,7 @@ def execution_plan(graph: Graph, groups: list[Group], symbols: list[str]) -> dic
     buffers = [v for g in groups for v in g.outputs if v not in io]
     kernels = [{"symbol": s, "ops": g.ops, "args": [*g.inputs, *g.outputs],
                 "num_inputs": len(g.inputs),
-                "arith_ops": sum(arith_ops(n, graph.types) for n in g.nodes)}
+                "arith_ops": sum(node_ops(n, graph.types) for n in g.nodes)}
                for s, g in zip(symbols, groups)]
     return {
         "inputs": [_spec(graph, n) for n in graph.inputs],

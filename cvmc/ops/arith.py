@@ -10,8 +10,10 @@ few element-wise ops that only copy. `cvmc bench` shows '-' for a kernel of 0 op
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
-from cvmc.ops.registry import lookup
+from cvmc.ir import Node, TensorType
+from cvmc.ops.registry import Attrs, lookup
 
 
 def _mac(outputs: int, per_output: int) -> int:
@@ -108,6 +110,24 @@ _RULES = {
                      "nnef.squeeze", "nnef.tile", "nnef.transpose", "copy", "cinn.identity",
                      "cinn.const_scalar"), _none),
 }
+
+
+# The layers whose operations are multiply-adds (2 each above): convolutions and matrix
+# products, the MACs `cvmc check` totals.
+MULTIPLY_ADD_OPS = frozenset((
+    "conv2d", "conv", "deconv", "conv2d_packed", "onednn.convolution", "cinn.conv", "dense",
+    "matmul", "matmul_packed", "cinn.dot"))
+
+
+def node_ops(node: Node, types: Mapping[str, TensorType]) -> int:
+    """Arithmetic operations of a node in a typed graph (its op's `arith` rule)."""
+    return lookup(node.op).arith_ops([types[i] for i in node.inputs],
+                                     [types[o] for o in node.outputs], Attrs(node.attrs))
+
+
+def multiply_adds(node: Node, types: Mapping[str, TensorType]) -> int:
+    """A convolution's or matrix product's multiply-adds (MACs); 0 for any other op."""
+    return node_ops(node, types) // 2 if node.op in MULTIPLY_ADD_OPS else 0
 
 
 def register() -> None:

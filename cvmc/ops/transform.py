@@ -440,6 +440,9 @@ cvm_lut = op("cvm_lut", family="transform", inputs=("indices", "table"),
 
 @cvm_lut.shape
 def _cvm_lut_shape(ins, a):
+    size = int(np.prod(ins[1].shape))
+    require(a.in_dim in (None, size), f"cvm_lut: attribute 'in_dim' {a.in_dim} must be the "
+                                      f"table's size {size} (CVM-Runtime checks it)")
     return _take_shape_of("cvm_lut", ins[1], ins[0], None)
 
 

@@ -2,11 +2,13 @@
 
 The passes, in order (each one's graph is what `--dump-ir` writes):
 group-layers (compound fragments back to layers, those no rule covers split again), fold-batch-norm, fuse-elementwise, then
+a dry run of the quantize pass at unit thresholds (every refusal before any sample runs), then
 calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`), then infer-precision (the
 proof that int32 never overflows).
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +60,10 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
     dump(2, "fuse-elementwise", layers.graph)
     thresholds = {}
     if samples is not None:
+        # The integer graph at unit thresholds, dropped: every refusal that does not
+        # depend on the calibrated ranges (a layer no rule covers, asymmetric padding, a
+        # filter that is not a weight) comes before any sample runs.
+        rewriter(layers, defaultdict(lambda: 1.0), options).run()
         count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
         stats = calibrate(layers, samples, count)
         thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}

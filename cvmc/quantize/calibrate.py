@@ -54,6 +54,16 @@ class Stats:
         return t if t > 0 else (self.absmax if self.absmax > 0 else 1.0)
 
 
+def check_shape(name: str, data: np.ndarray, shape) -> None:
+    """Samples of input `name` are reals of shape [N, *shape] (a None or named dim of
+    `shape` takes any size)."""
+    if data.dtype.kind not in "fiu" or data.ndim != len(shape) + 1 or any(
+            isinstance(d, int) and d != n for d, n in zip(shape, data.shape[1:])):
+        raise CvmcError(f"--calib {name}: expected samples of shape [N, "
+                        f"{', '.join(map(str, shape))}] with real values, got "
+                        f"{list(data.shape)} {data.dtype}")
+
+
 def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
     """The number of samples, after checking names, shapes and values (one error each)."""
     g = layers.graph
@@ -67,11 +77,7 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
                         f"{', '.join(g.inputs)})")
     counts = set()
     for name, data in samples.items():
-        shape = tuple(g.types[name].shape)
-        if data.dtype.kind not in "fiu" or data.shape[1:] != shape:
-            raise CvmcError(f"--calib {name}: expected samples of shape [N, "
-                            f"{', '.join(map(str, shape))}] with real values, got "
-                            f"{list(data.shape)} {data.dtype}")
+        check_shape(name, data, g.types[name].shape)
         if data.shape[0] == 0:
             raise CvmcError(f"--calib {name}: holds no samples (shape {list(data.shape)})")
         bad = np.argwhere(~np.isfinite(data))
@@ -86,17 +92,18 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
 
 
 def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
-    """Statistics of every input and layer output over the first `count` samples; a layer
-    output that is not finite (the float model overflows float32) is an error."""
+    """Statistics of every input and layer output (each of a split's) over the first
+    `count` samples; a layer output that is not finite (the float model overflows float32)
+    is an error."""
     g = layers.graph
-    names = [*g.inputs, *(n.name for n in g.nodes)]
+    names = [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
     stats = {name: Stats() for name in names}
     for k in range(count):
         env = run_float(layers, {n: samples[n][k] for n in g.inputs})
         for name in names:
             bad = env[name][~np.isfinite(env[name])]
             if bad.size:
-                node = next(n for n in g.nodes if n.name == name)  # inputs are finite
+                node = next(n for n in g.nodes if name in n.outputs)  # inputs are finite
                 raise unsupported(node, f"its float output holds {bad[0]} on calibration "
                                         f"sample {k}: no scale covers a value that is not "
                                         f"finite (float32 overflowed, or a weight is not)")

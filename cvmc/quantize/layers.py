@@ -261,7 +261,8 @@ def _pointwise(layers: Layers, node: Node) -> bool:
 def fuse_elementwise(layers: Layers) -> Layers:
     """Element-wise layers that all compute from one activation x (hardswish's
     x * clamp(x + 3, 0, 6) / 6, swish's x * sigmoid(x)), and whose intermediate values
-    nothing else reads, become one layer: one real function of x, one lookup table."""
+    nothing else reads, become one layer: one real function of x, one lookup table; then a
+    division by such a layer becomes a product with its reciprocal."""
     g = layers.graph
     consumers = g.consumers()
     root: dict[str, str] = {}
@@ -286,10 +287,34 @@ def fuse_elementwise(layers: Layers) -> Layers:
         merged[last.name] = Node("+".join(m.op for m in members), (x,), last.outputs, {},
                                  last.span)
         bodies[last.name] = [n for m in members for n in bodies.pop(m.name, [m])]
-    if not merged:
-        return layers
     nodes = [merged.get(n.name, n) for n in g.nodes]
-    return Layers(g.replace(nodes=[n for n in nodes if n is not None]), bodies)
+    return _reciprocal_divisors(Layers(g.replace(nodes=[n for n in nodes if n is not None]),
+                                       bodies))
+
+
+def _reciprocal_divisors(layers: Layers) -> Layers:
+    """div(a, b) of two activations where b is an element-wise layer's f(v) that nothing
+    else reads (LayerNorm's sqrt(var + eps)) becomes mul(a, b) with b = 1 / f(v): one table
+    of the reciprocal."""
+    g = layers.graph
+    consumers, producer = g.consumers(), {n.name: n for n in g.nodes}
+    graph, bodies, nodes = g.replace(), dict(layers.bodies), list(g.nodes)
+    for k, node in enumerate(g.nodes):
+        if node.op != "div" or node.name in bodies or len(layers.activations_of(node)) != 2:
+            continue
+        divisor = producer.get(node.inputs[1])
+        if divisor is None or divisor.name in g.outputs or len(consumers[divisor.name]) != 1 \
+                or not is_elementwise(layers, divisor):
+            continue
+        rcp = f"{divisor.name}__rcp"  # a new name: the report has no float twin of it
+        graph.types[rcp] = g.types[divisor.name]
+        bodies[rcp] = [*bodies.pop(divisor.name, [divisor]),
+                       Node("rcp", (divisor.name,), (rcp,), {}, divisor.span)]
+        nodes[nodes.index(divisor)] = Node(f"{divisor.op}+rcp", divisor.inputs, (rcp,), {},
+                                           divisor.span)
+        nodes[k] = Node("mul", (node.inputs[0], rcp), node.outputs, {}, node.span)
+    graph.nodes = nodes
+    return Layers(graph, bodies)
 
 
 def unsupported(node: Node, why: str) -> CvmcError:

@@ -2,17 +2,23 @@
 
 Every integer tensor t stands for the real t / scale (symmetric, per tensor); a layer's
 result is requantized to its calibrated scale at the activation bits. The rules:
-- conv -> conv2d, matmul / linear -> dense (weights 8 bits, per tensor or per output
-  channel; bias at s_x * s_w clipped to the accumulator's precision), then requantize;
+- conv -> conv2d, deconv -> conv2d over the zero-upsampled input, matmul / linear -> dense
+  (weights 8 bits, per tensor or per output channel; bias at s_x * s_w clipped to the
+  accumulator's precision), then requantize;
 - add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
   common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
   and a requantization;
+- matmul of two activations -> broadcast_mul of the operands, one expanded on each side,
+  then sum over the inner axis, then requantize;
 - concat: each input requantized to the output's scale;
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
   reduce -> sum, the same way;
 - max pool -> max_pool2d; reshape / squeeze / unsqueeze -> reshape; transpose; slice; nearest
-  upsampling (debox) -> upsampling: scale and precision pass through;
+  upsampling (debox) -> upsampling; split -> one slice per part: scale and precision pass
+  through;
+- multilinear_upsample (bilinear resize): per spatial axis two takes times the spec's
+  integer weights, added; then requantize;
 - softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
 - any other layer that applies one real function to each element (sigmoid, tanh, exp,
   clamp, ...): relu or clip when that is what it computes on the input's integer grid
@@ -115,8 +121,9 @@ class Rewriter:
         return quantize("weight", w * scale, 1.0, 8), scale.reshape(-1)
 
     def linear_layer(self, node: Node, x: str, w: np.ndarray, bias: np.ndarray | None,
-                     make) -> None:
-        """conv / dense: integer weights and bias, the op (`make`), a requantization."""
+                     make, channel_axis: int = 1) -> None:
+        """conv / dense: integer weights and bias, the op (`make`), a requantization (per
+        output channel scales along `channel_axis` of the result)."""
         xq = self.at_bits(x, 8)
         wq, ws = self.weights(w, 0)
         k = int(np.prod(w.shape[1:]))
@@ -127,54 +134,147 @@ class Rewriter:
             bq = quantize("bias", np.broadcast_to(bias.reshape(-1), (w.shape[0],))
                           * acc_scale, 1.0, acc_prec)
             args.append(self.b.constant(bq.astype(np.int32)))
-        shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 2)
+        shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 1 - channel_axis)
         y = make(*args)
         self.finish(node, QTensor(y, acc_scale.reshape(shape) if ws.size > 1
                                   else float(acc_scale[0])))
 
-    def padding(self, node: Node, pads, window, strides, dilation) -> list[int]:
-        """Symmetric per-side padding of the spatial axes (NNEF's [] is automatic: the
-        output shape's total, the smaller half first), or the unsupported error."""
+    def padding(self, node: Node, pads, window, strides, dilation) -> list[tuple[int, int]]:
+        """(before, after) padding of the spatial axes (NNEF's [] is automatic: the output
+        shape's total, the smaller half first)."""
         ins = self.g.types[node.inputs[0]].shape[-len(window):]
         outs = self.g.types[node.name].shape[-len(window):]
         if not pads:
             total = [max(0, (o - 1) * s + (k - 1) * d + 1 - i)
                      for i, o, k, s, d in zip(ins, outs, window, strides, dilation)]
             pads = [(t // 2, t - t // 2) for t in total]
-        pads = list(pads)[-len(window):]
-        if any(p != q for p, q in pads):
-            raise unsupported(node, f"padding {pads}: CVM pads both sides of an axis alike")
-        return [p for p, _ in pads]
+        return [tuple(p) for p in list(pads)[-len(window):]]
+
+    def pad(self, x: Var, pairs: list[tuple[int, int]], fill: int) -> tuple[Var, list[int]]:
+        """CVM pads both sides of an axis alike: x with an asymmetric padding's excess over
+        its smaller side concatenated as blocks of `fill`, and the padding left per side."""
+        for axis, (before, after) in enumerate(pairs, len(x.shape) - len(pairs)):
+            m = min(before, after)
+            for extra, first in ((before - m, True), (after - m, False)):
+                if extra:
+                    shape = [*x.shape[:axis], extra, *x.shape[axis + 1:]]
+                    block = self.b.constant(np.full(shape, fill, np.int32))
+                    x = self.b.concatenate([block, x] if first else [x, block], axis=axis)
+        return x, [min(p) for p in pairs]
 
     def conv(self, node: Node) -> None:
-        """NNEF conv -> conv2d (zero padding, the same on both sides)."""
+        """NNEF conv -> conv2d (zero padding; an asymmetric padding's excess concatenated
+        as zeros, `pad`)."""
         a = node.attrs
         if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
             raise unsupported(node, "the filter must be a weight")
         w = self.g.constants[node.inputs[1]]
         stride, dilation = list(a["stride"]) or [1, 1], list(a["dilation"]) or [1, 1]
-        padding = self.padding(node, a["padding"], w.shape[2:], stride, dilation)
-        if any(padding) and a.get("border") not in ("constant", None):
+        pairs = self.padding(node, a["padding"], w.shape[2:], stride, dilation)
+        if any(map(any, pairs)) and a.get("border") not in ("constant", None):
             raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
         bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
         groups = a.get("groups", 1) or self.g.types[node.inputs[0]].shape[1]
-        attrs = {"padding": padding, "stride": stride, "dilation": dilation, "groups": groups}
-        self.linear_layer(node, node.inputs[0], w, bias,
-                          lambda *args: self.b.conv2d(*args, **attrs))
+
+        def make(x: Var, *args: Var) -> Var:
+            x, padding = self.pad(x, pairs, 0)
+            return self.b.conv2d(x, *args, padding=padding, stride=stride, dilation=dilation,
+                                 groups=groups)
+        self.linear_layer(node, node.inputs[0], w, bias, make)
+
+    def deconv(self, node: Node) -> None:
+        """deconv (transposed conv) -> a conv2d over the input zero-upsampled by the stride
+        (`upsampling`, then times a 0/1 mask), with the filter flipped and its channels
+        swapped, padded (k - 1) d - p_before on each side; a slice keeps the deconv's
+        output (the rest reads only the zeros past the input)."""
+        a = node.attrs
+        if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
+            raise unsupported(node, "the filter must be a weight")
+        w = self.g.constants[node.inputs[1]]
+        window = w.shape[2:]
+        x_shape, out_shape = self.g.types[node.inputs[0]].shape, self.g.types[node.name].shape
+        stride, dilation = list(a["stride"]) or [1, 1], list(a["dilation"]) or [1, 1]
+        pads = list(a["padding"]) or [  # automatic: the total the output shape implies
+            (t // 2, t - t // 2) for t in ((i - 1) * s + (k - 1) * d + 1 - o for i, o, k, s, d
+                                           in zip(x_shape[2:], out_shape[2:], window, stride,
+                                                  dilation))]
+        conv_pad = [(k - 1) * d - p for k, d, (p, _) in zip(window, dilation, pads)]
+        if len(window) != 2 or len(set(stride)) != 1 or min(conv_pad) < 0 or any(
+                i * s + 2 * c - (k - 1) * d < o for i, s, c, k, d, o in zip(
+                    x_shape[2:], stride, conv_pad, window, dilation, out_shape[2:])):
+            raise unsupported(node, f"stride {stride}, padding {pads}: only 2-D deconvs "
+                                    f"with equal strides and padding below the filter's "
+                                    f"extent map to conv2d")
+        if any(p for pair in pads for p in pair) and a.get("border") not in ("constant", None):
+            raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
+        groups = a.get("groups", 1) or x_shape[1]
+        cin, cout_g = w.shape[:2]
+        conv_w = w.reshape(groups, cin // groups, cout_g, *window).swapaxes(1, 2).reshape(
+            groups * cout_g, cin // groups, *window)[:, :, ::-1, ::-1]
+        bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
+        s = stride[0]
+
+        def make(x: Var, *args: Var) -> Var:
+            if s > 1:
+                mask = np.zeros((1, 1, x_shape[2] * s, x_shape[3] * s), np.int32)
+                mask[:, :, ::s, ::s] = 1
+                up = self.b.broadcast_mul(self.b.upsampling(x, scale=s), self.b.constant(mask))
+                x = self.b.cvm_clip(up, precision=x.precision)
+            y = self.b.conv2d(x, *args, padding=conv_pad, stride=[1, 1], dilation=dilation,
+                              groups=groups)
+            if tuple(y.shape) == tuple(out_shape):
+                return y
+            return self.b.nnef_slice(y, begin=[0] * 4, end=list(out_shape), strides=[1] * 4)
+        self.linear_layer(node, node.inputs[0], conv_w, bias, make)
 
     def matmul(self, node: Node) -> None:
-        """matmul by a weight -> dense without bias."""
+        """matmul by a weight -> dense without bias; of two activations -> `product`."""
+        if not self.layers.weights_of(node):
+            return self.product(node)
         self.dense(node, node, None)
 
+    def product(self, node: Node) -> None:
+        """matmul of two activations (attention's q k^T, its product with v), A [..., M, K]
+        and B [..., K, N] at the activation bits: A as [..., M, 1, K] times B as
+        [..., 1, N, K] (`broadcast_mul`), summed over K (`sum`): precision p_a + p_b +
+        bitlen(K), scale s_a s_b; then a requantization."""
+        a, b = node.inputs
+        rank = self.g.types[a].ndim
+        if self.g.types[b].ndim != rank or rank + 1 > 6:
+            raise unsupported(node, "only a matmul of two activations of one rank, at most 5, "
+                                    "maps to broadcast_mul and sum")
+        qa, qb = self.at_bits(a, self.opt.bits), self.at_bits(b, self.opt.bits)
+
+        def rows(v: Var, transposed: bool) -> Var:  # [..., rows, K]
+            if not transposed:
+                return v
+            return self.b.nnef_transpose(v, axes=[*range(rank - 2), rank - 1, rank - 2])
+        va = rows(qa.var, node.attrs.get("transposeA", False))
+        vb = rows(qb.var, not node.attrs.get("transposeB", False))
+        va = self.b.nnef_reshape(va, target_shape=[*va.shape[:-1], 1, va.shape[-1]])
+        vb = self.b.nnef_reshape(vb, target_shape=[*vb.shape[:-2], 1, *vb.shape[-2:]])
+        y = self.b.sum(self.b.broadcast_mul(va, vb), axes=[rank])
+        self.finish(node, QTensor(y, qa.scale * qb.scale))
+
     def dense(self, node: Node, matmul: Node, bias: np.ndarray | None) -> None:
-        """matmul by a weight (+ a weight bias) -> dense."""
+        """matmul by a weight (+ a weight bias) -> dense (an activation of rank above 2
+        reshaped to rows and back)."""
         x, w = matmul.inputs
-        if w not in self.g.constants or matmul.attrs.get("transposeA") \
-                or self.g.types[x].ndim != 2:
-            raise unsupported(node, "only a rank-2 activation times a weight maps to dense")
-        w = self.g.constants[w]
+        rank = self.g.types[x].ndim
+        w = self.g.constants.get(w)
+        if w is None or matmul.attrs.get("transposeA") or rank < 2 or w.ndim < 2 \
+                or any(d != 1 for d in w.shape[:-2]):
+            raise unsupported(node, "only an activation times a weight matrix maps to dense")
+        w = w.reshape(w.shape[-2:])  # leading unit axes (an unsqueezed weight) dropped
         w = w if matmul.attrs.get("transposeB") else w.T
-        self.linear_layer(node, x, w, bias, self.b.dense)
+        out = list(self.g.types[node.name].shape)
+
+        def make(v: Var, *args: Var) -> Var:
+            if rank == 2:
+                return self.b.dense(v, *args)
+            rows = self.b.nnef_reshape(v, target_shape=[int(np.prod(v.shape[:-1])), v.shape[-1]])
+            return self.b.nnef_reshape(self.b.dense(rows, *args), target_shape=out)
+        self.linear_layer(node, x, w, bias, make, rank - 1)
 
     def linear(self, node: Node) -> None:
         """A compound layer of matmul then add (NNEF linear): dense with bias."""
@@ -226,8 +326,9 @@ class Rewriter:
         y = self.b.concatenate(parts, axis=node.attrs["axis"])
         self.values[node.name] = QTensor(y, scale)
 
-    def pool_geometry(self, node: Node, attrs) -> tuple[list[int], list[int], list[int]]:
-        """(window, strides, padding) of a 2-D NCHW pool, or the unsupported error."""
+    def pool_geometry(self, node: Node, attrs):
+        """(window, strides, (before, after) padding) of a 2-D NCHW pool, or the unsupported
+        error."""
         size, stride = list(attrs["size"]), list(attrs["stride"]) or [1] * 4
         dil = list(attrs["dilation"]) or [1] * 4
         if len(size) != 4 or size[:2] != [1, 1] or stride[:2] != [1, 1] or set(dil) != {1} \
@@ -240,16 +341,18 @@ class Rewriter:
         """box (normalized: average pool) -> depthwise conv2d with unit weights, divided
         in the requantization by each position's tap count."""
         x = node.inputs[0]
-        window, strides, padding = self.pool_geometry(node, node.attrs)
-        if any(padding) and node.attrs.get("border") not in ("ignore", "constant"):
+        window, strides, pairs = self.pool_geometry(node, node.attrs)
+        padded = any(map(any, pairs))
+        if padded and node.attrs.get("border") not in ("ignore", "constant"):
             raise unsupported(node, f"border {node.attrs.get('border')!r}: only 'constant' "
                                     f"(zeros) and 'ignore' average pools map to CVM")
         xq = self.at_bits(x, 8)
         channels = self.g.types[x].shape[1]
         ones = self.b.constant(np.ones((channels, 1, *window), np.int32))
-        y = self.b.conv2d(xq.var, ones, padding=padding, stride=strides, groups=channels)
+        xp, padding = self.pad(xq.var, pairs, 0)
+        y = self.b.conv2d(xp, ones, padding=padding, stride=strides, groups=channels)
         taps = np.prod(window)
-        if node.attrs.get("normalize") and node.attrs.get("border") == "ignore" and any(padding):
+        if node.attrs.get("normalize") and node.attrs.get("border") == "ignore" and padded:
             counts = lookup("box").run_reference(
                 [np.ones((1, 1, *self.g.types[x].shape[2:]))],
                 Attrs({**node.attrs, "normalize": False}))[0]
@@ -271,12 +374,14 @@ class Rewriter:
     def max_pool(self, node: Node) -> None:
         """max_pool (argmax_pool + sample) -> max_pool2d."""
         pool = next(n for n in self.layers.bodies[node.name] if n.op == "argmax_pool")
-        window, strides, padding = self.pool_geometry(node, pool.attrs)
-        if any(padding) and pool.attrs.get("border") not in ("ignore", "-infinity"):
+        window, strides, pairs = self.pool_geometry(node, pool.attrs)
+        if any(map(any, pairs)) and pool.attrs.get("border") not in ("ignore", "-infinity"):
             raise unsupported(node, f"border {pool.attrs.get('border')!r}: max_pool2d's "
                                     f"padding takes no part ('ignore')")
         t = self.values[node.inputs[0]]
-        y = self.b.max_pool2d(t.var, pool_size=window, strides=strides, padding=padding)
+        # an excess of padding on one side: blocks of the least value, which no max picks
+        x, padding = self.pad(t.var, pairs, -prec_max(t.precision))
+        y = self.b.max_pool2d(x, pool_size=window, strides=strides, padding=padding)
         self.values[node.name] = QTensor(y, t.scale)
 
     def movement(self, node: Node) -> None:
@@ -308,6 +413,46 @@ class Rewriter:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
         self.values[node.name] = QTensor(y, t.scale)
 
+    def upsample(self, node: Node) -> None:
+        """multilinear_upsample (bilinear resize), border 'replicate': along each spatial
+        axis output[i] = ((den - num_i) x[j_i] + num_i x[j_i + 1]) / den with the spec's
+        exact integer weights, as two `take`s (which clamp an index outside the input: the
+        replicated border), `broadcast_mul` by the weights and an add; the divisions by
+        den go into the scale; then a requantization."""
+        a = node.attrs
+        if a["border"] != "replicate":
+            raise unsupported(node, f"border {a['border']!r}: only 'replicate' maps to take")
+        t = self.at_bits(node.inputs[0], self.opt.bits)
+        x, scale = t.var, t.scale
+        rank = self.g.types[node.name].ndim
+        for axis, (n, f) in enumerate(zip(self.g.types[node.inputs[0]].shape[2:], a["factor"]),
+                                      2):
+            i = np.arange(n * f)
+            t_num, den = {"asymmetric": (i, f), "symmetric": (2 * i - f + 1, 2 * f)}.get(
+                a["method"], (i * (n - 1), n * f - 1) if n > 1 else (0 * i, 1))
+            j, num = t_num // den, t_num % den
+            weight_shape = (-1,) + (1,) * (rank - 1 - axis)
+            terms = [self.b.broadcast_mul(
+                self.b.take(x, self.b.constant((j + c).astype(np.int32)), axis=axis),
+                self.b.constant(w.reshape(weight_shape).astype(np.int32)))
+                for c, w in ((0, den - num), (1, num))]
+            x, scale = self.b.broadcast_add(*terms), scale * den
+        self.finish(node, QTensor(x, scale))
+
+    def split(self, node: Node) -> None:
+        """split: one CVM slice per part; the scale passes."""
+        t = self.values[node.inputs[0]]
+        shape, axis = self.g.types[node.inputs[0]].shape, node.attrs["axis"] % len(
+            self.g.types[node.inputs[0]].shape)
+        start = 0
+        for out in node.outputs:
+            size = self.g.types[out].shape[axis]
+            begin = [start if k == axis else 0 for k in range(len(shape))]
+            end = [start + size if k == axis else n for k, n in enumerate(shape)]
+            y = self.b.nnef_slice(t.var, begin=begin, end=end, strides=[1] * len(shape))
+            self.values[out] = QTensor(y, t.scale)
+            start += size
+
     def softmax(self, node: Node) -> None:
         """softmax: e = LUT(x - max) = round(exp(.) * 2^14), then round(out_max * e / sum e)
         as one integer divide (half up); the result's scale is out_max."""
@@ -335,10 +480,17 @@ class Rewriter:
         top = prec_max(xq.precision)
         grid = np.arange(-top, top + 1)
         f = apply_elementwise(self.layers, node, grid / xq.scale)
-        if not np.isfinite(f).all():
+        finite = np.isfinite(f)
+        # A function finite only above (or below) some point, as sqrt(var + eps) or log:
+        # the table spans that part of the grid, and cvm_lut clamps the others' indices
+        # into it (f of the nearest integer where it is finite).
+        first, last = int(finite.argmax()), len(f) - 1 - int(finite[::-1].argmax())
+        if not finite[first:last + 1].all() or (first > 0 and last < len(f) - 1):
             raise unsupported(node, "the function is not finite on the input's range")
+        grid, f = grid[first:last + 1], f[first:last + 1]
         low, high = f.min(), f.max()
-        if np.allclose(f, np.clip(grid / xq.scale, low, high), rtol=1e-6, atol=1e-9 / xq.scale):
+        if len(grid) == 2 * top + 1 and np.allclose(f, np.clip(grid / xq.scale, low, high),
+                                                      rtol=1e-6, atol=1e-9 / xq.scale):
             lo, hi = int(np.round(low * xq.scale)), int(np.round(high * xq.scale))
             y = self.b.relu(xq.var) if lo == 0 and hi == top else \
                 xq.var if (lo, hi) == (-top, top) else self.b.clip(xq.var, a_min=lo, a_max=hi)
@@ -346,7 +498,8 @@ class Rewriter:
             return
         bits = self.out_bits(node)
         scale = self.scale(node.name, bits)
-        idx = self.b.broadcast_add(xq.var, self.b.constant(np.array([top], np.int32)))
+        idx = xq.var if grid[0] == 0 else \
+            self.b.broadcast_add(xq.var, self.b.constant(np.array([-grid[0]], np.int32)))
         table = quantize(node.name, f, scale, bits).astype(np.int32)
         self.values[node.name] = QTensor(self.b.cvm_lut(idx, self.b.constant(table)), scale)
 
@@ -414,11 +567,12 @@ def rename(graph: Graph, names: dict[str, str]) -> Graph:
 
 
 _RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
-          ("concat",): "concat", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
+          ("concat",): "concat", ("deconv",): "deconv", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
           ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
           ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
           ("nnef.transpose",): "movement", ("nnef.slice",): "movement",
-          ("debox",): "movement",
+          ("debox",): "movement", ("split",): "split",
+          ("multilinear_upsample",): "upsample",
           ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
 
 

@@ -34,7 +34,8 @@ def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bo
         for name, label in graph.labels.items():
             data = graph.constants[name].astype(graph.types[name].dtype)
             (folder / f"{label}.dat").write_bytes(tensor_bytes(data))
-        (folder / "quantization.json").write_text(json.dumps(q.manifest(), indent=1) + "\n")
+        (folder / "quantization.json").write_text(
+            json.dumps(q.manifest(), indent=1, allow_nan=False) + "\n")
         move_into_place(folder, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -6,8 +6,9 @@ artifact contract, which the compiler that writes artifacts uses (cvmc imports o
 names, never the modules behind them): the file format (`write_artifact`), input checks
 (`check_inputs`), the plan's arena rules (`ARENA_ALIGNMENT`, `buffer_lifetimes`,
 `tensor_bytes`), the library signature (`signature_json`, `SIGNATURE_FUNCTION`), the CPU
-features the runtime can check (`CPUINFO_FLAGS`, `host_flags`), atomic file writes, and the
-one rule from reals to CVM integers and back (`quantize`, `dequantize`).
+features the runtime can check (`CPUINFO_FLAGS`, `host_flags`), atomic file writes, the one
+.npy reader (`read_npy`, `MAX_NPY_BYTES`), and the one rule from reals to CVM integers and
+back (`quantize`, `dequantize`).
 """
 from cvmc_runtime.artifact import write_artifact
 from cvmc_runtime.cpu import CPUINFO_FLAGS, host_flags
@@ -15,11 +16,13 @@ from cvmc_runtime.evaluate import predict, predict_ray
 from cvmc_runtime.fileio import atomic_write, atomic_write_bytes
 from cvmc_runtime.library import SIGNATURE_FUNCTION, signature_json
 from cvmc_runtime.model import Model, load, set_num_threads
+from cvmc_runtime.npyfile import MAX_NPY_BYTES, read_npy
 from cvmc_runtime.plan import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
 from cvmc_runtime.quant import dequantize, quantize
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
-__all__ = ["ARENA_ALIGNMENT", "CPUINFO_FLAGS", "SIGNATURE_FUNCTION", "Model", "ModelError",
-           "TensorSpec", "atomic_write", "atomic_write_bytes", "buffer_lifetimes",
+__all__ = ["ARENA_ALIGNMENT", "CPUINFO_FLAGS", "MAX_NPY_BYTES", "SIGNATURE_FUNCTION", "Model",
+           "ModelError", "TensorSpec", "atomic_write", "atomic_write_bytes", "buffer_lifetimes",
            "check_inputs", "dequantize", "host_flags", "load", "predict", "predict_ray",
-           "quantize", "set_num_threads", "signature_json", "tensor_bytes", "write_artifact"]
+           "quantize", "read_npy", "set_num_threads", "signature_json", "tensor_bytes",
+           "write_artifact"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from cvmc_runtime.fileio import atomic_write
+from cvmc_runtime.npyfile import read_npy
 from cvmc_runtime.plan import check_weights, validate_plan
 from cvmc_runtime.signature import ModelError
 
@@ -36,7 +37,7 @@ def write_artifact(path: str | Path, plan: dict, library: bytes,
     def write(file) -> None:
         with zipfile.ZipFile(file, "w") as z:
             member(z, "cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
-            member(z, "plan.json", json.dumps(plan, indent=1))
+            member(z, "plan.json", json.dumps(plan, indent=1, allow_nan=False))
             member(z, LIBRARY, library)
             for index, spec in enumerate(plan["weights"]):
                 buf = io.BytesIO()
@@ -84,15 +85,16 @@ def read_artifact(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]
             validate_plan(plan)
             library = _member(z, LIBRARY, MAX_LIBRARY_BYTES)
             # Each weight member may hold no more than its declared shape and dtype need.
-            weights = {spec["name"]: np.load(io.BytesIO(_member(
-                z, f"weights/{i}.npy", _weight_bytes(spec) + NPY_HEADER_ALLOWANCE)),
-                allow_pickle=False) for i, spec in enumerate(plan["weights"])}
+            weights = {spec["name"]: read_npy(
+                _member(z, f"weights/{i}.npy", _weight_bytes(spec) + NPY_HEADER_ALLOWANCE),
+                f"member 'weights/{i}.npy'", _weight_bytes(spec))
+                for i, spec in enumerate(plan["weights"])}
             check_weights(plan, weights)
     except FileNotFoundError:
         raise ModelError(f"{path}: no such file") from None
     except ModelError as e:
         raise ModelError(f"{path}: {e}") from None
-    # RecursionError: deeply nested JSON; MemoryError: a .npy header claiming a huge shape.
+    # RecursionError: deeply nested JSON; MemoryError: a library too large for this machine.
     except (zipfile.BadZipFile, zlib.error, KeyError, ValueError, OSError, EOFError,
             RecursionError, MemoryError) as e:
         raise ModelError(f"{path}: not a valid .cvmx artifact ({e})") from None

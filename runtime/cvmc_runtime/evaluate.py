@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from cvmc_runtime.model import Model, load, set_num_threads
-from cvmc_runtime.signature import ModelError
+from cvmc_runtime.signature import ModelError, precision_bound
 
 RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'cvmc[ray]'"
 
@@ -44,6 +44,38 @@ def batch_size(model: Model, samples: tuple[int, ...] | None = None) -> int:
                          f"{', '.join(str(d) for d in spec.shape[1:])}] (N samples, without "
                          f"the batch dimension {spec.shape[0]})")
     return spec.shape[0]
+
+
+CHECK_CHUNK_BYTES = 64 << 20  # data checked this much at a time (bounded temporaries)
+
+
+def check_dataset(model: Model, data: object) -> int:
+    """The model's batch size, after checking that `data` holds samples of its input ([N,
+    *input shape[1:]]) with values the input takes: no NaN in float data for an input with
+    a scale (it cannot be quantized), integers inside the input's precision. A bad value
+    is named by its index in the dataset (a batch's own index would point elsewhere)."""
+    if not isinstance(data, np.ndarray):
+        raise ModelError(f"data must be a NumPy array of samples, got {type(data).__name__}")
+    size = batch_size(model, data.shape)
+    spec = model.inputs[0]
+    floats = data.dtype.kind == "f" and spec.scale is not None
+    integers = data.dtype.kind in "iu" and spec.precision is not None
+    if not (floats or integers) or not data.size:
+        return size  # Model.run refuses a dtype the input does not take
+    bound = precision_bound(spec.precision)
+    step = max(1, CHECK_CHUNK_BYTES // data[0].nbytes)
+    for start in range(0, len(data), step):
+        chunk = data[start:start + step]
+        bad = np.isnan(chunk) if floats else (chunk > bound) | (chunk < -bound)
+        if bad.any():
+            index = [int(i) for i in np.argwhere(bad)[0]]
+            index[0] += start
+            value = "NaN" if floats else int(data[tuple(index)])
+            why = "cannot be quantized" if floats else \
+                f"is outside the precision {spec.precision} of input '{spec.name}' " \
+                f"(|v| <= {bound})"
+            raise ModelError(f"data: {value} at index {index} (sample {index[0]}) {why}")
+    return size
 
 
 def predict_batches(model: Model, data: np.ndarray) -> np.ndarray:
@@ -82,7 +114,7 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
     if type(workers) is not int or workers < 1:
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     model = load(path)
-    size = batch_size(model, data.shape)
+    size = check_dataset(model, data)
     batches = -(-len(data) // size)
     workers = min(workers, batches)
     if workers <= 1:
@@ -158,7 +190,9 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         raise ModelError(RAY_MISSING) from None
     if workers is not None and (type(workers) is not int or workers < 1):
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
-    size = batch_size(load(path), data.shape)
+    if address is not None and not isinstance(address, str):
+        raise ModelError(f"address must be a Ray cluster address (a str), got {address!r:.40}")
+    size = check_dataset(load(path), data)
     if not len(data):
         return np.zeros(0, np.int64)
     if not ray.is_initialized():

@@ -22,7 +22,7 @@ def signature_json(target: Mapping, kernels: list[Mapping]) -> str:
     """The signature text for `target` and `kernels` ({symbol, num_inputs, args: [{name,
     shape, dtype, precision}]}), as the compiler compiles it into a library."""
     return json.dumps({"target": target, "kernels": kernels}, sort_keys=True,
-                      separators=(",", ":"))
+                      separators=(",", ":"), allow_nan=False)
 
 
 def _read(module) -> dict:

@@ -172,6 +172,9 @@ def _quantize_feeds(specs: list[TensorSpec], feeds: object) -> object:
         except (ValueError, TypeError):  # ragged lists: check_inputs names it
             continue
         if value.dtype.kind == "f":
+            if value.shape != spec.shape:  # before quantize copies it to float64
+                raise ModelError(f"input '{name}': expected shape {list(spec.shape)}, got "
+                                 f"{list(value.shape)}")
             out[name] = quantize(f"input '{name}'", value, spec.scale, spec.precision)
     return out
 

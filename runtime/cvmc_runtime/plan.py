@@ -45,11 +45,14 @@ def _check_spec(where: str, spec: object, scaled: bool = False) -> tuple[tuple[i
         raise _fail(f"{where} '{spec['name']}': shape {shape} has more than {MAX_VOLUME} "
                     f"elements")
     integer = dtype in INT_DTYPES
-    if dtype not in DTYPES or (type(precision) is int and 1 <= precision <= 32) != integer \
+    # A precision fits its dtype (int8: 1..8, int32: 1..32): a wider one would store
+    # values that wrap (precision 9 in int8 holds 200 as -56).
+    bits = np.dtype(dtype).itemsize * 8 if integer else 0
+    if dtype not in DTYPES or (type(precision) is int and 1 <= precision <= bits) != integer \
             or (not integer and precision is not None):
         raise _fail(f"{where} '{spec['name']}': dtype must be one of {', '.join(DTYPES)}, "
-                    f"with a precision in 1..32 for an integer dtype and none otherwise, got "
-                    f"{dtype!r:.20} and {precision!r:.20}")
+                    f"with a precision in 1..8 for int8, 1..32 for int32 and none otherwise, "
+                    f"got {dtype!r:.20} and {precision!r:.20}")
     if "scale" in spec:
         _check_scale(where, spec, scaled and integer)
     return tuple(shape), dtype

@@ -27,20 +27,41 @@ def round_half_away(v: np.ndarray) -> np.ndarray:
 
 def check_scale(name: str, scale: float) -> float:
     """A scale is a finite positive number; anything else is a ModelError naming `name`."""
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or \
+    if isinstance(scale, (bool, np.bool_)) or \
+            not isinstance(scale, (int, float, np.integer, np.floating)) or \
             not np.isfinite(scale) or scale <= 0:
         raise ModelError(f"{name}: the scale must be a finite number > 0, got {scale!r}")
     return float(scale)
 
 
+def check_precision(name: str, precision: int) -> int:
+    """A precision is an integer in 1..32 (the int32 result holds it); anything else is a
+    ModelError naming `name`."""
+    if isinstance(precision, (bool, np.bool_)) or \
+            not isinstance(precision, (int, np.integer)) or not 1 <= precision <= 32:
+        raise ModelError(f"{name}: the precision must be an integer in 1..32, got "
+                         f"{precision!r:.40}")
+    return int(precision)
+
+
+def _real_array(name: str, x, kinds: str, what: str) -> np.ndarray:
+    """`x` as an array of one of the dtype `kinds`, checked before any conversion."""
+    try:
+        v = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged lists, objects with a bad __array__
+        raise ModelError(f"{name}: not an array ({e})") from None
+    if v.dtype.kind not in kinds:
+        raise ModelError(f"{name}: expected {what} array, got {v.dtype}")
+    return v
+
+
 def quantize(name: str, x, scale: float, precision: int) -> np.ndarray:
-    """Real array x -> int32 CVM integers of `precision` bits by the rule above. NaN is an
-    error naming the input and the first index; +-inf saturates like any large value."""
+    """Real array x -> int32 CVM integers of `precision` bits (1..32) by the rule above.
+    NaN is an error naming the input and the first index; +-inf saturates like any large
+    value."""
     scale = check_scale(name, scale)
-    bound = precision_bound(precision)
-    v = np.asarray(x, dtype=np.float64)
-    if v.dtype.kind not in "fiu":
-        raise ModelError(f"{name}: expected a real-valued array to quantize, got {v.dtype}")
+    bound = precision_bound(check_precision(name, precision))
+    v = _real_array(name, x, "fiu", "a real-valued").astype(np.float64, copy=False)
     nan = np.isnan(v)
     if nan.any():
         raise ModelError(f"{name}: NaN at index {tuple(int(i) for i in np.argwhere(nan)[0])} "
@@ -51,5 +72,9 @@ def quantize(name: str, x, scale: float, precision: int) -> np.ndarray:
 
 
 def dequantize(q: np.ndarray, scale: float) -> np.ndarray:
-    """CVM integers -> the float32 reals they stand for, q / scale."""
-    return (np.asarray(q, dtype=np.float64) / scale).astype(np.float32)
+    """CVM integers -> the float32 reals they stand for, q / scale (a finite scale > 0;
+    beyond float32's range a real is +-inf)."""
+    scale = check_scale("dequantize", scale)
+    v = _real_array("dequantize", q, "iu", "an integer")
+    with np.errstate(over="ignore"):
+        return (v.astype(np.float64) / scale).astype(np.float32)

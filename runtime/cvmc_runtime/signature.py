@@ -31,6 +31,15 @@ class TensorSpec:
     precision: int | None
     scale: float | None = None
 
+    def __post_init__(self) -> None:
+        # An integer's precision fits its dtype: int8 with precision 9 would store 200 as
+        # -56 (plans are validated alike, cvmc_runtime.plan).
+        bits = {"int8": 8, "int32": 32}.get(self.dtype)
+        if bits is not None and not (type(self.precision) is int and
+                                     1 <= self.precision <= bits):
+            raise ModelError(f"tensor '{self.name}': an {self.dtype} needs a precision in "
+                             f"1..{bits}, got {self.precision!r:.20}")
+
     def to_json(self) -> dict:
         """A JSON-serialisable dict (with 'scale' only when there is one)."""
         d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
@@ -101,6 +110,8 @@ def check_inputs(specs: list[TensorSpec], feeds: Mapping[str, object],
     if not isinstance(feeds, Mapping):
         raise ModelError(f"inputs must be a mapping from input name to array, got "
                          f"{type(feeds).__name__}")
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise ModelError(f"saturate must be True or False, got {saturate!r:.40}")
     known = {s.name for s in specs}
     unknown = sorted(set(feeds) - known, key=repr)  # keys of any type, even unorderable
     if unknown:

@@ -214,7 +214,7 @@ CASES: list[OpCase] = [
                         so.p_first),
            export=(["x", weight((3,), 0, 4)], {"axis": 2})),
     OpCase("cvm_lut", [(np.array([[0, 5, 255], [3, 300, -1]]), 10), rand((256,), 8, 2)],
-           {"in_dim": 255}, weights=(1,),
+           {"in_dim": 256}, weights=(1,),
            spec=so.Spec(so.gen_cvm_lut, lambda c: [so.take(c.x(1), c.x(0), None)],
                         lambda c, ys: [c.p(1)]),
            export=(["x", weight((256,), -100, 100)], {})),

@@ -121,3 +121,14 @@ def test_the_cuda_probe_and_schedules_use_the_targets_arch(monkeypatch, arch):
     assert probed and set(probed) == {arch} and set(archs) == {arch}
     build.cuda_translation_unit(mod, target)
     assert set(archs) == {arch} and len(archs) > len(probed)
+
+
+def test_building_for_another_cpu_warns_with_its_own_category(monkeypatch):
+    # a host that lacks AVX-512: code for a Zen 4 will not run on it, and the warning says
+    # so with the category a build farm can filter (pyproject filters it in this suite)
+    from cvmc.codegen import cpu_features
+    from cvmc.errors import ForeignCpuWarning
+
+    monkeypatch.setattr(cpu_features, "host_flags", lambda: {"avx2", "fma"})
+    with pytest.warns(ForeignCpuWarning, match="not this machine's CPU .*lacks avx512f"):
+        cpu_features.warn_if_not_host("znver4", "znver3", ["avx512f"])

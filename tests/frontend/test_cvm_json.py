@@ -12,6 +12,7 @@ from cvmc.cli import main
 from cvmc.errors import CvmcError
 from cvmc.frontend import load_graph
 from cvmc.frontend.cvm_json import (
+    _DERIVED_ATTRS,
     CVM_RUNTIME_SEEDS,
     export_cvm,
     format_attr_value,
@@ -197,6 +198,21 @@ def test_missing_params_makes_weights_inputs_without_precision(tmp_path: Path) -
         load_graph(path)
 
 
+@pytest.mark.parametrize("name", ["m.params", "params"])
+def test_params_found_beside_the_json_stay_in_its_folder(tmp_path: Path, name: str) -> None:
+    # a params file found by name is the folder's, as a weight file is: a link to
+    # outside is refused (the user's own --params may point anywhere)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "real.params").write_bytes(_conv_params())
+    (tmp_path / "model").mkdir()
+    path = _write(tmp_path / "model", _conv_doc(), b"")
+    (tmp_path / "model" / "m.params").unlink()
+    (tmp_path / "model" / name).symlink_to(tmp_path / "elsewhere" / "real.params")
+    with pytest.raises(CvmcError, match="params file .* resolves outside the model folder"):
+        load_graph(path)
+    assert load_graph(path, params=tmp_path / "elsewhere" / "real.params").constants
+
+
 @pytest.mark.parametrize("text,kind,value", [
     ("(1, 1)", "ints", [1, 1]), ("[1,2]", "ints", [1, 2]), ("(3,)", "ints", [3]),
     ("()", "ints", []), ("True", "bool", True), ("false", "bool", False), ("0", "bool", False),
@@ -207,8 +223,8 @@ def test_attribute_strings(text: str, kind: str, value) -> None:
 
 
 def test_attribute_formatting() -> None:
-    assert [format_attr_value(v) for v in [(1, 2), (3,), (), True, None, -4, "NCHW"]] == \
-        ["(1, 2)", "(3,)", "()", "True", "None", "-4", "NCHW"]
+    assert [format_attr_value(v) for v in [(1, 2), (3,), (), True, -4, "NCHW"]] == \
+        ["(1, 2)", "(3,)", "()", "True", "-4", "NCHW"]
 
 
 # ---- round trip over every CVM op ---------------------------------------------------------
@@ -239,21 +255,28 @@ def _all_ops_graph() -> Graph:
 
 def test_round_trip_every_cvm_op(tmp_path: Path) -> None:
     graph = _all_ops_graph()
-    paths = export_cvm(graph, tmp_path / "out")
+    with pytest.warns(UserWarning, match="refuses outputs of different row counts"):
+        paths = export_cvm(graph, tmp_path / "out")
     assert [p.name for p in paths] == ["symbol.json", "params"]
     doc = json.loads(paths[0].read_text())
     assert doc["version"] == "cvm_1.1.0" and doc["nodes"][0]["name"] == "data"
     funcs = {n["name"]: n["attrs"]["func_name"] for n in doc["nodes"] if n["op"] != "null"}
     assert funcs["slice"] == "strided_slice" and funcs["get_valid_count"] == "get_valid_counts"
     op_attrs = doc["attrs"]["op_attrs"][1]
+    # CVM-Runtime's parsers read "None" for no attribute but take's optional axis
+    assert not [a for a in op_attrs if "None" in json.loads(a).values()]
     keys = {n["name"]: set(json.loads(a)) for n, a in zip(doc["nodes"], op_attrs)}
     assert {"axis"} <= keys["sum"] and {"stride"} <= keys["slice"] and "strides" in keys["conv2d"]
     assert "shape" in keys["reshape"] and "axis" in keys["squeeze"]
     back = load_graph(paths[0], params=paths[1])
     expected = graph
     assert back.inputs == ["data"] and back.outputs == expected.outputs
-    assert back.nodes == [Node(n.op, tuple("data" if i == "x" else i for i in n.inputs),
-                               n.outputs, n.attrs) for n in expected.nodes]
+    for a, b in zip(back.nodes, expected.nodes, strict=True):
+        # export fills in what CVM-Runtime requires (cvm_lut's in_dim: the table's size)
+        assert (a.op, a.inputs, a.outputs) == (b.op, tuple("data" if i == "x" else i
+                                                           for i in b.inputs), b.outputs)
+        assert {k: v for k, v in b.attrs.items() if v is not None}.items() <= a.attrs.items()
+    assert back.nodes[[n.op for n in back.nodes].index("cvm_lut")].attrs["in_dim"] == 256
     assert {k: v for k, v in back.types.items() if k != "data"} == \
         {k: v for k, v in expected.types.items() if k != "x"}
     assert back.constants.keys() == expected.constants.keys()
@@ -270,6 +293,14 @@ def test_round_trip_covers_every_cvm_runtime_op() -> None:
                         f"{missing}"
 
 
+def test_every_unset_attribute_is_derived_or_optional_in_cvm_runtime() -> None:
+    """Export writes no "None": an attribute that may be unset (None) is derived from the
+    inputs, or is one CVM-Runtime's parser also leaves unset (take's axis)."""
+    unset = [(d.name, at.name) for d in all_ops() if CVM_RUNTIME_SEEDS & set(d.seeds)
+             for at in d.attrs if at.default is None or at.kind == "int?"]
+    assert [u for u in unset if u[1] not in _DERIVED_ATTRS.get(u[0], ())] == [("take", "axis")]
+
+
 def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
     w = weight((3, 2, 3, 3))
     a = lookup("conv2d").normalize_attrs({})
@@ -281,6 +312,29 @@ def test_export_spellings_and_derived_attrs(tmp_path: Path) -> None:
     assert attrs["strides"] == "(1, 1)" and attrs["channels"] == "3"
     assert attrs["kernel_size"] == "(3, 3)" and attrs["use_bias"] == "False"
     assert doc["nodes"][0]["name"] == "data" and doc["attrs"]["precision"][1][0] == 8
+
+
+def test_export_writes_expand_dims_of_no_axis_as_a_reshape(tmp_path: Path) -> None:
+    """num_newaxis 0 (the spec allows it; CVM-Runtime's parser wants >= 1)."""
+    a = lookup("expand_dims").normalize_attrs({"axis": 1, "num_newaxis": 0})
+    types = {"x": TensorType((2, 3), "int32", 8), "y": TensorType((2, 3), "int32")}
+    g = retype(Graph("g", ["x"], ["y"], [Node("expand_dims", ("x",), ("y",), a)], types))
+    doc = json.loads(export_cvm(g, tmp_path)[0].read_text())
+    assert doc["nodes"][1]["attrs"]["func_name"] == "reshape"
+    assert json.loads(doc["attrs"]["op_attrs"][1][1]) == {"shape": "(2, 3)"}
+    back = load_graph(tmp_path / "symbol.json")
+    x = np.arange(6).reshape(2, 3)
+    assert np.array_equal(reference_run(back, {"data": x})["y"], x)
+
+
+def test_export_warns_of_outputs_cvm_runtime_cannot_return_together(tmp_path: Path) -> None:
+    t = TensorType((1, 4, 6), "int32", 8)
+    types = {"x": t, "n": TensorType((1,), "int32"), "y": TensorType((1, 4, 6), "int32")}
+    g = retype(Graph("g", ["x"], ["n", "y"],
+                     [Node("get_valid_count", ("x",), ("n", "y"), {"score_threshold": 0})],
+                     types))
+    with pytest.warns(UserWarning, match="refuses outputs of different row counts.*n: 1, y: 4"):
+        export_cvm(g, tmp_path)
 
 
 def test_export_rejects_what_cvm_runtime_cannot_run(tmp_path: Path) -> None:

@@ -286,6 +286,16 @@ def test_cli_errors_are_one_message(tmp_path, capsys):
     assert "convert it to NNEF first with `cvmc convert" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["run"], ["bench"], ["run", "--reference"]])
+def test_running_an_onnx_model_points_to_compile_or_convert(tmp_path, capsys, command):
+    onnx_file = _save(MODELS["mlp"](), tmp_path / "m.onnx")
+    assert main([*command, str(onnx_file)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {onnx_file}: an ONNX model" in err
+    assert "convert it to NNEF first with `cvmc convert" in err if "--reference" in command \
+        else f"compile it first with `cvmc compile {onnx_file} --target llvm" in err
+
+
 def _int_overflow_model():
     """Converts, but cvmc refuses the result: an int64 weight that does not fit int32."""
     big = numpy_helper.from_array(np.array([1 << 40, 1], np.int64), "k")

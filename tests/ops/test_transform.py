@@ -244,6 +244,7 @@ def test_precision(op, inputs, attrs, expected):
     ("where", [(3,), (2, 3), (2, 3)], {}, r"condition has shape \(3,\), .* or \(2,\)"),
     ("where", [(2, 1), (2, 3), (2, 3)], {}, r"condition has shape \(2, 1\)"),
     ("cvm_lut", [(3,), (4,)], {"in_dim": 0}, r"'in_dim' must be in \[1, inf\], got 0"),
+    ("cvm_lut", [(3,), (4,)], {"in_dim": 5}, r"'in_dim' 5 must be the table's size 4"),
 ])
 def test_errors(op, shapes, attrs, message):
     with pytest.raises(OpRuleError, match=message):

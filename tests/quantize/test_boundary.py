@@ -18,8 +18,9 @@ from cvmc_runtime.plan import validate_plan
 
 import cvmc
 from cvmc.cli import main
-from cvmc.codegen.quantization import beside_model, check_quantization
+from cvmc.codegen.quantization import check_quantization
 from cvmc.frontend import load_checked
+from cvmc.frontend.container import quantization_file
 from tests.quantize.tiny import (
     QUANTIZATION,
     X_SCALE,
@@ -222,8 +223,8 @@ def test_cli_run_float_inputs_and_dequantize(artifacts, tmp_path, capsys):
 def test_compile_finds_the_file_in_the_folder_or_beside_the_graph(tmp_path):
     folder = write_quantized(tmp_path / "m")
     want = folder / "quantization.json"
-    assert beside_model(folder) == want and beside_model(folder / "graph.nnef") == want
+    assert quantization_file(folder) == want and quantization_file(folder / "graph.nnef") == want
     (tmp_path / "m.tar").write_bytes(b"")  # archives and CVM JSON hold no such file
     (tmp_path / "quantization.json").write_text("{}")
-    assert beside_model(tmp_path / "m.tar") is None
-    assert beside_model(write_quantized(tmp_path / "plain", None)) is None
+    assert quantization_file(tmp_path / "m.tar") is None
+    assert quantization_file(write_quantized(tmp_path / "plain", None)) is None

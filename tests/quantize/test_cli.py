@@ -13,6 +13,7 @@ from cvmc.cli import main
 pytest.importorskip("nnef_tools", reason="needs the convert extra: pip install 'cvmc[convert]'")
 onnx = pytest.importorskip("onnx")
 
+from tests.cvm_runtime import DEVICES, needs_cvm_runtime, run_exported
 from tests.quantize.onnx_nets import branchy_net, conv_bn_net
 
 NETS = {"conv_bn": (conv_bn_net, "logits", (1, 1, 12, 12)),
@@ -73,6 +74,22 @@ def test_check_and_export_accept_it(quantized, capsys):
         assert np.array_equal(got[cvm.outputs[0]], want[out])
 
 
+@needs_cvm_runtime
+@pytest.mark.parametrize("device", DEVICES)
+def test_cli_export_runs_on_cvm_runtime(quantized, device):
+    """What `cvmc export --format cvm` wrote loads in CVM-Runtime and gives the folder's
+    bits (the branchy net holds sigmoid and tanh tables and a softmax)."""
+    tmp, out, samples = quantized
+    exported = tmp / f"cvm-{device}"
+    assert main(["export", str(tmp / "q"), "--format", "cvm", "-o", str(exported)]) == 0
+    scale = json.loads((tmp / "q" / "quantization.json").read_text())["inputs"]["x"]["scale"]
+    folder = load_graph(tmp / "q")
+    for x in samples[:4]:
+        xi = quantize("x", x, scale, 8).astype(np.int8)
+        got = run_exported(exported / "symbol.json", exported / "params", xi, device)
+        assert np.array_equal(got, reference_run(folder, {"x": xi})[out].ravel())
+
+
 @pytest.mark.parametrize("target", ["llvm", "cuda"])
 def test_compiled_is_bit_exact_with_the_reference(quantized, target):
     import cvmc_runtime
@@ -116,10 +133,23 @@ def test_bad_inputs_are_one_error_line(tmp_path, capsys):
     assert not (tmp_path / "q").exists()
 
 
+def test_calib_shape_is_checked_before_converting(tmp_path, capsys, monkeypatch):
+    def convert(*args, **kwargs):
+        raise AssertionError("converted before checking --calib")
+    monkeypatch.setattr("cvmc.frontend.onnx_convert.convert_onnx", convert)
+    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
+    for shape in [(4, 1, 1, 10, 10), (4, 1, 12, 12)]:
+        np.save(tmp_path / "wrong.npy", np.zeros(shape, np.float32))
+        _one_error(capsys, ["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q"),
+                            "--calib", f"x={tmp_path}/wrong.npy"],
+                   f"expected samples of shape [N, 1, 1, 12, 12] with real values, got "
+                   f"{list(shape)}")
+
+
 def test_unsupported_op_is_one_error_line(tmp_path, capsys):
     from onnx import TensorProto, helper
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "x"], ["y"])], "sq",
+        [helper.make_node("Div", ["x", "x"], ["y"])], "sq",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -127,4 +157,4 @@ def test_unsupported_op_is_one_error_line(tmp_path, capsys):
     onnx.save(model, tmp_path / "sq.onnx")
     np.save(tmp_path / "x.npy", np.ones((2, 3, 3), np.float32))
     _one_error(capsys, ["quantize", str(tmp_path / "sq.onnx"), "-o", str(tmp_path / "q"),
-                        "--calib", f"x={tmp_path}/x.npy"], "(matmul)")
+                        "--calib", f"x={tmp_path}/x.npy"], "(div)")

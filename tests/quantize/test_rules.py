@@ -58,11 +58,14 @@ def _sy(q):
     return q.manifest()["outputs"]["y"]["scale"]
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_conv_with_bias(tmp_path, per_channel):
+@pytest.mark.parametrize("per_channel, padding", [
+    (False, "[(1, 1), (1, 1)]"), (True, "[(1, 1), (1, 1)]"),
+    (False, "[(0, 1), (2, 1)]"),  # asymmetric: the excess concatenated as zeros
+    (True, "[]")])  # automatic (TF's SAME): stride 2 on 7 needs 2 rows, 1 + 1
+def test_conv_with_bias(tmp_path, per_channel, padding):
     w = RNG.standard_normal((4, 3, 3, 3)) * np.array([1.0, 0.1, 3.0, 0.5])[:, None, None, None]
     b = RNG.standard_normal((1, 4)) * 0.2
-    g = _model(tmp_path, "    y = conv(x, w, b, padding = [(1, 1), (1, 1)], stride = [2, 1]);",
+    g = _model(tmp_path, f"    y = conv(x, w, b, padding = {padding}, stride = [2, 1]);",
                {"x": (1, 3, 7, 7)}, {"w": w, "b": b})
     xs = RNG.standard_normal((8, 1, 3, 7, 7)).astype(np.float32)
     want, got, q = _compare(g, {"x": xs}, Options(per_channel=per_channel))
@@ -141,7 +144,11 @@ def test_concat_of_differently_scaled_inputs(tmp_path):
     ("avg_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
     "(1, 1), (1, 1)], border = 'ignore')"),
     "avg_pool(x, size = [1, 1, 2, 2], stride = [1, 1, 2, 2], border = 'constant')",
-    "mean_reduce(x, axes = [2, 3])"])
+    "mean_reduce(x, axes = [2, 3])",
+    ("avg_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
+     "(0, 1), (1, 2)], border = 'ignore')"),
+    ("avg_pool(x, size = [1, 1, 2, 2], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
+     "(1, 0), (0, 1)], border = 'constant')")])
 def test_average_pools(tmp_path, call):
     g = _model(tmp_path, f"    y = {call};", {"x": (1, 3, 6, 6)}, {})
     xs = RNG.standard_normal((8, 1, 3, 6, 6)).astype(np.float32)
@@ -153,6 +160,8 @@ def test_average_pools(tmp_path, call):
 @pytest.mark.parametrize("call", [
     "relu(x)", "clamp(x, -0.5, 1.25)",
     "max_pool(x, size = [1, 1, 2, 2], padding = [(0, 0), (0, 0), (0, 0), (0, 0)])",
+    ("max_pool(x, size = [1, 1, 3, 3], stride = [1, 1, 2, 2], padding = [(0, 0), (0, 0), "
+     "(0, 1), (1, 2)], border = 'ignore')"),
     "reshape(x, shape = [1, 12, 3])", "transpose(x, axes = [0, 2, 3, 1])",
     "nearest_upsample(x, factor = [2, 2])",
     "slice(x, axes = [1, 3], begin = [1, 0], end = [3, 2])",
@@ -176,6 +185,18 @@ def test_lookup_tables(tmp_path, call, lipschitz):
     assert np.abs(got - want).max() <= lip * 0.5 / _sx(q) + 0.5 / _sy(q) + 1e-6
 
 
+def test_table_spans_where_the_function_is_finite(tmp_path):
+    g = _model(tmp_path, "    y = sqrt(x);", {"x": (1, 2, 4, 4)}, {})
+    xs = np.abs(RNG.standard_normal((8, 1, 2, 4, 4))).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs})
+    assert [n.op for n in q.graph.nodes] == ["cvm_lut"]  # indexed by x itself: 0..127
+    # |sqrt(x) - sqrt(xq)| <= sqrt(|x - xq|), then the table's rounding
+    assert np.abs(got - want).max() <= np.sqrt(0.5 / _sx(q)) + 0.5 / _sy(q) + 1e-6
+    # a negative input reads the table's first entry, sqrt(0)
+    negative = np.full((1, 2, 4, 4), -100, np.int8)
+    assert not reference_run(q.graph, {"x": negative})["y"].any()
+
+
 def test_softmax(tmp_path):
     g = _model(tmp_path, "    y = softmax(x, axes = [1]);", {"x": (2, 10)}, {})
     xs = (RNG.standard_normal((8, 2, 10)) * 3).astype(np.float32)
@@ -183,6 +204,24 @@ def test_softmax(tmp_path):
     # softmax moves by at most max|dx| / 2; e = round(exp(.) 2^14) over a sum >= 2^14;
     # the final rounding half a unit of 1/127
     bound = 0.5 * 0.5 / _sx(q) + 11 / 32768 + 0.5 / 127
+    assert np.abs(got - want).max() <= bound
+
+
+@pytest.mark.parametrize("body", [
+    "    y = matmul(x, z);",
+    "    t = transpose(z, axes = [0, 1, 3, 2]);\n    y = matmul(x, t, transposeB = true);",
+    "    t = transpose(x, axes = [0, 1, 3, 2]);\n    y = matmul(t, z, transposeA = true);"])
+def test_matmul_of_two_activations(tmp_path, body):
+    g = _model(tmp_path, body, {"x": (2, 3, 4, 5), "z": (2, 3, 5, 6)}, {})
+    xs = RNG.standard_normal((8, 2, 3, 4, 5)).astype(np.float32)
+    zs = (RNG.standard_normal((8, 2, 3, 5, 6)) * 3).astype(np.float32)
+    want, got, q = _compare(g, {"x": xs, "z": zs})
+    assert {"broadcast_mul", "sum"} <= {n.op for n in q.graph.nodes}
+    # |a b - aq bq| <= dx_a K max|b| + dx_b K max|a| + K dx_a dx_b, then the output's
+    # rounding and fixed point
+    dxa, dxb, k = 0.5 / _sx(q, "x"), 0.5 / _sx(q, "z"), 5
+    bound = (dxa * k * np.abs(zs).max() + dxb * k * np.abs(xs).max() + k * dxa * dxb
+             + 1 / _sy(q))
     assert np.abs(got - want).max() <= bound
 
 
@@ -201,11 +240,20 @@ def test_batch_norm_is_folded_into_the_conv(tmp_path):
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
 
 
-def test_unsupported_op_names_the_layer(tmp_path):
-    g = _model(tmp_path, "    y = matmul(x, z);", {"x": (2, 4), "z": (4, 6)}, {})
-    with pytest.raises(CvmcError, match=r"layer 'y' \(matmul\)"):
-        quantize_graph(g, {"x": np.ones((2, 2, 4), np.float32),
-                           "z": np.ones((2, 4, 6), np.float32)}, Options())
+@pytest.mark.parametrize("body, message", [
+    ("    y = pow(x, z);", r"layer 'y' \(pow\): no quantization rule"),
+    ("    y = conv(x, w, padding = [(1, 1), (1, 1)], border = 'reflect');",
+     r"layer 'y' \(conv\): border 'reflect'"),
+    ("    y = rcp(x);", r"layer 'y' \(rcp\): the function is not finite")])
+def test_uncovered_layers_are_refused_before_calibrating(tmp_path, monkeypatch, body, message):
+    def calibrate(*args):
+        raise AssertionError("calibrated before refusing the layer")
+    monkeypatch.setattr("cvmc.quantize.calibrate", calibrate)
+    g = _model(tmp_path, body, {"x": (1, 2, 4, 4), "z": (1, 2, 4, 4)},
+               {"w": np.ones((3, 2, 3, 3))})
+    with pytest.raises(CvmcError, match=message):
+        quantize_graph(g, {"x": np.ones((2, 1, 2, 4, 4), np.float32),
+                           "z": np.ones((2, 1, 2, 4, 4), np.float32)}, Options())
 
 
 def test_softmax_after_conv_is_not_folded_as_affine(tmp_path):

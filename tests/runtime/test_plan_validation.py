@@ -56,6 +56,19 @@ def test_outputs_that_are_inputs_or_weights_need_no_kernel():
     validate_plan(plan)
 
 
+@pytest.mark.parametrize("key", ["inputs", "weights", "buffers", "outputs"])
+@pytest.mark.parametrize("dtype, precision", [("int8", 9), ("int8", 32), ("int8", 0),
+                                              ("int32", 33), ("int32", 0), ("int8", True)])
+def test_precisions_must_fit_their_dtype(key, dtype, precision):
+    """Issue 29, item 2: a plan (and signature) giving an int8 tensor precision 9 stored
+    the input 200 as -56; every precision the plan types fits its dtype's width."""
+    plan = _edited(lambda p: p[key][0].update(dtype=dtype, precision=precision))
+    with pytest.raises(ModelError, match="a precision in 1..8 for int8, 1..32 for int32"):
+        validate_plan(plan)
+    validate_plan(_edited(lambda p: p[key][0].update(dtype=dtype, precision=min(
+        max(int(precision), 1), 8 if dtype == "int8" else 32))))
+
+
 @pytest.mark.parametrize("value, index", [(127, None), (-127, None), (128, 2), (-128, 1)])
 def test_weights_outside_their_precision_are_refused(value, index):
     w = np.array([0, 0, 0, 0], np.int32)
@@ -150,3 +163,14 @@ def test_bad_arenas_are_refused(offsets, bytes_, words):
     plan["arena"] = {"bytes": bytes_, "offsets": offsets}
     with pytest.raises(ModelError, match=words):
         validate_plan(plan)
+
+
+@pytest.mark.parametrize("dtype, precision", [("int8", 9), ("int8", 0), ("int32", 33),
+                                              ("int32", None)])
+def test_a_tensor_spec_ties_its_precision_to_its_dtype(dtype, precision):
+    """check_inputs takes TensorSpecs from anyone: int8 with precision 9 clipped 300 to 255
+    and stored it as -1."""
+    from cvmc_runtime import TensorSpec
+    with pytest.raises(ModelError, match=f"an {dtype} needs a precision in 1.."):
+        TensorSpec("x", (2,), dtype, precision)
+    TensorSpec("x", (2,), dtype, 8)
