@@ -517,8 +517,9 @@ class Rewriter:
                 raise unsupported(node, f"weight '{bad[0]}' holds a value that is not finite")
         try:
             getattr(self, rule)(node)
-        except FixedPointError as e:
-            raise unsupported(node, e.message) from None
+        except FixedPointError as e:  # named, and still a FixedPointError (quantize_graph)
+            named = unsupported(node, e.message)
+            raise FixedPointError(named.message, named.span) from None
 
     def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]]]:
         """The integer graph, each float value's scale, and the inputs' (scale, precision)."""
