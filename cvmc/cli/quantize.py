@@ -55,7 +55,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         made = []  # the rewriter, for the fixed-point error it records
 
         def build(layers, thresholds, opts):
-            made.append(QdqRewriter(layers, qdq[1], qdq[2], opts) if qdq
+            made.append(QdqRewriter(layers, *qdq[1:], opts) if qdq
                         else Rewriter(layers, thresholds, opts))
             return made[-1]
         # Layers are read back from the source text, so quantize while the folder exists.

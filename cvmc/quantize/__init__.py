@@ -17,6 +17,7 @@ import numpy as np
 from cvmc.ir import Graph
 from cvmc.ops.infer import retype
 from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
+from cvmc.quantize.fixedpoint import FixedPointError
 from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
 from cvmc.quantize.rewrite import Options, Rewriter, split_unruled
 
@@ -63,7 +64,10 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
         # The integer graph at unit thresholds, dropped: every refusal that does not
         # depend on the calibrated ranges (a layer no rule covers, asymmetric padding, a
         # filter that is not a weight) comes before any sample runs.
-        rewriter(layers, defaultdict(lambda: 1.0), options).run()
+        try:
+            rewriter(layers, defaultdict(lambda: 1.0), options).run()
+        except FixedPointError:
+            pass  # a scale ratio at unit thresholds: the calibrated ranges decide
         count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
         stats = calibrate(layers, samples, count)
         thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}

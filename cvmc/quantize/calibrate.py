@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cvmc.errors import CvmcError
-from cvmc.quantize.layers import Layers, run_float
+from cvmc.quantize.layers import Layers, run_float, unsupported
 
 METHODS = ("absmax", "percentile", "lambda")
 _KEEP = 1 << 16  # values kept per tensor per sample for the percentile
@@ -93,12 +93,19 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
 
 def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
     """Statistics of every input and layer output (each of a split's) over the first
-    `count` samples."""
+    `count` samples; a layer output that is not finite (the float model overflows float32)
+    is an error."""
     g = layers.graph
     names = [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
     stats = {name: Stats() for name in names}
     for k in range(count):
         env = run_float(layers, {n: samples[n][k] for n in g.inputs})
         for name in names:
+            bad = env[name][~np.isfinite(env[name])]
+            if bad.size:
+                node = next(n for n in g.nodes if name in n.outputs)  # inputs are finite
+                raise unsupported(node, f"its float output holds {bad[0]} on calibration "
+                                        f"sample {k}: no scale covers a value that is not "
+                                        f"finite (float32 overflowed, or a weight is not)")
             stats[name].add(env[name])
     return stats

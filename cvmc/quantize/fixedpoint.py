@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cvmc.errors import CvmcError
 from cvmc.ops.common import bitlen, numprec, prec_max
+
+
+class FixedPointError(CvmcError):
+    """A scale ratio with no fixed-point form (a user's scales or data; the caller names
+    the layer)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +49,9 @@ def plan_requant(ratio, in_precision: int, out_precision: int) -> Requant:
     the output bound, plus r' / 2 for the pre-shift's rounding when sb > 0.
     """
     r = np.asarray(ratio, dtype=np.float64)
-    assert r.size and np.all(r > 0) and np.all(np.isfinite(r)), "ratio must be positive"
+    if not (r.size and np.all(r > 0) and np.all(np.isfinite(r))):
+        raise FixedPointError(f"the scale ratio {r.reshape(-1)[:4].tolist()} (output scale "
+                              f"over input scale) is not a finite number > 0")
     out_max = prec_max(out_precision)
     best = None
     for sb in range(in_precision):
@@ -65,7 +73,10 @@ def plan_requant(ratio, in_precision: int, out_precision: int) -> Requant:
         error = out_max * float(rel.max()) + (float(r2.max()) / 2 if sb else 0.0)
         if best is None or error < best.error:
             best = Requant(sb, q, m, shift, error)
-    assert best is not None, f"no fixed-point form for ratio {r.min()}..{r.max()}"
+    if best is None:
+        raise FixedPointError(f"the scale ratio {r.min():.3g}..{r.max():.3g} (output scale "
+                              f"over input scale) has no fixed-point form: a multiplier "
+                              f"below 2^31 and a right shift of 1..32 bits")
     return best
 
 

@@ -151,6 +151,8 @@ def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
         run_layer(layers, node, env)
         return env[node.name].astype(np.float64)
     f0, f1 = at(0.0), at(1.0)
+    if not (np.isfinite(f0).all() and np.isfinite(f1).all()):
+        return None  # calibration names the layer whose output is not finite
     a, b = f1 - f0, f0
     if not all(np.allclose(at(v), v * a + b, rtol=1e-4, atol=1e-6) for v in (-3.5, 2.0)):
         return None
@@ -211,8 +213,10 @@ def fold_batch_norm(layers: Layers) -> Layers:
             continue
         (a, b), (x, w, bias) = affine, parts
         w_name, b_name = f"{node.name}_folded_weight", f"{node.name}_folded_bias"
-        graph.constants[w_name] = (w * a.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
-        graph.constants[b_name] = (bias * a + b).astype(np.float32).reshape(1, -1)
+        with np.errstate(over="ignore"):  # beyond float32: calibration names the layer
+            graph.constants[w_name] = (w * a.reshape(-1, *[1] * (w.ndim - 1))).astype(
+                np.float32)
+            graph.constants[b_name] = (bias * a + b).astype(np.float32).reshape(1, -1)
         graph.types[w_name] = TensorType(w.shape, "float32")
         graph.types[b_name] = TensorType((1, w.shape[0]), "float32")
         if prev.op == "conv":

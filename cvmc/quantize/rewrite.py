@@ -38,7 +38,7 @@ from cvmc.ops import lookup
 from cvmc.ops.common import bitlen, prec_max
 from cvmc.ops.nnef_std import slice_starts
 from cvmc.ops.registry import Attrs
-from cvmc.quantize.fixedpoint import plan_requant
+from cvmc.quantize.fixedpoint import FixedPointError, plan_requant
 from cvmc.quantize.layers import Layers, apply_elementwise, is_elementwise, unsupported
 
 WIDE = 16  # bits of the common scale that add / sub operands meet at
@@ -510,7 +510,16 @@ class Rewriter:
             body = [n.op for n in self.layers.bodies.get(node.name, [node])]
             raise unsupported(node, f"no quantization rule for it (its primitives: "
                                     f"{', '.join(body)}); see docs/quantize.md")
-        getattr(self, rule)(node)
+        if rule != "elementwise":  # a table computes f, and checks it, on the grid
+            bad = [w for w in self.layers.weights_of(node)
+                   if not np.isfinite(self.g.constants[w]).all()]
+            if bad:
+                raise unsupported(node, f"weight '{bad[0]}' holds a value that is not finite")
+        try:
+            getattr(self, rule)(node)
+        except FixedPointError as e:  # named, and still a FixedPointError (quantize_graph)
+            named = unsupported(node, e.message)
+            raise FixedPointError(named.message, named.span) from None
 
     def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]]]:
         """The integer graph, each float value's scale, and the inputs' (scale, precision)."""

@@ -66,3 +66,30 @@ def branchy_net(seed: int = 1):
              helper.make_node("Softmax", ["y"], ["prob"], axis=1)]
     inits.update({"lo": np.array(-2.0), "hi": np.array(3.0)})
     return _model(nodes, inits, [1, 2, 8, 8], "prob", [1, 5])
+
+
+def torch_like_net(seed: int = 2):
+    """What torch.onnx.export writes for a small conv net: the scalar of a Mul as a
+    Constant node, an Identity, one conv weight and bias shared by two convs, a residual
+    add, a sigmoid, a concat, global average pooling and a gemm."""
+    from onnx import helper, numpy_helper
+    r = np.random.default_rng(seed)
+    inits = {"w1": r.standard_normal((4, 2, 3, 3)) * 0.4, "b1": r.standard_normal(4) * 0.1,
+             "w2": r.standard_normal((4, 4, 3, 3)) * 0.25, "b2": r.standard_normal(4) * 0.1,
+             "wf": r.standard_normal((5, 8)) * 0.5, "bf": r.standard_normal(5) * 0.1}
+    half = numpy_helper.from_array(np.array(0.5, np.float32))
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Conv", ["r2", "w2", "b2"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c3", "r1"], ["res"]),
+             helper.make_node("Constant", [], ["k"], value=half),
+             helper.make_node("Mul", ["res", "k"], ["m"]),
+             helper.make_node("Identity", ["m"], ["mi"]),
+             helper.make_node("Sigmoid", ["mi"], ["sg"]),
+             helper.make_node("Concat", ["sg", "r1"], ["cat"], axis=1),
+             helper.make_node("GlobalAveragePool", ["cat"], ["gap"]),
+             helper.make_node("Flatten", ["gap"], ["f"]),
+             helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1)]
+    return _model(nodes, inits, [1, 2, 8, 8], "y", [1, 5])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from cvmc.ops.common import bitlen, prec_max
-from cvmc.quantize.fixedpoint import plan_requant
+from cvmc.quantize.fixedpoint import FixedPointError, plan_requant
 
 
 def _half_up_shift(v: np.ndarray, s: int) -> np.ndarray:
@@ -54,3 +54,11 @@ def test_error_is_small_for_typical_conv_ratios():
     # 8-bit x 8-bit conv over 3x3x64 taps, back to 8 bits: the bound is a small part of a unit
     plan = plan_requant(1 / 2345.6, 8 + 8 + bitlen(576) + 1, 8)
     assert plan.error < 0.02
+
+
+@pytest.mark.parametrize("ratio", [0.0, -1.0, np.nan, np.inf, 1e40, np.array([0.5, 0.0]),
+                                   np.array([])])
+def test_a_ratio_without_fixed_point_form_is_a_user_error(ratio):
+    """Scales come from user data (calibration, a QDQ model): no assert (issue 29 item 4)."""
+    with pytest.raises(FixedPointError, match="scale ratio"):
+        plan_requant(ratio, 16, 8)
