@@ -36,6 +36,13 @@ class Requant:
     error: float
 
 
+# The requantization's right shift stays below 31: CVM-Runtime's CPU backend computes
+# cvm_right_shift by 31 or 32 as x >> 31 without rounding (-1 for every negative value
+# where the spec and FORMAL give 0; docs/cvm-runtime.md), and a quantized model must give
+# the same bits there.
+MAX_SHIFT = 30
+
+
 def plan_requant(ratio, in_precision: int, out_precision: int) -> Requant:
     """The requantization of a precision-`in_precision` tensor by `ratio` (> 0) to
     `out_precision` bits that precision inference proves overflow-free, with the least
@@ -61,9 +68,9 @@ def plan_requant(ratio, in_precision: int, out_precision: int) -> Requant:
         m_max = prec_max(32 - q)
         if m_max < 1:
             continue
-        # cvm_right_shift shifts by 32 at most: a tiny ratio (a concat branch 10^4 times
-        # finer than the output) takes a smaller multiplier, still of ample bits
-        shift = min(32, int(np.floor(np.log2(m_max / r2.max()))))
+        # At most MAX_SHIFT: a tiny ratio (a concat branch 10^4 times finer than the
+        # output) takes a smaller multiplier, still of ample bits
+        shift = min(MAX_SHIFT, int(np.floor(np.log2(m_max / r2.max()))))
         while shift >= 1 and np.round(r2.max() * 2.0 ** shift) > m_max:
             shift -= 1
         if shift < 1:
@@ -76,7 +83,7 @@ def plan_requant(ratio, in_precision: int, out_precision: int) -> Requant:
     if best is None:
         raise FixedPointError(f"the scale ratio {r.min():.3g}..{r.max():.3g} (output scale "
                               f"over input scale) has no fixed-point form: a multiplier "
-                              f"below 2^31 and a right shift of 1..32 bits")
+                              f"below 2^31 and a right shift of 1..{MAX_SHIFT} bits")
     return best
 
 
