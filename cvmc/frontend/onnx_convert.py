@@ -164,7 +164,7 @@ def _read_onnx(path: Path, input_shapes: dict[str, list[int]]):
                             f"'{node.op_type}' of domain '{node.domain}'; only standard "
                             f"ONNX ops (domain ai.onnx) can be converted")
     try:
-        _check_tensors(path, model)
+        check_tensors(path, model)
     except CvmcError as e:
         raise CvmcError(f"{path}: {e.message}") from None
     _check_input_shapes(path, model.graph, input_shapes)
@@ -302,7 +302,7 @@ def _nnef_tools(tools: SimpleNamespace) -> Iterator[None]:
 def _read_graph(tools: SimpleNamespace, model, model_folder: Path, shapes: dict | None,
                 opset: int):
     """NNEF-Tools' ONNX reader (its `Reader.__call__`, without the simplifier) on the checked
-    `model`, whose external data (bounded by `_check_tensors`) is loaded first, rewritten by
+    `model`, whose external data (bounded by `check_tensors`) is loaded first, rewritten by
     `onnx_rewrite.rewrite` (ops the converter lacks, shape computations)."""
     import onnx
 
@@ -337,7 +337,7 @@ def _release_batches(graph, shapes: dict) -> dict[str, int]:
 
 
 # ---- the model's tensors: sizes checked before any data is read --------------------------
-def _check_tensors(path: Path, model) -> None:
+def check_tensors(path: Path, model) -> None:
     """Every tensor's data fits its dims and type, external data lies inside files of the
     model's folder, and the file with all its external data stays within MAX_ONNX_BYTES."""
     from onnx import TensorProto

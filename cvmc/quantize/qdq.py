@@ -604,7 +604,7 @@ def load_qdq(path: Path, tmp: Path, input_shapes: dict | None):
     from google.protobuf.message import DecodeError
 
     from cvmc.frontend import load_checked
-    from cvmc.frontend.onnx_convert import MAX_ONNX_BYTES, _check_tensors, convert_onnx
+    from cvmc.frontend.onnx_convert import MAX_ONNX_BYTES, check_tensors, convert_onnx
     try:
         if path.stat().st_size > MAX_ONNX_BYTES:
             return None  # convert_onnx reports what is wrong with the file
@@ -614,7 +614,7 @@ def load_qdq(path: Path, tmp: Path, input_shapes: dict | None):
     if not is_quantized(model):
         return None
     try:
-        _check_tensors(path, model)
+        check_tensors(path, model)
     except CvmcError as e:
         raise CvmcError(f"{path}: {e.message}") from None
     onnx.load_external_data_for_model(model, str(path.parent))
