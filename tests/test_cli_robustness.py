@@ -134,20 +134,25 @@ def _compile_process(model: Path, output: Path) -> subprocess.Popen:
                             text=True)
 
 
-@pytest.fixture(scope="module")
-def slow_model(tmp_path_factory) -> Path:
-    """12 conv kernels: a compile of several seconds, long enough to interrupt."""
+def conv_chain(path: Path, layers: int, shift_bit) -> Path:
+    """An NNEF graph of `layers` conv kernels, 1x1 on [1, 8, 8, 8], layer i shifting right
+    by `shift_bit(i)` bits (kernels alike where the shifts are), written at `path`."""
     lines = ["version 1.0;", "graph deep( data ) -> ( out )", "{",
              "    data = external<integer>(shape = [1, 8, 8, 8], precision = 8);"]
     prev = "data"
-    for i in range(12):
+    for i in range(layers):
         lines += [f"    w{i} = constant<integer>(shape = [8, 8, 1, 1], value = [{i % 5 - 2}]);",
                   f"    c{i} = conv2d({prev}, w{i});",
-                  f"    s{i} = cvm_right_shift(c{i}, precision = 8, shift_bit = 4);"]
+                  f"    s{i} = cvm_right_shift(c{i}, precision = 8, shift_bit = {shift_bit(i)});"]
         prev = f"s{i}"
-    path = tmp_path_factory.mktemp("slow") / "graph.nnef"
     path.write_text("\n".join([*lines, f"    out = relu({prev});", "}", ""]))
     return path
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory) -> Path:
+    """12 conv kernels: a compile of several seconds, long enough to interrupt."""
+    return conv_chain(tmp_path_factory.mktemp("slow") / "graph.nnef", 12, lambda i: 4)
 
 
 def _wait_for_signal_handlers(proc: subprocess.Popen, timeout: float = 60) -> None:

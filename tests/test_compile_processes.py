@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_cli_robustness import ROOT
+from tests.test_cli_robustness import ROOT, conv_chain
 
 LAYERS = 24
 
@@ -24,17 +24,7 @@ LAYERS = 24
 def many_kernels(tmp_path_factory) -> Path:
     """LAYERS conv kernels, each its own (each shifts by another amount): enough for build
     workers at CVMC_JOBS=2."""
-    lines = ["version 1.0;", "graph deep( data ) -> ( out )", "{",
-             "    data = external<integer>(shape = [1, 8, 8, 8], precision = 8);"]
-    prev = "data"
-    for i in range(LAYERS):
-        lines += [f"    w{i} = constant<integer>(shape = [8, 8, 1, 1], value = [{i % 5 - 2}]);",
-                  f"    c{i} = conv2d({prev}, w{i});",
-                  f"    s{i} = cvm_right_shift(c{i}, precision = 8, shift_bit = {i + 1});"]
-        prev = f"s{i}"
-    path = tmp_path_factory.mktemp("many") / "graph.nnef"
-    path.write_text("\n".join([*lines, f"    out = relu({prev});", "}", ""]))
-    return path
+    return conv_chain(tmp_path_factory.mktemp("many") / "graph.nnef", LAYERS, lambda i: i + 1)
 
 
 def session(sid: int) -> dict[int, tuple[int, bytes]]:
