@@ -21,7 +21,7 @@ import types
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
@@ -40,13 +40,15 @@ KERNELS_PER_WORKER = 6
 @dataclass
 class Built:
     """A built kernel library: its bytes, the target dict, the schedule rule each kernel
-    got, and `emit()`, which makes (scheduled TIR, source) when they are asked for."""
+    got, `emit()`, which makes (scheduled TIR, source) when they are asked for, and (CPU)
+    each kernel's object file by symbol, as linked into the library."""
 
     library: bytes
     target: dict
     source_suffix: str
     schedules: dict[str, str]
     emit: Callable[[], tuple[str, str]]
+    objects: dict[str, bytes] = field(default_factory=dict)
 
     @functools.cached_property
     def _emitted(self) -> tuple[str, str]:
@@ -206,7 +208,8 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
                       options=["-pthread"])
         rules = {s: kernels[s].rule for s in funcs}
         return Built(lib.read_bytes(), built_for, "ll", rules,
-                     functools.partial(_emit_llvm, mod, target, rules))
+                     functools.partial(_emit_llvm, mod, target, rules),
+                     {s: kernels[s].obj for s in funcs})
 
 
 def compile_jobs() -> int:
