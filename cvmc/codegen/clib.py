@@ -354,7 +354,7 @@ void* __TVMBackendParallelBarrier = (void*)cvmc_parallel_barrier;
 void* __TVMBackendAllocWorkspace = (void*)cvmc_alloc_workspace;
 void* __TVMBackendFreeWorkspace = (void*)cvmc_free_workspace;
 
-static __thread char last_error[512];
+static __thread char last_error[1024];
 
 static int fail(int code, const char* format, ...) __attribute__((format(printf, 2, 3)));
 static int fail(int code, const char* format, ...) {{
@@ -443,7 +443,7 @@ static int append(int missing, const char* feature, char* text, size_t size) {{
 }}
 
 static int check_cpu(void) {{
-  char text[400] = "";
+  char text[800] = "";
   int missing = 0;
 {checks}
   (void)append;
@@ -696,11 +696,12 @@ int main(int argc, char** argv) {
       ms[r] = now_ms() - start;
     }
     if (err) {
-      fprintf(stderr, "error %d (%s): %s\\n", err, MODEL_strerror(err), MODEL_last_error());
+      fprintf(stderr, "error %d (%s): %s\n", err, MODEL_strerror(err), MODEL_last_error());
       return 1;
     }
     qsort(ms, (size_t)repeat, sizeof(double), compare);
     printf("median of %d runs: %.3f ms\n", repeat, ms[repeat / 2]);
+    free(ms);
   }
   for (int i = 0; i < MODEL_NUM_OUTPUTS; i++) {
     const MODEL_tensor_info* t;
@@ -715,6 +716,8 @@ int main(int argc, char** argv) {
     printf("wrote %s (%zu bytes)\n", path, t->bytes);
   }
   MODEL_destroy(model);
+  for (int i = 0; i < MODEL_NUM_INPUTS; i++) free((void*)inputs[i]);
+  for (int i = 0; i < MODEL_NUM_OUTPUTS; i++) free(outputs[i]);
   return 0;
 }
 """

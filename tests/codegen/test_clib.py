@@ -1,0 +1,369 @@
+"""The C library (`cvmc compile --emit c-library`, cvmc/codegen/clib.py; issue 32 items 2,
+3 and 5): the example main.c built with gcc against libNAME.a and libNAME.so gives the
+reference interpreter's bits (integer models) and the Python runtime's bits (float models);
+the library needs libc, libm and pthreads only; bad calls return error codes with messages
+under AddressSanitizer and UndefinedBehaviorSanitizer; one handle runs from several threads
+in turn; a CPU without a feature the kernels need is refused by cpuid as the Python runtime
+refuses it by /proc/cpuinfo; the native runtime's ABI version is checked at load."""
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import zipfile
+from pathlib import Path
+
+import cvmc_runtime
+import numpy as np
+import pytest
+from cvmc_runtime import CPUINFO_FLAGS, NATIVE_ABI, NATIVE_FOLDER, ModelError, host_flags
+
+import cvmc
+from cvmc.cli import main
+from cvmc.codegen import compile_model
+from cvmc.codegen.clib import CPUID, write_c_library
+from cvmc.frontend.nnef import parse_nnef
+from tests.nnefutil import random_inputs, with_random_weights
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "small_cnn"
+SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g")
+
+FLOAT_IO = """version 1.0;
+graph F( x, m ) -> ( y, z, k )
+{
+    x = external<scalar>(shape = [8, 256]);
+    m = external<logical>(shape = [8, 1]);
+    t = tanh(x);
+    q = mul(x, 0.25);
+    e = exp(q);
+    s = add(t, e);
+    r = div(t, e);
+    y = select(m, s, r);
+    h = mul(y, 100.0);
+    z = round(h);
+    k = gt(z, 5.0);
+}
+"""
+FLOAT_CONV = """version 1.0;
+graph C( x ) -> ( y )
+{
+    x = external<scalar>(shape = [1, 8, 20, 20]);
+    w = variable<scalar>(shape = [32, 8, 3, 3], label = 'w');
+    b = variable<scalar>(shape = [1, 32], label = 'b');
+    c = conv(x, w, b, padding = [(1, 1), (1, 1)]);
+    s = sigmoid(c);
+    v = variable<scalar>(shape = [16, 32, 1, 1], label = 'v');
+    d = conv(s, v);
+    r = relu(d);
+    y = max_pool(r, size = [1, 1, 2, 2], stride = [1, 1, 2, 2]);
+}
+"""
+
+
+def _gcc(*args: str | Path) -> None:
+    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", *map(str, args), "-lm",
+                    "-pthread"], check=True, capture_output=True, timeout=300)
+
+
+def _header_name(folder: Path) -> str:
+    return next(folder.glob("lib*.a")).name[3:-2]
+
+
+def _run_example(folder: Path, feeds: dict[str, np.ndarray], specs, shared: bool = False,
+                 cflags: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Build main.c against the library of `folder` (static, or the .so), run it on
+    `feeds` (raw files in the order of `specs`, the Python runtime's TensorSpecs of inputs
+    and outputs) and read its outputs back."""
+    name = _header_name(folder)
+    exe = folder.parent / f"{folder.name}-main"
+    if shared:
+        _gcc(*cflags, folder / "main.c", f"-L{folder}", f"-l{name}", f"-Wl,-rpath,{folder}",
+             "-o", exe)
+    else:
+        _gcc(*cflags, folder / "main.c", folder / f"lib{name}.a", "-o", exe)
+    inputs, outputs = specs
+    paths = []
+    for spec in inputs:
+        paths.append(folder.parent / f"{folder.name}-{spec.name}.bin")
+        np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
+    out = folder.parent / f"{folder.name}-out"
+    out.mkdir(exist_ok=True)
+    done = subprocess.run([str(exe), *map(str, paths), str(out)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    return {s.name: np.fromfile(out / f"{s.name}.bin", s.dtype).reshape(s.shape)
+            for s in outputs}
+
+
+def _specs(artifact: Path):
+    model = cvmc_runtime.load(artifact)
+    return model, (model.inputs, model.outputs)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32) if a.dtype == np.float32 else a
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory):
+    """The example CNN as a C library (by the command line) and as an artifact."""
+    d = tmp_path_factory.mktemp("example")
+    assert main(["compile", str(EXAMPLE), "--emit", "c-library", "-o",
+                 str(d / "small_cnn")]) == 0
+    assert main(["compile", str(EXAMPLE), "-o", str(d / "small_cnn.cvmx")]) == 0
+    return d
+
+
+def test_the_example_gives_the_reference_bits(example):
+    feeds = {"data": np.load(EXAMPLE / "data.npy")}
+    want = cvmc.reference_run(cvmc.load_graph(EXAMPLE), feeds)
+    model, specs = _specs(example / "small_cnn.cvmx")
+    for shared in (False, True):
+        got = _run_example(example / "small_cnn", feeds, specs, shared)
+        assert np.array_equal(got["logits"], want["logits"])
+        assert np.array_equal(got["logits"], model.run(feeds)["logits"])
+
+
+def test_the_library_needs_libc_libm_and_pthreads_only(example):
+    folder = example / "small_cnn"
+    dynamic = subprocess.run(["readelf", "-d", str(folder / "libsmall_cnn.so")],
+                             capture_output=True, text=True, check=True).stdout
+    needed = set(re.findall(r"\(NEEDED\).*\[(.+)\]", dynamic))
+    # glibc's dynamic loader provides __tls_get_addr (the pool's thread-local state)
+    assert needed <= {"libc.so.6", "libm.so.6", "libpthread.so.0", "ld-linux-x86-64.so.2"}, \
+        needed
+    # global symbols: the API and the pool's (weak) functions; nothing else is exported
+    symbols = subprocess.run(["nm", "-g", "--defined-only", str(folder / "libsmall_cnn.a")],
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+    names = {line.split()[-1] for line in symbols if len(line.split()) == 3}
+    assert {n for n in names if not n.startswith(("small_cnn_", "cvmc_"))} == set()
+    assert {"small_cnn_create", "small_cnn_run", "small_cnn_destroy"} <= names
+    header = (folder / "small_cnn.h").read_text()
+    assert "int small_cnn_run(small_cnn_model* model" in header
+    assert "'data' int8 precision 8 [1, 3, 16, 16]" in header
+
+
+def _float_library(tmp: Path, text: str, name: str, cflags: tuple[str, ...] = ()):
+    graph = with_random_weights(parse_nnef(text, f"{name}.nnef"))
+    result = compile_model(graph, tmp / f"{name}.cvmx", "llvm")
+    write_c_library(result.plan, result.built.objects, result.weights, tmp / name, cflags)
+    return graph, tmp / name
+
+
+@pytest.mark.parametrize("text", [FLOAT_IO, FLOAT_CONV], ids=["select_bool", "conv"])
+def test_float_models_give_the_python_runtimes_bits(tmp_path, text):
+    graph, folder = _float_library(tmp_path, text, "f")
+    feeds = random_inputs(graph)
+    model, specs = _specs(tmp_path / "f.cvmx")
+    want = model.run(feeds)
+    got = _run_example(folder, feeds, specs)
+    for spec in specs[1]:
+        assert got[spec.name].dtype == want[spec.name].dtype
+        assert np.array_equal(_bits(got[spec.name]), _bits(want[spec.name])), spec.name
+
+
+def test_a_quantized_model_gives_the_reference_bits_and_its_scales(tmp_path):
+    pytest.importorskip("nnef_tools", reason="needs the convert extra")
+    onnx = pytest.importorskip("onnx")
+    from tests.quantize.onnx_nets import conv_bn_net
+
+    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
+    samples = np.random.default_rng(3).standard_normal((8, 1, 1, 12, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", samples)
+    assert main(["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q"),
+                 "--calib", f"x={tmp_path / 'x.npy'}"]) == 0
+    assert main(["compile", str(tmp_path / "q"), "--emit", "c-library", "-o",
+                 str(tmp_path / "qnet")]) == 0
+    assert main(["compile", str(tmp_path / "q"), "-o", str(tmp_path / "q.cvmx")]) == 0
+    model, specs = _specs(tmp_path / "q.cvmx")
+    (x,), (y,) = specs
+    feeds = {"x": cvmc_runtime.quantize("x", samples[0], x.scale, x.precision)}
+    want = cvmc.reference_run(cvmc.load_graph(tmp_path / "q"), feeds)
+    got = _run_example(tmp_path / "qnet", feeds, specs)
+    assert np.array_equal(got[y.name], want[y.name])
+    assert np.array_equal(got[y.name], model.run(feeds)[y.name])
+    header = (tmp_path / "qnet" / "qnet.h").read_text()
+    assert f"scale {x.scale!r}" in header and f"scale {y.scale!r}" in header
+
+
+BAD_CALLS_C = r"""
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "NAME.h"
+
+#define EXPECT(call, code) do { \
+    int r_ = (call); \
+    if (r_ != (code) || (r_ && !NAME_last_error()[0])) { \
+      printf("line %d: %s gave %d, expected %d (%s)\n", __LINE__, #call, r_, code, \
+             NAME_last_error()); \
+      return 1; \
+    } \
+  } while (0)
+
+static NAME_model* shared;
+static const void* in[1];
+static size_t in_bytes[1], out_bytes[1];
+static unsigned char* want;
+
+static void* runs(void* arg) {
+  unsigned char* out = malloc(out_bytes[0]);
+  void* outs[1] = {out};
+  intptr_t bad = 0;
+  for (int i = 0; i < 20 && !bad; i++)
+    bad = NAME_run(shared, in, in_bytes, outs, out_bytes) || memcmp(out, want, out_bytes[0]);
+  free(out);
+  (void)arg;
+  return (void*)bad;
+}
+
+int main(int argc, char** argv) {
+  const NAME_tensor_info *info, *oinfo;
+  (void)argc;
+  EXPECT(NAME_input_info(0, NULL), UP_ERR_NULL);
+  EXPECT(NAME_input_info(-1, &info), UP_ERR_INDEX);
+  EXPECT(NAME_input_info(UP_NUM_INPUTS, &info), UP_ERR_INDEX);
+  EXPECT(NAME_output_info(UP_NUM_OUTPUTS, &info), UP_ERR_INDEX);
+  EXPECT(NAME_create(NULL), UP_ERR_NULL);
+  EXPECT(NAME_set_num_threads(-1), UP_ERR_ARGUMENT);
+  EXPECT(NAME_create(&shared), UP_OK);
+  EXPECT(NAME_input_info(0, &info), UP_OK);
+  EXPECT(NAME_output_info(0, &oinfo), UP_OK);
+  FILE* f = fopen(argv[1], "rb");
+  void* data = malloc(info->bytes);
+  if (!f || fread(data, 1, info->bytes, f) != info->bytes) return 2;
+  fclose(f);
+  in[0] = data;
+  in_bytes[0] = info->bytes;
+  out_bytes[0] = oinfo->bytes;
+  want = malloc(oinfo->bytes);
+  void* outs[1] = {want};
+  const void* null_in[1] = {NULL};
+  void* null_out[1] = {NULL};
+  size_t short_in[1] = {info->bytes - 1}, long_out[1] = {oinfo->bytes + 1};
+  EXPECT(NAME_run(NULL, in, in_bytes, outs, out_bytes), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, NULL, in_bytes, outs, out_bytes), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, in, NULL, outs, out_bytes), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, in, in_bytes, NULL, out_bytes), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, in, in_bytes, outs, NULL), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, null_in, in_bytes, outs, out_bytes), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, in, in_bytes, null_out, out_bytes), UP_ERR_NULL);
+  EXPECT(NAME_run(shared, in, short_in, outs, out_bytes), UP_ERR_SIZE);
+  EXPECT(NAME_run(shared, in, in_bytes, outs, long_out), UP_ERR_SIZE);
+  /* -128 is outside precision 8 */
+  signed char* low = malloc(info->bytes);
+  memcpy(low, data, info->bytes);
+  low[info->bytes / 2] = -128;
+  const void* low_in[1] = {low};
+  EXPECT(NAME_run(shared, low_in, in_bytes, outs, out_bytes), UP_ERR_INPUT_RANGE);
+  if (!strstr(NAME_last_error(), "value -128 at index")) return 3;
+  if (!NAME_strerror(-1)[0] || !NAME_strerror(1000)[0]) return 4;
+  EXPECT(NAME_run(shared, in, in_bytes, outs, out_bytes), UP_OK);
+  /* one handle from several threads at once: each run waits for the one before */
+  EXPECT(NAME_set_num_threads(2), UP_OK);
+  pthread_t threads[4];
+  for (int t = 0; t < 4; t++) pthread_create(&threads[t], NULL, runs, NULL);
+  for (int t = 0; t < 4; t++) {
+    void* bad;
+    pthread_join(threads[t], &bad);
+    if (bad) return 5;
+  }
+  NAME_destroy(NULL);
+  NAME_destroy(shared);
+  free(data);
+  free(low);
+  free(want);
+  printf("ok\n");
+  return 0;
+}
+"""
+
+
+def test_bad_calls_return_errors_under_sanitizers(tmp_path):
+    """The example built with -fsanitize=address,undefined (the native runtime, the plan
+    code and the callers; the kernels are LLVM's): bad calls return their error codes with
+    messages, four threads share one handle, and main.c gives the reference bits; any
+    sanitizer report aborts."""
+    graph = cvmc.load_graph(EXAMPLE)
+    result = compile_model(graph, tmp_path / "s.cvmx", "llvm")
+    folder = tmp_path / "small_cnn"
+    write_c_library(result.plan, result.built.objects, result.weights, folder, SANITIZE)
+    (tmp_path / "bad.c").write_text(BAD_CALLS_C.replace("NAME", "small_cnn")
+                                    .replace("UP_", "SMALL_CNN_"))
+    _gcc(*SANITIZE, f"-I{folder}", tmp_path / "bad.c", folder / "libsmall_cnn.a", "-o",
+         tmp_path / "bad")
+    feeds = {"data": np.load(EXAMPLE / "data.npy")}
+    feeds["data"].tofile(tmp_path / "data.bin")
+    env = {"ASAN_OPTIONS": "detect_leaks=1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([str(tmp_path / "bad"), str(tmp_path / "data.bin")], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stdout + done.stderr
+    _, specs = _specs(tmp_path / "s.cvmx")
+    got = _run_example(folder, feeds, specs, cflags=SANITIZE)
+    assert np.array_equal(got["logits"], cvmc.reference_run(graph, feeds)["logits"])
+
+
+def test_a_cpu_without_the_kernels_features_is_refused_as_by_cpuinfo(tmp_path):
+    """A library whose plan claims every feature cpuid can check: create fails naming
+    exactly the features /proc/cpuinfo lacks (the Python runtime's check)."""
+    flags = host_flags()
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo")
+    assert set(CPUID) == set(CPUINFO_FLAGS)
+    graph = cvmc.load_graph(EXAMPLE)
+    result = compile_model(graph, None, "llvm")
+    plan = {**result.plan, "target": {**result.plan["target"], "features": list(CPUID)}}
+    folder = tmp_path / "all"
+    write_c_library(plan, result.built.objects, result.weights, folder)
+    (tmp_path / "create.c").write_text(
+        '#include <stdio.h>\n#include "all.h"\nint main(void) {\n  all_model* m;\n'
+        '  int r = all_create(&m);\n  printf("%d %s\\n", r, all_last_error());\n'
+        '  return 0;\n}\n')
+    _gcc(f"-I{folder}", tmp_path / "create.c", folder / "liball.a", "-o", tmp_path / "c")
+    out = subprocess.run([str(tmp_path / "c")], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    lacking = [f for f in CPUID if CPUINFO_FLAGS[f] not in flags]
+    if not lacking:
+        assert out.startswith("0 ")
+        return
+    assert out.startswith("5 built for "), out
+    listed = re.search(r"needs (.*), which this CPU lacks", out).group(1).split(", ")
+    assert listed == lacking
+
+
+def test_the_runtime_checks_the_native_abi(example, tmp_path):
+    header = (NATIVE_FOLDER / "cvmc_pool.h").read_text()
+    assert f"#define CVMC_ABI_VERSION {NATIVE_ABI}\n" in header
+    with zipfile.ZipFile(example / "small_cnn.cvmx") as z:
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    assert json.loads(members["cvmx.json"])["abi"] == NATIVE_ABI
+    members["cvmx.json"] = json.dumps({"format": "cvmx", "version": 1,
+                                       "abi": NATIVE_ABI + 1}).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    (tmp_path / "other.cvmx").write_bytes(buf.getvalue())
+    with pytest.raises(ModelError, match=f"native runtime ABI {NATIVE_ABI + 1}, this "
+                                         f"runtime has ABI {NATIVE_ABI}; recompile"):
+        cvmc_runtime.load(tmp_path / "other.cvmx")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "cuda"], "only --target llvm builds a C library"),
+    (["--emit", "tir"], "does not combine with --emit tir"),
+])
+def test_cli_refusals(tmp_path, capsys, args, message):
+    code = main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", str(tmp_path / "c"),
+                 *args])
+    assert code == 1 and message in capsys.readouterr().err
+
+
+def test_a_folder_that_holds_no_library_is_kept(tmp_path, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "notes.txt").write_text("mine")
+    code = main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", str(tmp_path / "c")])
+    assert code == 1 and "holds no C library" in capsys.readouterr().err
+    assert (tmp_path / "c" / "notes.txt").read_text() == "mine"
