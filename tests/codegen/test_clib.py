@@ -367,3 +367,57 @@ def test_a_folder_that_holds_no_library_is_kept(tmp_path, capsys):
     code = main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", str(tmp_path / "c")])
     assert code == 1 and "holds no C library" in capsys.readouterr().err
     assert (tmp_path / "c" / "notes.txt").read_text() == "mine"
+
+
+TWO_C = r"""
+#include <stdio.h>
+#include <string.h>
+#include "a.h"
+#include "b.h"
+
+int main(int argc, char** argv) {
+  static signed char data[768];
+  int32_t want[10], got_a[10], got_b[10];
+  FILE* f = fopen(argv[1], "rb");
+  FILE* g = fopen(argv[2], "rb");
+  if (argc != 3 || !f || !g || fread(data, 1, sizeof(data), f) != sizeof(data) ||
+      fread(want, 1, sizeof(want), g) != sizeof(want))
+    return 2;
+  const void* in[1] = {data};
+  size_t in_bytes[1] = {sizeof(data)}, out_bytes[1] = {sizeof(want)};
+  void* out_a[1] = {got_a};
+  void* out_b[1] = {got_b};
+  a_model* ma;
+  b_model* mb;
+  if (a_create(&ma) || b_create(&mb) || a_set_num_threads(2) ||
+      b_run(mb, in, in_bytes, out_b, out_bytes) || a_run(ma, in, in_bytes, out_a, out_bytes))
+    return 3;
+  a_destroy(ma);
+  b_destroy(mb);
+  puts(memcmp(got_a, want, sizeof(want)) || memcmp(got_b, want, sizeof(want)) ? "differ" : "ok");
+  return 0;
+}
+"""
+
+
+def test_two_libraries_with_the_same_kernel_names_link_into_one_program(tmp_path):
+    """Two C libraries of one model (the same kernel symbols) in one program: everything
+    but the API is local to each library, so both link and each calls its own kernels;
+    the pool's functions are weak, so the program has one pool."""
+    graph = cvmc.load_graph(EXAMPLE)
+    result = compile_model(graph, None, "llvm")
+    for name in ("a", "b"):
+        write_c_library(result.plan, result.built.objects, result.weights, tmp_path / name)
+    feeds = {"data": np.load(EXAMPLE / "data.npy")}
+    feeds["data"].tofile(tmp_path / "data.bin")
+    cvmc.reference_run(graph, feeds)["logits"].astype(np.int32).tofile(tmp_path / "want.bin")
+    (tmp_path / "two.c").write_text(TWO_C)
+    _gcc(f"-I{tmp_path / 'a'}", f"-I{tmp_path / 'b'}", tmp_path / "two.c",
+         tmp_path / "a" / "liba.a", tmp_path / "b" / "libb.a", "-o", tmp_path / "two")
+    done = subprocess.run([str(tmp_path / "two"), str(tmp_path / "data.bin"),
+                           str(tmp_path / "want.bin")], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stdout + done.stderr
+    symbols = subprocess.run(["nm", str(tmp_path / "two")], capture_output=True, text=True,
+                             check=True).stdout
+    assert symbols.count(" cvmc_parallel_launch\n") == 1
