@@ -83,18 +83,20 @@ def library_name(out_dir: Path) -> str:
 
 
 def check_destination(out_dir: Path) -> None:
-    """`out_dir` is new, an empty folder, or a C library this command wrote (it holds
-    main.c and a lib*.a), which is replaced; checked before any work."""
+    """`out_dir` is new, an empty folder, or a C library this command wrote (its files
+    and nothing else), which is replaced; checked before any work."""
     if not out_dir.exists() and not out_dir.is_symlink():
         if not out_dir.parent.is_dir():
             raise CvmcError(f"-o {out_dir}: folder '{out_dir.parent}' does not exist")
         return
     if not out_dir.is_dir() or out_dir.is_symlink():
         raise CvmcError(f"-o {out_dir}: exists and is not a folder")
-    if any(out_dir.iterdir()) and not ((out_dir / "main.c").is_file()
-                                       and any(out_dir.glob("lib*.a"))):
-        raise CvmcError(f"-o {out_dir}: folder is not empty and holds no C library (main.c "
-                        f"and lib*.a) to replace")
+    name = library_name(out_dir)
+    ours = {f"lib{name}.a", f"lib{name}.so", f"{name}.h", "main.c"}
+    others = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
+    if others:
+        raise CvmcError(f"-o {out_dir}: holds {others[0]!r}, which is not part of a C "
+                        f"library; only an empty folder or a C library is replaced")
 
 
 def write_c_library(plan: dict, objects: dict[str, bytes], weights: dict[str, np.ndarray],

@@ -361,12 +361,18 @@ def test_cli_refusals(tmp_path, capsys, args, message):
     assert code == 1 and message in capsys.readouterr().err
 
 
-def test_a_folder_that_holds_no_library_is_kept(tmp_path, capsys):
-    (tmp_path / "c").mkdir()
-    (tmp_path / "c" / "notes.txt").write_text("mine")
-    code = main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", str(tmp_path / "c")])
-    assert code == 1 and "holds no C library" in capsys.readouterr().err
-    assert (tmp_path / "c" / "notes.txt").read_text() == "mine"
+def test_a_library_is_replaced_but_a_folder_with_other_files_is_kept(example, capsys):
+    folder = example / "small_cnn"
+    before = {p.name: p.stat().st_ino for p in folder.iterdir()}
+    assert main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(before)
+    assert all(p.stat().st_ino != before[p.name] for p in folder.iterdir())
+    (folder / "notes.txt").write_text("mine")
+    code = main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", str(folder)])
+    assert code == 1 and "holds 'notes.txt', which is not part of a C library" in \
+        capsys.readouterr().err
+    assert (folder / "notes.txt").read_text() == "mine"
+    (folder / "notes.txt").unlink()
 
 
 TWO_C = r"""
