@@ -534,10 +534,10 @@ void {n}_destroy({n}_model* m) {{
 /* Input `i`'s values inside its precision (an integer tensor), or 0 and 1 (bool). */
 static int check_values(int i, const void* data) {{
   const {n}_tensor_info* t = &input_info[i];
+  if (t->dtype == {up}_FLOAT32) return {up}_OK;
   size_t count = t->bytes / (t->dtype == {up}_INT32 ? 4 : 1);
   long long bound = t->dtype == {up}_BOOL ? 1 : (1LL << (t->precision - 1)) - 1;
   long long low = t->dtype == {up}_BOOL ? 0 : -bound;
-  if (t->dtype == {up}_FLOAT32) return {up}_OK;
   for (size_t k = 0; k < count; k++) {{
     long long v = t->dtype == {up}_INT32 ? ((const int32_t*)data)[k] :
                   t->dtype == {up}_INT8 ? ((const int8_t*)data)[k] : ((const uint8_t*)data)[k];

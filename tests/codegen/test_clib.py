@@ -153,11 +153,12 @@ def _float_library(tmp: Path, text: str, name: str, cflags: tuple[str, ...] = ()
 
 @pytest.mark.parametrize("text", [FLOAT_IO, FLOAT_CONV], ids=["select_bool", "conv"])
 def test_float_models_give_the_python_runtimes_bits(tmp_path, text):
-    graph, folder = _float_library(tmp_path, text, "f")
+    """(Under the sanitizers too: float and bool inputs, several outputs.)"""
+    graph, folder = _float_library(tmp_path, text, "f", SANITIZE)
     feeds = random_inputs(graph)
     model, specs = _specs(tmp_path / "f.cvmx")
     want = model.run(feeds)
-    got = _run_example(folder, feeds, specs)
+    got = _run_example(folder, feeds, specs, cflags=SANITIZE)
     for spec in specs[1]:
         assert got[spec.name].dtype == want[spec.name].dtype
         assert np.array_equal(_bits(got[spec.name]), _bits(want[spec.name])), spec.name
