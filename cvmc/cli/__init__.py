@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--input-shape", **input_shape)
     sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
+    sp.add_argument("--mtriple", help="cross-compile for aarch64-linux-gnu (with --emit "
+                    "c-library; --mcpu default generic)")
     sp.add_argument("--arch", default="sm_80", type=cuda_arch,
                     help="CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default sm_80)")
     sp.add_argument("-o", "--output", required=True,

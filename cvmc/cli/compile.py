@@ -64,6 +64,9 @@ def compile_checked_model(args) -> int:
     progress = RichProgress(console) if console.is_terminal else Quiet()
     with progress.stage("load"):
         graph = load_checked(args.model, quant=args.quant, params=args.params)
+    if args.mtriple:
+        raise CvmcError(f"--mtriple {args.mtriple}: the Python runtime runs host code only; "
+                        f"build a C library (--emit c-library)")
     target = Target.make(args.target, args.mcpu, args.arch)  # once, for passes and build
     if args.stop_after or args.dump_ir:
         with progress.stage("passes"):
@@ -92,6 +95,7 @@ def compile_c_library(args) -> int:
     from cvmc.codegen.clib import check_destination, write_c_library
     from cvmc.codegen.progress import RichProgress
     from cvmc.frontend import load_checked
+    from cvmc.passes.target import Target
 
     others = [kind for kind in args.emit if kind != "c-library"]
     if others:
@@ -103,10 +107,11 @@ def compile_c_library(args) -> int:
         raise CvmcError("--emit c-library does not combine with --stop-after or --dump-ir")
     output = Path(args.output)
     check_destination(output)
+    target = Target.make(args.target, args.mcpu, mtriple=args.mtriple)
     progress = RichProgress(console) if console.is_terminal else Quiet()
     with progress.stage("load"):
         graph = load_checked(args.model, quant=args.quant, params=args.params)
-    result = compile_model(graph, None, args.target, args.mcpu, progress=progress,
+    result = compile_model(graph, None, target, progress=progress,
                            quantization=beside_model(args.model), cache=not args.no_cache)
     with progress.stage("write C library"):
         library = write_c_library(result.plan, result.built.objects, result.weights, output)

@@ -60,8 +60,9 @@ def compile_model(graph: Graph, output: str | Path | None, target: str | Target 
                   quantization: Mapping | str | os.PathLike | None = None,
                   jobs: int | None = None, cache: bool = True) -> CompileResult:
     """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
-    .cvmx file (none when `output` is None: the result alone, as for a C library). `target` is a Target, or a kind that `Target.make` builds one of with
-    `mcpu` (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
+    .cvmx file (none when `output` is None: the result alone, as for a C library).
+    `target` is a Target, or a kind that `Target.make` builds one of with `mcpu`
+    (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
     idempotent: a graph that has been through it already, as `cvmc compile` does to dump
     it, is unchanged.) `quantization`: the scales of a quantized model (a quantization.json
     path or its object), recorded in the plan. CPU kernels are built in `jobs` processes
@@ -82,6 +83,9 @@ def compile_model(graph: Graph, output: str | Path | None, target: str | Target 
         target = Target.make(target, mcpu, arch)
     if target.kind == "cuda":
         check_cuda_arch(target)
+    if target.mtriple and output is not None:
+        raise CvmcError(f"--mtriple {target.mtriple}: the Python runtime runs host code only; "
+                        f"build a C library (--emit c-library)")
     if output is not None:
         writable_file(output, "artifact")  # before the work, not after it
     progress = progress or Quiet()

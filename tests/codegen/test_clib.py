@@ -428,3 +428,65 @@ def test_two_libraries_with_the_same_kernel_names_link_into_one_program(tmp_path
     symbols = subprocess.run(["nm", str(tmp_path / "two")], capture_output=True, text=True,
                              check=True).stdout
     assert symbols.count(" cvmc_parallel_launch\n") == 1
+
+
+AARCH64 = "aarch64-linux-gnu"
+
+
+def _aarch64_tools() -> None:
+    import shutil
+
+    missing = [t for t in (f"{AARCH64}-gcc", "qemu-aarch64") if not shutil.which(t)]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (apt-get install gcc-aarch64-linux-gnu "
+                    f"qemu-user)")
+
+
+def _run_under_qemu(folder: Path, feeds: dict[str, np.ndarray], specs,
+                    qemu: tuple[str, ...] = ()) -> dict | str:
+    """main.c of the AArch64 library in `folder`, linked statically, run by qemu-aarch64
+    (with the options `qemu`): its outputs, or its stderr when it fails."""
+    name = _header_name(folder)
+    exe = folder.parent / f"{folder.name}-main"
+    subprocess.run([f"{AARCH64}-gcc", "-O2", "-static", str(folder / "main.c"),
+                    str(folder / f"lib{name}.a"), "-lm", "-pthread", "-o", str(exe)],
+                   check=True, capture_output=True, timeout=300)
+    inputs, outputs = specs
+    paths = []
+    for spec in inputs:
+        paths.append(folder.parent / f"{folder.name}-{spec.name}.bin")
+        np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
+    out = folder.parent / f"{folder.name}-out"
+    out.mkdir(exist_ok=True)
+    done = subprocess.run(["qemu-aarch64", *qemu, str(exe), "-t", "2", *map(str, paths),
+                           str(out)], capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        return done.stderr
+    return {s.name: np.fromfile(out / f"{s.name}.bin", s.dtype).reshape(s.shape)
+            for s in outputs}
+
+
+@pytest.mark.parametrize("mcpu", ["generic", "cortex-a76"])
+def test_aarch64_under_qemu_gives_the_reference_bits(tmp_path, mcpu):
+    """The example cross-compiled for AArch64 (generic: NEON; cortex-a76: with dotprod) and
+    run by qemu-aarch64 at 2 threads: the reference interpreter's bits."""
+    _aarch64_tools()
+    folder = tmp_path / "arm"
+    assert main(["compile", str(EXAMPLE), "--emit", "c-library", "--mtriple", AARCH64,
+                 "--mcpu", mcpu, "-o", str(folder)]) == 0
+    feeds = {"data": np.load(EXAMPLE / "data.npy")}
+    want = cvmc.reference_run(cvmc.load_graph(EXAMPLE), feeds)
+    inputs = [cvmc_runtime.TensorSpec("data", (1, 3, 16, 16), "int8", 8)]
+    outputs = [cvmc_runtime.TensorSpec("logits", (1, 10), "int32", 27)]
+    got = _run_under_qemu(folder, feeds, (inputs, outputs))
+    assert not isinstance(got, str), got
+    assert np.array_equal(got["logits"], want["logits"])
+    if mcpu == "cortex-a76":  # a Cortex-A53 has no dotprod: HWCAP says so, create refuses
+        refused = _run_under_qemu(folder, feeds, (inputs, outputs), ("-cpu", "cortex-a53"))
+        assert "built for cortex-a76: needs dotprod, fullfp16, rdm, which this CPU lacks" \
+            in refused, refused
+
+
+def test_an_artifact_for_another_triple_is_refused(tmp_path, capsys):
+    code = main(["compile", str(EXAMPLE), "--mtriple", AARCH64, "-o", str(tmp_path / "a.cvmx")])
+    assert code == 1 and "build a C library (--emit c-library)" in capsys.readouterr().err
