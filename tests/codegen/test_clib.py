@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -24,6 +25,8 @@ from cvmc.cli import main
 from cvmc.codegen import compile_model
 from cvmc.codegen.clib import CPUID, write_c_library
 from cvmc.frontend.nnef import parse_nnef
+from cvmc.passes.target import Target
+from tests.lowering.test_blocked_activations import benchmark_network
 from tests.nnefutil import random_inputs, with_random_weights
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "small_cnn"
@@ -186,6 +189,12 @@ def test_a_quantized_model_gives_the_reference_bits_and_its_scales(tmp_path):
     assert np.array_equal(got[y.name], model.run(feeds)[y.name])
     header = (tmp_path / "qnet" / "qnet.h").read_text()
     assert f"scale {x.scale!r}" in header and f"scale {y.scale!r}" in header
+    if _has_aarch64_tools():
+        assert main(["compile", str(tmp_path / "q"), "--emit", "c-library", "--mtriple",
+                     AARCH64, "--mcpu", "cortex-a76", "-o", str(tmp_path / "qarm")]) == 0
+        got = _run_under_qemu(tmp_path / "qarm", feeds, specs)
+        assert not isinstance(got, str), got
+        assert np.array_equal(got[y.name], want[y.name])
 
 
 BAD_CALLS_C = r"""
@@ -433,13 +442,14 @@ def test_two_libraries_with_the_same_kernel_names_link_into_one_program(tmp_path
 AARCH64 = "aarch64-linux-gnu"
 
 
-def _aarch64_tools() -> None:
-    import shutil
+def _has_aarch64_tools() -> bool:
+    return all(shutil.which(t) for t in (f"{AARCH64}-gcc", "qemu-aarch64"))
 
-    missing = [t for t in (f"{AARCH64}-gcc", "qemu-aarch64") if not shutil.which(t)]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (apt-get install gcc-aarch64-linux-gnu "
-                    f"qemu-user)")
+
+def _aarch64_tools() -> None:
+    if not _has_aarch64_tools():
+        pytest.skip(f"needs {AARCH64}-gcc and qemu-aarch64 (apt-get install "
+                    f"gcc-aarch64-linux-gnu qemu-user)")
 
 
 def _run_under_qemu(folder: Path, feeds: dict[str, np.ndarray], specs,
@@ -476,13 +486,13 @@ def test_aarch64_under_qemu_gives_the_reference_bits(tmp_path, mcpu):
                  "--mcpu", mcpu, "-o", str(folder)]) == 0
     feeds = {"data": np.load(EXAMPLE / "data.npy")}
     want = cvmc.reference_run(cvmc.load_graph(EXAMPLE), feeds)
-    inputs = [cvmc_runtime.TensorSpec("data", (1, 3, 16, 16), "int8", 8)]
-    outputs = [cvmc_runtime.TensorSpec("logits", (1, 10), "int32", 27)]
-    got = _run_under_qemu(folder, feeds, (inputs, outputs))
+    specs = ([cvmc_runtime.TensorSpec("data", (1, 3, 16, 16), "int8", 8)],
+             [cvmc_runtime.TensorSpec("logits", (1, 10), "int32", 27)])
+    got = _run_under_qemu(folder, feeds, specs)
     assert not isinstance(got, str), got
     assert np.array_equal(got["logits"], want["logits"])
     if mcpu == "cortex-a76":  # a Cortex-A53 has no dotprod: HWCAP says so, create refuses
-        refused = _run_under_qemu(folder, feeds, (inputs, outputs), ("-cpu", "cortex-a53"))
+        refused = _run_under_qemu(folder, feeds, specs, ("-cpu", "cortex-a53"))
         assert "built for cortex-a76: needs dotprod, fullfp16, rdm, which this CPU lacks" \
             in refused, refused
 
@@ -490,3 +500,28 @@ def test_aarch64_under_qemu_gives_the_reference_bits(tmp_path, mcpu):
 def test_an_artifact_for_another_triple_is_refused(tmp_path, capsys):
     code = main(["compile", str(EXAMPLE), "--mtriple", AARCH64, "-o", str(tmp_path / "a.cvmx")])
     assert code == 1 and "build a C library (--emit c-library)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
+def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path, name):
+    """Both benchmark networks (at 32x32) as C libraries for this CPU and, under
+    qemu-aarch64, for a Cortex-A76: the reference interpreter's bits."""
+    graph = benchmark_network(name, tmp_path)
+    rng = np.random.default_rng(32)
+    (x,) = graph.inputs
+    feeds = {x: rng.integers(-127, 128, graph.types[x].shape).astype(np.int8)}
+    want = cvmc.reference_run(graph, feeds)
+    targets = [Target.make("llvm")]
+    if _has_aarch64_tools():
+        targets.append(Target.make("llvm", "cortex-a76", mtriple=AARCH64))
+    for target in targets:
+        result = compile_model(graph, None, target)
+        specs = tuple([cvmc_runtime.TensorSpec.from_json(s) for s in result.plan[key]]
+                      for key in ("inputs", "outputs"))
+        folder = tmp_path / f"lib_{target.mtriple or 'host'}".replace("-", "_")
+        write_c_library(result.plan, result.built.objects, result.weights, folder)
+        run = _run_under_qemu if target.mtriple else _run_example
+        got = run(folder, feeds, specs)
+        assert not isinstance(got, str), got
+        for output, value in want.items():
+            assert np.array_equal(got[output], value), (target, output)
