@@ -26,8 +26,10 @@ from cvmc.codegen import compile_model
 from cvmc.codegen.clib import CPUID, write_c_library
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.target import Target
+from tests.codegen.op_cases import CASES
 from tests.lowering.test_blocked_activations import benchmark_network
 from tests.nnefutil import random_inputs, with_random_weights
+from tests.oputil import one_op_graph
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "small_cnn"
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g")
@@ -525,3 +527,24 @@ def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path,
         assert not isinstance(got, str), got
         for output, value in want.items():
             assert np.array_equal(got[output], value), (target, output)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(CASES)), ids=lambda i: f"{i:03d}-{CASES[i].op}")
+def test_every_op_case_under_qemu_gives_the_python_runtimes_bits(tmp_path, index):
+    """Each op case (tests/codegen/op_cases.py) as an AArch64 C library for a Cortex-A76
+    under qemu: the bits of the x86 Python runtime, floats included (which the op tests
+    compare with the reference)."""
+    _aarch64_tools()
+    case = CASES[index]
+    graph = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
+    cvmc.compile(graph, tmp_path / "case.cvmx", target="llvm")
+    model, specs = _specs(tmp_path / "case.cvmx")
+    feeds = {s.name: case.inputs[int(s.name[1:])][0].astype(s.dtype) for s in model.inputs}
+    want = model.run(feeds)
+    result = compile_model(graph, None, Target.make("llvm", "cortex-a76", mtriple=AARCH64))
+    write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "arm")
+    got = _run_under_qemu(tmp_path / "arm", feeds, specs)
+    assert not isinstance(got, str), got
+    for name, value in want.items():
+        assert np.array_equal(got[name].view(np.uint8), value.view(np.uint8)), name
