@@ -64,10 +64,8 @@ def compile_checked_model(args) -> int:
     progress = RichProgress(console) if console.is_terminal else Quiet()
     with progress.stage("load"):
         graph = load_checked(args.model, quant=args.quant, params=args.params)
-    if args.mtriple:
-        raise CvmcError(f"--mtriple {args.mtriple}: the Python runtime runs host code only; "
-                        f"build a C library (--emit c-library)")
-    target = Target.make(args.target, args.mcpu, args.arch)  # once, for passes and build
+    # once, for passes and build
+    target = Target.make(args.target, args.mcpu, args.arch, args.mtriple)
     if args.stop_after or args.dump_ir:
         with progress.stage("passes"):
             dump = graph_dumper(args.dump_ir) if args.dump_ir else None
