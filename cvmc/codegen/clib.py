@@ -130,8 +130,13 @@ def write_c_library(plan: dict, objects: dict[str, bytes], weights: dict[str, np
     return out_dir / f"lib{name}.a"
 
 
-def _run(command: list[str], what: str) -> None:
-    proc = subprocess.run(command, check=False, capture_output=True, text=True)
+def _run(command: list[str], what: str, cwd: Path | None = None) -> None:
+    """Run a toolchain command; a CvmcError with its message if it fails or is missing."""
+    try:
+        proc = subprocess.run(command, check=False, capture_output=True, text=True, cwd=cwd)
+    except FileNotFoundError:
+        raise CvmcError(f"cannot build {what}: {command[0]} is not installed (a cross "
+                        f"toolchain: apt-get install gcc-aarch64-linux-gnu)") from None
     if proc.returncode != 0:
         raise CvmcError(f"cannot build {what} ({command[0]}):\n{proc.stderr[-4000:]}")
 
@@ -150,13 +155,13 @@ def _build(model: _Model, objects: dict[str, bytes], build: Path, folder: Path,
         '  .section .rodata.cvmc_weights,"a"\n  .balign 64\n  .globl cvmc_weights\n'
         'cvmc_weights:\n  .incbin "weights.bin"\n'
         '  .section .note.GNU-stack,"",@progbits\n')
-    gcc = [f"{tool}gcc", "-O2", "-fPIC", "-pthread", *cflags, f"-I{NATIVE_FOLDER}", f"-I{folder}",
-           f"-Wa,-I{build}",
-           f"-I{tvm_ffi.libinfo.find_include_path()}", "-c"]
+    gcc = [f"{tool}gcc", "-O2", "-fPIC", "-pthread", *cflags, f"-I{NATIVE_FOLDER}",
+           f"-I{folder}", f"-I{tvm_ffi.libinfo.find_include_path()}", "-c"]
     parts = []
     for source in ("model.c", "weights.S", NATIVE_FOLDER / "cvmc_pool.c"):
         obj = build / f"{Path(source).stem}.o"
-        _run([*gcc, str(build / source), "-o", str(obj)], f"the C library's {source}")
+        # in `build`: the assembler finds weights.bin there
+        _run([*gcc, str(build / source), "-o", str(obj)], f"the C library's {source}", build)
         parts.append(obj)
     for index, data in enumerate(objects.values()):
         parts.append(build / f"k{index}.o")

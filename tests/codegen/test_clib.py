@@ -548,3 +548,12 @@ def test_every_op_case_under_qemu_gives_the_python_runtimes_bits(tmp_path, index
     assert not isinstance(got, str), got
     for name, value in want.items():
         assert np.array_equal(got[name].view(np.uint8), value.view(np.uint8)), name
+
+
+def test_a_missing_cross_toolchain_is_one_error(tmp_path, monkeypatch):
+    result = compile_model(cvmc.load_graph(EXAMPLE), None,
+                           Target.make("llvm", mtriple=AARCH64))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(cvmc.CvmcError, match="aarch64-linux-gnu-gcc is not installed"):
+        write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "lib")
+    assert not (tmp_path / "lib").exists() and list(tmp_path.iterdir()) == []
