@@ -25,11 +25,12 @@ from cvmc.cli import main
 from cvmc.codegen import compile_model
 from cvmc.codegen.clib import CPUID, write_c_library
 from cvmc.frontend.nnef import parse_nnef
+from cvmc.ops import lookup
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import CASES
 from tests.lowering.test_blocked_activations import benchmark_network
 from tests.nnefutil import random_inputs, with_random_weights
-from tests.oputil import one_op_graph
+from tests.oputil import one_op_graph, ulp_distance
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "small_cnn"
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g")
@@ -533,8 +534,11 @@ def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path,
 @pytest.mark.parametrize("index", range(len(CASES)), ids=lambda i: f"{i:03d}-{CASES[i].op}")
 def test_every_op_case_under_qemu_gives_the_python_runtimes_bits(tmp_path, index):
     """Each op case (tests/codegen/op_cases.py) as an AArch64 C library for a Cortex-A76
-    under qemu: the bits of the x86 Python runtime, floats included (which the op tests
-    compare with the reference)."""
+    under qemu: the bits of the x86 Python runtime (which the op tests compare with the
+    reference). Two things the hardware and libm decide, not cvmc, are let through for
+    floats: a NaN's encoding (x86 makes the quiet NaN 0xffc00000, AArch64 0x7fc00000) and
+    a libm function's last bit (glibc's asinf and tanf give 1 ULP apart on the two),
+    within the op's own bound (its entry's `ulp`; 0 for the exact ops, which must match)."""
     _aarch64_tools()
     case = CASES[index]
     graph = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
@@ -547,7 +551,11 @@ def test_every_op_case_under_qemu_gives_the_python_runtimes_bits(tmp_path, index
     got = _run_under_qemu(tmp_path / "arm", feeds, specs)
     assert not isinstance(got, str), got
     for name, value in want.items():
-        assert np.array_equal(got[name].view(np.uint8), value.view(np.uint8)), name
+        if value.dtype != np.float32:
+            assert np.array_equal(got[name], value), name
+        else:
+            ulps = ulp_distance(got[name], value)
+            assert np.all(ulps <= (lookup(case.op).ulp or 0)), (name, int(ulps.max()))
 
 
 def test_a_missing_cross_toolchain_is_one_error(tmp_path, monkeypatch):
