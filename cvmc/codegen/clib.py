@@ -8,7 +8,8 @@ example `main.c`. The library is one relocatable object made of
 - the plan as generated C (`model.c`): a table of tensors (DLTensors: inputs and outputs in
   per-handle buffers, intermediate tensors in a per-handle arena at the plan's offsets,
   weights in the library) and the kernel calls in order, each through TVM's packed-function
-  calling convention with DLTensor arguments; a check of the CPU's features by cpuid,
+  calling convention with DLTensor arguments; a check of the CPU's features (cpuid on
+  x86, HWCAP flags on AArch64, `--mtriple aarch64-linux-gnu`: Debian's cross toolchain),
 - the weights, one read-only blob (`.incbin`), each at a 64-byte aligned offset.
 Only the API (`NAME_*`) and the pool's functions (`cvmc_*`, weak: several models linked
 into one program share one pool) stay global. It needs libc, libm and pthreads only.
@@ -239,9 +240,10 @@ class _Model:
 
 {tensors}
 
-   Link: gcc app.c lib{n}.a -lm -pthread (or -L. -l{n} for lib{n}.so). The library needs
-   libc, libm and pthreads only. Every function returning int returns {up}_OK or an error
-   code; {n}_last_error() then names what was wrong. */
+   Link: gcc app.c lib{n}.a -lm -pthread
+   (or -L. -l{n} for lib{n}.so). The library needs libc, libm and pthreads only.
+   Every function returning int returns {up}_OK or an error code;
+   {n}_last_error() then names what was wrong. */
 #ifndef {up}_H
 #define {up}_H
 
