@@ -170,13 +170,17 @@ def test_float_models_give_the_python_runtimes_bits(tmp_path, text):
         assert np.array_equal(_bits(got[spec.name]), _bits(want[spec.name])), spec.name
 
 
-def test_a_quantized_model_gives_the_reference_bits_and_its_scales(tmp_path):
+@pytest.mark.parametrize("net, shape", [("conv_bn_net", (1, 1, 12, 12)),
+                                        ("branchy_net", (1, 2, 8, 8))])
+def test_quantized_models_give_the_reference_bits_and_their_scales(tmp_path, net, shape):
+    """The quantizer's test models (tests/quantize/onnx_nets.py) quantized by `cvmc
+    quantize`, as C libraries for this CPU and, under qemu, for AArch64."""
     pytest.importorskip("nnef_tools", reason="needs the convert extra")
     onnx = pytest.importorskip("onnx")
-    from tests.quantize.onnx_nets import conv_bn_net
+    from tests.quantize import onnx_nets
 
-    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
-    samples = np.random.default_rng(3).standard_normal((8, 1, 1, 12, 12)).astype(np.float32)
+    onnx.save(getattr(onnx_nets, net)(), tmp_path / "net.onnx")
+    samples = np.random.default_rng(3).standard_normal((8, *shape)).astype(np.float32)
     np.save(tmp_path / "x.npy", samples)
     assert main(["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q"),
                  "--calib", f"x={tmp_path / 'x.npy'}"]) == 0
