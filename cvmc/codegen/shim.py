@@ -27,7 +27,9 @@ def one_unit(*files: Path) -> str:
                           flags=re.MULTILINE) for f in files)
 
 
-SHIM_C = one_unit(POOL_C, NATIVE / "cvmc_tvm_ffi.c")
+# The pool's functions hidden: each artifact's library keeps its own (cvmc_pool.h).
+SHIM_C = '#define CVMC_API __attribute__((visibility("hidden")))\n' + \
+    one_unit(POOL_C, NATIVE / "cvmc_tvm_ffi.c")
 
 # Put before the CUDA kernels: device functions they call. `cvmc_dp4a_u8s8` is PTX
 # `dp4a.u32.s32` (u8 x s8 dot product of 4 bytes, added to c), which CUDA's `__dp4a`

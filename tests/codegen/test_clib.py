@@ -356,6 +356,11 @@ def test_the_runtime_checks_the_native_abi(example, tmp_path):
     with zipfile.ZipFile(example / "small_cnn.cvmx") as z:
         members = {i.filename: z.read(i) for i in z.infolist()}
     assert json.loads(members["cvmx.json"])["abi"] == NATIVE_ABI
+    # an artifact's pool stays its own: none of its functions is exported
+    (tmp_path / "kernels.so").write_bytes(members["kernels.so"])
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(tmp_path / "kernels.so")],
+                              capture_output=True, text=True, check=True).stdout
+    assert " cvmc_" not in exported and "__tvm_ffi_cvmc_shim_stats" in exported
     members["cvmx.json"] = json.dumps({"format": "cvmx", "version": 1,
                                        "abi": NATIVE_ABI + 1}).encode()
     buf = io.BytesIO()

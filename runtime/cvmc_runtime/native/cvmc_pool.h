@@ -18,6 +18,13 @@
    refuses one built for another (cvmc_runtime.artifact.NATIVE_ABI, which must equal it). */
 #define CVMC_ABI_VERSION 1
 
+/* The linkage of the functions below: hidden in an artifact's kernels.so (cvmc.codegen.shim
+   defines it so: each loaded artifact keeps the pool tvm-ffi registered for it, and no
+   library binds to another's), global in a C library. */
+#ifndef CVMC_API
+#define CVMC_API
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -27,21 +34,21 @@ typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 
 /* The backend functions, as TVM's kernels call them. */
-int cvmc_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task);
-int cvmc_parallel_barrier(int task_id, TVMParallelGroupEnv* penv);
-void* cvmc_alloc_workspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits);
-int cvmc_free_workspace(int dev_type, int dev_id, void* ptr);
+CVMC_API int cvmc_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task);
+CVMC_API int cvmc_parallel_barrier(int task_id, TVMParallelGroupEnv* penv);
+CVMC_API void* cvmc_alloc_workspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits);
+CVMC_API int cvmc_free_workspace(int dev_type, int dev_id, void* ptr);
 
 /* Threads a parallel loop uses from the next launch on: `threads` >= 1, or 0 for the
    default (TVM_NUM_THREADS when set, else the CPUs this process may run on). At most
    256. Workers start on the first launch that wants them. */
-void cvmc_set_num_threads(int threads);
+CVMC_API void cvmc_set_num_threads(int threads);
 /* The threads the next launch uses. */
-int cvmc_get_num_threads(void);
+CVMC_API int cvmc_get_num_threads(void);
 
 /* The pool's counters as JSON ({"launches": ..., "tasks": ..., "mallocs": ...}) in `text`
    (`size` bytes, NUL-terminated); returns the length snprintf reports. */
-int cvmc_pool_stats(char* text, size_t size);
+CVMC_API int cvmc_pool_stats(char* text, size_t size);
 
 #ifdef __cplusplus
 }
