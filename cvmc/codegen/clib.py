@@ -112,7 +112,8 @@ def write_c_library(plan: dict, objects: dict[str, bytes], weights: dict[str, np
     out_dir = Path(out_dir)
     check_destination(out_dir)
     name = library_name(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp",
+                                dir=out_dir.parent)).absolute()  # the tools run in tmp
     try:
         build, folder = tmp / "build", tmp / "lib"
         build.mkdir()

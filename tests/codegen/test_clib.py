@@ -383,6 +383,14 @@ def test_cli_refusals(tmp_path, capsys, args, message):
     assert code == 1 and message in capsys.readouterr().err
 
 
+def test_a_relative_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", str(EXAMPLE), "--emit", "c-library", "-o", "rel"]) == 0
+    assert sorted(p.name for p in Path("rel").iterdir()) == \
+        ["librel.a", "librel.so", "main.c", "rel.h"]
+    assert [p.name for p in tmp_path.iterdir()] == ["rel"]  # no temporary folder left
+
+
 def test_a_library_is_replaced_but_a_folder_with_other_files_is_kept(example, capsys):
     folder = example / "small_cnn"
     before = {p.name: p.stat().st_ino for p in folder.iterdir()}
