@@ -298,18 +298,20 @@ int main(int argc, char** argv) {
 """
 
 
-def test_bad_calls_return_errors_under_sanitizers(tmp_path):
-    """The example built with -fsanitize=address,undefined (the native runtime, the plan
-    code and the callers; the kernels are LLVM's): bad calls return their error codes with
-    messages, four threads share one handle, and main.c gives the reference bits; any
-    sanitizer report aborts."""
+@pytest.mark.parametrize("sanitize", [SANITIZE, ("-fsanitize=thread", "-g")],
+                         ids=["address_undefined", "thread"])
+def test_bad_calls_return_errors_under_sanitizers(tmp_path, sanitize):
+    """The example built with -fsanitize=address,undefined, and with -fsanitize=thread (the
+    native runtime, the plan code and the callers; the kernels are LLVM's): bad calls
+    return their error codes with messages, four threads share one handle, and main.c
+    gives the reference bits; any sanitizer report fails."""
     graph = cvmc.load_graph(EXAMPLE)
     result = compile_model(graph, tmp_path / "s.cvmx", "llvm")
     folder = tmp_path / "small_cnn"
-    write_c_library(result.plan, result.built.objects, result.weights, folder, SANITIZE)
+    write_c_library(result.plan, result.built.objects, result.weights, folder, sanitize)
     (tmp_path / "bad.c").write_text(BAD_CALLS_C.replace("NAME", "small_cnn")
                                     .replace("UP_", "SMALL_CNN_"))
-    _gcc(*SANITIZE, f"-I{folder}", tmp_path / "bad.c", folder / "libsmall_cnn.a", "-o",
+    _gcc(*sanitize, f"-I{folder}", tmp_path / "bad.c", folder / "libsmall_cnn.a", "-o",
          tmp_path / "bad")
     feeds = {"data": np.load(EXAMPLE / "data.npy")}
     feeds["data"].tofile(tmp_path / "data.bin")
@@ -318,7 +320,7 @@ def test_bad_calls_return_errors_under_sanitizers(tmp_path):
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0 and done.stdout == "ok\n", done.stdout + done.stderr
     _, specs = _specs(tmp_path / "s.cvmx")
-    got = _run_example(folder, feeds, specs, cflags=SANITIZE)
+    got = _run_example(folder, feeds, specs, cflags=sanitize)
     assert np.array_equal(got["logits"], cvmc.reference_run(graph, feeds)["logits"])
 
 
