@@ -312,8 +312,9 @@ const char* {n}_last_error(void);
         n, up, plan = self.name, self.name.upper(), self.plan
         rows, shapes = [], []
         for t in self.tensors.values():
+            # (a rank-0 tensor's array holds one unused 0: C has no empty arrays)
             shapes.append(f"static int64_t shape_{t['index']}[] = "
-                          f"{{{', '.join(map(str, t['shape']))}}};")
+                          f"{{{', '.join(map(str, t['shape'])) or '0'}}};")
             _, code, bits = DTYPES[t["dtype"]]
             kind, offset = t["place"]
             rows.append(f"  {{{len(t['shape'])}, shape_{t['index']}, {{{code}, {bits}, 1}}, "
