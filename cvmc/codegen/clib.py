@@ -195,12 +195,12 @@ def _c_string(text: str) -> str:
 
 class _Model:
     """The plan laid out for C: every tensor with its place (input or output buffer in the
-    handle's memory, weight blob, arena), and the generated sources."""
+    handle's allocation of its own, weight blob, arena), and the generated sources."""
 
     def __init__(self, plan: dict, weights: dict[str, np.ndarray], name: str):
         self.plan, self.name = plan, name
         self.tensors: dict[str, dict] = {}
-        blob, handle = bytearray(), plan["arena"]["bytes"]
+        blob = bytearray()
         for key in ("inputs", "weights", "buffers", "outputs"):
             for spec in plan[key]:
                 if spec["name"] in self.tensors:
@@ -209,16 +209,15 @@ class _Model:
                     np.dtype(spec["dtype"]).itemsize
                 if key == "weights":
                     blob += bytes(-len(blob) % ALIGN)
-                    place = ("weight", len(blob))
+                    place = ("WEIGHT", len(blob))
                     blob += np.require(weights[spec["name"]], spec["dtype"], "C").tobytes()
                 elif key == "buffers":
-                    place = ("memory", plan["arena"]["offsets"][spec["name"]])
-                else:
-                    handle += -handle % ALIGN
-                    place, handle = ("memory", handle), handle + size
+                    place = ("ARENA", plan["arena"]["offsets"][spec["name"]])
+                else:  # an input or an output: an allocation of its own in each handle
+                    place = ("OWN", 0)
                 self.tensors[spec["name"]] = {**spec, "index": len(self.tensors),
                                               "bytes": size, "place": place}
-        self.blob, self.memory = bytes(blob), max(handle, 1)
+        self.blob = bytes(blob)
         table = AARCH64_HWCAPS if plan["target"].get("mtriple") else CPUID
         unknown = [f for f in plan["target"]["features"] if f not in table]
         if unknown:
@@ -318,7 +317,7 @@ const char* {n}_last_error(void);
             _, code, bits = DTYPES[t["dtype"]]
             kind, offset = t["place"]
             rows.append(f"  {{{len(t['shape'])}, shape_{t['index']}, {{{code}, {bits}, 1}}, "
-                        f"{int(kind == 'weight')}, {offset}}},  /* {t['name']} */")
+                        f"PLACE_{kind}, {offset}, {t['bytes']}}},  /* {t['name']} */")
         infos = {}
         for key in ("inputs", "outputs"):
             infos[key] = "\n".join(
@@ -346,7 +345,7 @@ const char* {n}_last_error(void);
             output_index=", ".join(map(str, io[1])), declared=declared,
             calls="\n".join(calls), args=", ".join(map(str, args)) or "0",
             max_args=max((len(k["args"]) for k in plan["kernels"]), default=1),
-            memory=self.memory, mcpu=_c_string(plan["target"]["mcpu"]), checks=checks,
+            arena=plan["arena"]["bytes"], mcpu=_c_string(plan["target"]["mcpu"]), checks=checks,
             num_calls=len(plan["kernels"]),
             messages="\n".join(f"  {_c_string(text)}," for _, text in ERRORS))
 
@@ -398,12 +397,16 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** parts, int
 
 extern const unsigned char cvmc_weights[];
 
+enum {{ PLACE_WEIGHT, PLACE_ARENA, PLACE_OWN }};
+
+/* Where a tensor lives: in cvmc_weights or the handle's arena at `offset`, or (an input or
+   an output) in an allocation of its own in each handle. */
 typedef struct {{
   int32_t ndim;
   int64_t* shape;
   DLDataType dtype;
-  int weight;      /* in cvmc_weights at `offset`, else in the handle's memory */
-  size_t offset;
+  int place;
+  size_t offset, bytes;
 }} tensor_place;
 
 {shapes}
@@ -434,11 +437,11 @@ static const int call_args[] = {{{args}}};
 
 struct {n}_model {{
   pthread_mutex_t lock;
-  unsigned char* memory;  /* the arena, then the inputs and outputs */
+  unsigned char* arena;
   DLTensor tensors[{num_tensors}];
 }};
 
-#define MEMORY_BYTES ((size_t){memory})
+#define ARENA_BYTES ((size_t){arena})
 
 /* ------------------------------------------------------------------ the CPU */
 
@@ -529,16 +532,20 @@ int {n}_create({n}_model** out) {{
   if (err) return err;
   {n}_model* m = ({n}_model*)calloc(1, sizeof({n}_model));
   if (!m) return fail({up}_ERR_MEMORY, "create: no memory for a handle");
-  m->memory = (unsigned char*)aligned_alloc(64, (MEMORY_BYTES + 63) / 64 * 64);
-  if (!m->memory) {{
-    free(m);
-    return fail({up}_ERR_MEMORY, "create: no memory for %zu bytes of tensors", MEMORY_BYTES);
-  }}
   pthread_mutex_init(&m->lock, NULL);
+  /* 64-byte aligned, each size rounded up to 64 bytes (aligned_alloc's rule) */
+  m->arena = (unsigned char*)aligned_alloc(64, ARENA_BYTES ? (ARENA_BYTES + 63) / 64 * 64 : 64);
+  int ok = m->arena != NULL;
   for (int i = 0; i < {num_tensors}; i++) {{
     const tensor_place* t = &tensors[i];
     DLTensor* d = &m->tensors[i];
-    d->data = t->weight ? (void*)(cvmc_weights + t->offset) : (void*)(m->memory + t->offset);
+    if (t->place == PLACE_OWN) {{
+      d->data = aligned_alloc(64, (t->bytes + 63) / 64 * 64);
+      ok = ok && d->data;
+    }} else {{
+      d->data = t->place == PLACE_WEIGHT ? (void*)(cvmc_weights + t->offset) :
+                m->arena ? (void*)(m->arena + t->offset) : NULL;
+    }}
     d->device.device_type = kDLCPU;
     d->device.device_id = 0;
     d->ndim = t->ndim;
@@ -547,6 +554,10 @@ int {n}_create({n}_model** out) {{
     d->strides = NULL;
     d->byte_offset = 0;
   }}
+  if (!ok) {{
+    {n}_destroy(m);
+    return fail({up}_ERR_MEMORY, "create: no memory for the model's tensors");
+  }}
   *out = m;
   return {up}_OK;
 }}
@@ -554,7 +565,9 @@ int {n}_create({n}_model** out) {{
 void {n}_destroy({n}_model* m) {{
   if (!m) return;
   pthread_mutex_destroy(&m->lock);
-  free(m->memory);
+  for (int i = 0; i < {num_tensors}; i++)
+    if (tensors[i].place == PLACE_OWN) free(m->tensors[i].data);
+  free(m->arena);
   free(m);
 }}
 

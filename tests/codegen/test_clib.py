@@ -584,3 +584,89 @@ def test_a_missing_cross_toolchain_is_one_error(tmp_path, monkeypatch):
     with pytest.raises(cvmc.CvmcError, match="aarch64-linux-gnu-gcc is not installed"):
         write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "lib")
     assert not (tmp_path / "lib").exists() and list(tmp_path.iterdir()) == []
+
+
+GUARD_C = r"""
+/* Linked into the program before libc: every aligned_alloc (the handle's arena, inputs and
+   outputs; the pool's workspace arenas) gets pages of its own with a PROT_NONE page on
+   each side, the block starting right after the first (CVMC_GUARD=after) or ending right
+   before the last (CVMC_GUARD=before; only the < 64-byte gap that 64-byte alignment
+   leaves is then readable), so a kernel that reads outside a buffer faults. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+void __libc_free(void* p);
+
+static struct { char* data; char* base; size_t length; } blocks[4096];
+static int count;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;  /* the pool's threads allocate */
+
+void* aligned_alloc(size_t alignment, size_t size) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t span = (size + alignment - 1) / alignment * alignment;
+  size_t pages = (span + page - 1) / page;
+  char* base = mmap(NULL, (pages + 2) * page, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (base == MAP_FAILED) abort();
+  mprotect(base, page, PROT_NONE);
+  mprotect(base + (pages + 1) * page, page, PROT_NONE);
+  const char* where = getenv("CVMC_GUARD");
+  char* data = where && !strcmp(where, "after") ? base + page
+                                                 : base + (pages + 1) * page - span;
+  pthread_mutex_lock(&lock);
+  if (count == 4096) abort();
+  blocks[count].data = data;
+  blocks[count].base = base;
+  blocks[count++].length = (pages + 2) * page;
+  pthread_mutex_unlock(&lock);
+  return data;
+}
+
+void free(void* p) {
+  pthread_mutex_lock(&lock);
+  for (int i = 0; i < count; i++)
+    if (blocks[i].data == p) {
+      char* base = blocks[i].base;
+      size_t length = blocks[i].length;
+      blocks[i] = blocks[--count];
+      pthread_mutex_unlock(&lock);
+      munmap(base, length);
+      return;
+    }
+  pthread_mutex_unlock(&lock);
+  __libc_free(p);
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnet18", "mobilenet_v1"])
+def test_kernels_read_nothing_outside_their_buffers(tmp_path, name):
+    """main.c linked with GUARD_C: the example and both benchmark networks (32x32) run at
+    2 threads with every buffer the library allocates next to a guard page, before and
+    after, and give the reference bits (a read outside a buffer would kill the program)."""
+    graph = cvmc.load_graph(EXAMPLE) if name == "small_cnn" else \
+        benchmark_network(name, tmp_path)
+    (x,) = graph.inputs
+    feeds = {x: np.random.default_rng(7).integers(-127, 128, graph.types[x].shape)
+             .astype(np.int8)}
+    feeds[x].tofile(tmp_path / "x.bin")
+    want = cvmc.reference_run(graph, feeds)
+    result = compile_model(graph, None, "llvm")
+    folder = tmp_path / "lib"
+    write_c_library(result.plan, result.built.objects, result.weights, folder)
+    (tmp_path / "guard.c").write_text(GUARD_C)
+    _gcc(folder / "main.c", tmp_path / "guard.c", folder / "liblib.a", "-o", tmp_path / "main")
+    for where in ("after", "before"):
+        out = tmp_path / where
+        out.mkdir()
+        done = subprocess.run([str(tmp_path / "main"), "-t", "2", str(tmp_path / "x.bin"),
+                               str(out)], env={"CVMC_GUARD": where}, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, (where, done.returncode, done.stderr)
+        for spec in result.plan["outputs"]:
+            got = np.fromfile(out / f"{spec['name']}.bin", spec["dtype"]).reshape(spec["shape"])
+            assert np.array_equal(got, want[spec["name"]]), (where, spec["name"])
