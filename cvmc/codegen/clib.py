@@ -190,7 +190,15 @@ def _has(target: dict, feature: str) -> str:
 
 
 def _c_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """`text` as a C string literal: printable ASCII as it is, every other byte of its
+    UTF-8 (and quotes, backslashes, question marks: no trigraphs) as an octal escape."""
+    return '"' + "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\?' else f"\\{b:03o}"
+                         for b in text.encode()) + '"'
+
+
+def _comment(text: str) -> str:
+    """`text` safe inside a C comment."""
+    return text.replace("*/", "* /").replace("\n", " ")
 
 
 class _Model:
@@ -233,7 +241,7 @@ class _Model:
             for i, spec in enumerate(self.plan[key]):
                 scale = f", scale {spec['scale']!r}" if "scale" in spec else ""
                 precision = f" precision {spec['precision']}" if spec["precision"] else ""
-                lines.append(f"   {key[:-1]} {i}: '{spec['name']}' {spec['dtype']}"
+                lines.append(f"   {key[:-1]} {i}: '{_comment(spec['name'])}' {spec['dtype']}"
                              f"{precision} {spec['shape']}{scale}")
         tensors = "\n".join(lines)
         return f"""/* {n}: a model compiled by cvmc (`cvmc compile --emit c-library`).
@@ -317,7 +325,7 @@ const char* {n}_last_error(void);
             _, code, bits = DTYPES[t["dtype"]]
             kind, offset = t["place"]
             rows.append(f"  {{{len(t['shape'])}, shape_{t['index']}, {{{code}, {bits}, 1}}, "
-                        f"PLACE_{kind}, {offset}, {t['bytes']}}},  /* {t['name']} */")
+                        f"PLACE_{kind}, {offset}, {t['bytes']}}},  /* {_comment(t['name'])} */")
         infos = {}
         for key in ("inputs", "outputs"):
             infos[key] = "\n".join(
