@@ -666,7 +666,8 @@ MAIN_C = r"""/* An example: run the model on raw input files, write raw output f
    Run:   ./MODEL_main [-t THREADS] [-r REPEAT] INPUT.bin... OUT_DIR
    Each INPUT.bin holds one input's values as the machine stores them (NumPy:
    array.astype(dtype).tofile(path)), in MODEL.h's order; OUT_DIR/<output>.bin gets each
-   output. -r times REPEAT more runs and prints their median. */
+   output (OUT_DIR/output<index>.bin if its name is no plain file name). -r times REPEAT
+   more runs and prints their median. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -757,7 +758,11 @@ int main(int argc, char** argv) {
     const MODEL_tensor_info* t;
     MODEL_output_info(i, &t);
     char path[4096];
-    snprintf(path, sizeof(path), "%s/%s.bin", argv[argc - 1], t->name);
+    /* a name that is no plain file name (a '/', a leading '.') is written by its index */
+    if (strchr(t->name, '/') || t->name[0] == '.' || !t->name[0])
+      snprintf(path, sizeof(path), "%s/output%d.bin", argv[argc - 1], i);
+    else
+      snprintf(path, sizeof(path), "%s/%s.bin", argv[argc - 1], t->name);
     FILE* f = fopen(path, "wb");
     if (!f || fwrite(outputs[i], 1, t->bytes, f) != t->bytes || fclose(f) != 0) {
       fprintf(stderr, "cannot write %s\n", path);

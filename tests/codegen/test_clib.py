@@ -7,6 +7,7 @@ in turn; a CPU without a feature the kernels need is refused by cpuid as the Pyt
 refuses it by /proc/cpuinfo; the native runtime's ABI version is checked at load."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -90,8 +91,8 @@ def _run_example(folder: Path, feeds: dict[str, np.ndarray], specs, shared: bool
         _gcc(*cflags, folder / "main.c", folder / f"lib{name}.a", "-o", exe)
     inputs, outputs = specs
     paths = []
-    for spec in inputs:
-        paths.append(folder.parent / f"{folder.name}-{spec.name}.bin")
+    for index, spec in enumerate(inputs):
+        paths.append(folder.parent / f"{folder.name}-input{index}.bin")
         np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
     out = folder.parent / f"{folder.name}-out"
     out.mkdir(exist_ok=True)
@@ -485,8 +486,8 @@ def _run_under_qemu(folder: Path, feeds: dict[str, np.ndarray], specs,
                    check=True, capture_output=True, timeout=300)
     inputs, outputs = specs
     paths = []
-    for spec in inputs:
-        paths.append(folder.parent / f"{folder.name}-{spec.name}.bin")
+    for index, spec in enumerate(inputs):
+        paths.append(folder.parent / f"{folder.name}-input{index}.bin")
         np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
     out = folder.parent / f"{folder.name}-out"
     out.mkdir(exist_ok=True)
@@ -670,3 +671,21 @@ def test_kernels_read_nothing_outside_their_buffers(tmp_path, name):
         for spec in result.plan["outputs"]:
             got = np.fromfile(out / f"{spec['name']}.bin", spec["dtype"]).reshape(spec["shape"])
             assert np.array_equal(got, want[spec["name"]]), (where, spec["name"])
+
+
+def test_any_tensor_name_reaches_c_safely(tmp_path):
+    """Names are any text in CVM JSON: quotes, comment ends, trigraphs, a '/' and UTF-8
+    become octal escapes in C strings and harmless text in comments; main.c writes an
+    output whose name is no file name by its index."""
+    from cvmc.quantize.rewrite import rename
+
+    graph = rename(cvmc.load_graph(EXAMPLE), {"logits": 'a/"b*/c??/\\é', "data": "d??/e"})
+    result = compile_model(graph, None, "llvm")
+    write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "odd")
+    feeds = {"d??/e": np.load(EXAMPLE / "data.npy")}
+    specs = tuple([cvmc_runtime.TensorSpec.from_json(s) for s in result.plan[key]]
+                  for key in ("inputs", "outputs"))
+    specs[1][0] = dataclasses.replace(specs[1][0], name="output0")
+    got = _run_example(tmp_path / "odd", feeds, specs)
+    want = cvmc.reference_run(graph, feeds)
+    assert np.array_equal(got["output0"], want['a/"b*/c??/\\é'])
