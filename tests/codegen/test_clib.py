@@ -499,10 +499,11 @@ def _run_under_qemu(folder: Path, feeds: dict[str, np.ndarray], specs,
             for s in outputs}
 
 
-@pytest.mark.parametrize("mcpu", ["generic", "cortex-a76"])
+@pytest.mark.parametrize("mcpu", ["generic", "cortex-a76", "neoverse-n2"])
 def test_aarch64_under_qemu_gives_the_reference_bits(tmp_path, mcpu):
-    """The example cross-compiled for AArch64 (generic: NEON; cortex-a76: with dotprod) and
-    run by qemu-aarch64 at 2 threads: the reference interpreter's bits."""
+    """The example cross-compiled for AArch64 (generic: NEON; cortex-a76: with dotprod;
+    neoverse-n2: its convs by `usdot`, i8mm) and run by qemu-aarch64 at 2 threads: the
+    reference interpreter's bits."""
     _aarch64_tools()
     folder = tmp_path / "arm"
     assert main(["compile", str(EXAMPLE), "--emit", "c-library", "--mtriple", AARCH64,
@@ -528,7 +529,8 @@ def test_an_artifact_for_another_triple_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
 def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path, name):
     """Both benchmark networks (at 32x32) as C libraries for this CPU and, under
-    qemu-aarch64, for a Cortex-A76: the reference interpreter's bits."""
+    qemu-aarch64, for a Neoverse N2 (every conv by `usdot`): the reference interpreter's
+    bits."""
     graph = benchmark_network(name, tmp_path)
     rng = np.random.default_rng(32)
     (x,) = graph.inputs
@@ -536,9 +538,12 @@ def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path,
     want = cvmc.reference_run(graph, feeds)
     targets = [Target.make("llvm")]
     if _has_aarch64_tools():
-        targets.append(Target.make("llvm", "cortex-a76", mtriple=AARCH64))
+        targets.append(Target.make("llvm", "neoverse-n2", mtriple=AARCH64))
     for target in targets:
         result = compile_model(graph, None, target)
+        if target.mtriple:
+            assert {k["schedule"] for k in result.plan["kernels"]
+                    if k["ops"][0].startswith("conv2d")} == {"aarch64-i8mm"}
         specs = tuple([cvmc_runtime.TensorSpec.from_json(s) for s in result.plan[key]]
                       for key in ("inputs", "outputs"))
         folder = tmp_path / f"lib_{target.mtriple or 'host'}".replace("-", "_")
@@ -689,3 +694,25 @@ def test_any_tensor_name_reaches_c_safely(tmp_path):
     got = _run_example(tmp_path / "odd", feeds, specs)
     want = cvmc.reference_run(graph, feeds)
     assert np.array_equal(got["output0"], want['a/"b*/c??/\\é'])
+
+
+CONV_CASES = [i for i, case in enumerate(CASES)
+              if case.op in ("conv2d", "dense", "conv2d_packed")]
+
+
+@pytest.mark.parametrize("index", CONV_CASES, ids=lambda i: f"{i:03d}-{CASES[i].op}")
+def test_conv_and_dense_cases_by_usdot_under_qemu(tmp_path, index):
+    """The conv and dense op cases for a Neoverse N2 (the `aarch64-i8mm` row where the
+    conv is packed) under qemu: the reference interpreter's bits."""
+    _aarch64_tools()
+    case = CASES[index]
+    graph = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
+    result = compile_model(graph, None, Target.make("llvm", "neoverse-n2", mtriple=AARCH64))
+    write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "arm")
+    specs = tuple([cvmc_runtime.TensorSpec.from_json(s) for s in result.plan[key]]
+                  for key in ("inputs", "outputs"))
+    feeds = {s.name: case.inputs[int(s.name[1:])][0].astype(s.dtype) for s in specs[0]}
+    got = _run_under_qemu(tmp_path / "arm", feeds, specs)
+    assert not isinstance(got, str), got
+    for name, value in cvmc.reference_run(graph, feeds).items():
+        assert np.array_equal(got[name], value), name
