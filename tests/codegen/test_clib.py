@@ -501,9 +501,9 @@ def _run_under_qemu(folder: Path, feeds: dict[str, np.ndarray], specs,
 
 @pytest.mark.parametrize("mcpu", ["generic", "cortex-a76", "neoverse-n2"])
 def test_aarch64_under_qemu_gives_the_reference_bits(tmp_path, mcpu):
-    """The example cross-compiled for AArch64 (generic: NEON; cortex-a76: with dotprod;
-    neoverse-n2: its convs by `usdot`, i8mm) and run by qemu-aarch64 at 2 threads: the
-    reference interpreter's bits."""
+    """The example cross-compiled for AArch64 (generic: NEON; cortex-a76: its convs by
+    `sdot`, dotprod; neoverse-n2: by `usdot`, i8mm) and run by qemu-aarch64 at 2 threads:
+    the reference interpreter's bits."""
     _aarch64_tools()
     folder = tmp_path / "arm"
     assert main(["compile", str(EXAMPLE), "--emit", "c-library", "--mtriple", AARCH64,
@@ -529,8 +529,8 @@ def test_an_artifact_for_another_triple_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v1"])
 def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path, name):
     """Both benchmark networks (at 32x32) as C libraries for this CPU and, under
-    qemu-aarch64, for a Neoverse N2 (every conv by `usdot`): the reference interpreter's
-    bits."""
+    qemu-aarch64, for a Neoverse N2 (every conv by `usdot`) and a Cortex-A76 (by `sdot`):
+    the reference interpreter's bits."""
     graph = benchmark_network(name, tmp_path)
     rng = np.random.default_rng(32)
     (x,) = graph.inputs
@@ -538,15 +538,17 @@ def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path,
     want = cvmc.reference_run(graph, feeds)
     targets = [Target.make("llvm")]
     if _has_aarch64_tools():
-        targets.append(Target.make("llvm", "neoverse-n2", mtriple=AARCH64))
+        targets += [Target.make("llvm", cpu, mtriple=AARCH64)
+                    for cpu in ("neoverse-n2", "cortex-a76")]
+    rows = {"neoverse-n2": "aarch64-i8mm", "cortex-a76": "aarch64-dotprod"}
     for target in targets:
         result = compile_model(graph, None, target)
         if target.mtriple:
             assert {k["schedule"] for k in result.plan["kernels"]
-                    if k["ops"][0].startswith("conv2d")} == {"aarch64-i8mm"}
+                    if k["ops"][0].startswith("conv2d")} == {rows[target.mcpu]}
         specs = tuple([cvmc_runtime.TensorSpec.from_json(s) for s in result.plan[key]]
                       for key in ("inputs", "outputs"))
-        folder = tmp_path / f"lib_{target.mtriple or 'host'}".replace("-", "_")
+        folder = tmp_path / f"lib_{target.mcpu}".replace("-", "_")
         write_c_library(result.plan, result.built.objects, result.weights, folder)
         run = _run_under_qemu if target.mtriple else _run_example
         got = run(folder, feeds, specs)
@@ -701,13 +703,15 @@ CONV_CASES = [i for i, case in enumerate(CASES)
 
 
 @pytest.mark.parametrize("index", CONV_CASES, ids=lambda i: f"{i:03d}-{CASES[i].op}")
-def test_conv_and_dense_cases_by_usdot_under_qemu(tmp_path, index):
+@pytest.mark.parametrize("mcpu", ["neoverse-n2", "cortex-a76"])
+def test_conv_and_dense_cases_by_usdot_and_sdot_under_qemu(tmp_path, index, mcpu):
     """The conv and dense op cases for a Neoverse N2 (the `aarch64-i8mm` row where the
-    conv is packed) under qemu: the reference interpreter's bits."""
+    conv is packed) and a Cortex-A76 (`aarch64-dotprod`) under qemu: the reference
+    interpreter's bits."""
     _aarch64_tools()
     case = CASES[index]
     graph = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-    result = compile_model(graph, None, Target.make("llvm", "neoverse-n2", mtriple=AARCH64))
+    result = compile_model(graph, None, Target.make("llvm", mcpu, mtriple=AARCH64))
     write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "arm")
     specs = tuple([cvmc_runtime.TensorSpec.from_json(s) for s in result.plan[key]]
                   for key in ("inputs", "outputs"))
