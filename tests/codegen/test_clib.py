@@ -559,27 +559,32 @@ def test_benchmark_networks_give_the_reference_bits_on_x86_and_aarch64(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("index", range(len(CASES)), ids=lambda i: f"{i:03d}-{CASES[i].op}")
-def test_every_op_case_under_qemu_gives_the_python_runtimes_bits(tmp_path, index):
-    """Each op case (tests/codegen/op_cases.py) as an AArch64 C library for a Cortex-A76
-    under qemu: the bits of the x86 Python runtime (which the op tests compare with the
-    reference). Two things the hardware and libm decide, not cvmc, are let through for
-    floats: a NaN's encoding (x86 makes the quiet NaN 0xffc00000, AArch64 0x7fc00000) and
-    a libm function's last bit (glibc's asinf and tanf give 1 ULP apart on the two),
-    within the op's own bound (its entry's `ulp`; 0 for the exact ops, which must match)."""
-    _aarch64_tools()
+@pytest.mark.parametrize("cpu", ["host", "cortex-a76"])
+def test_every_op_case_gives_the_python_runtimes_bits(tmp_path, index, cpu):
+    """Each op case (tests/codegen/op_cases.py) as a C library for this CPU, run by main.c,
+    and for an AArch64 Cortex-A76, run under qemu: the bits of the Python runtime here
+    (which the op tests compare with the reference). On AArch64 two things the hardware
+    and libm decide, not cvmc, are let through for floats: a NaN's encoding (x86 makes the
+    quiet NaN 0xffc00000, AArch64 0x7fc00000) and a libm function's last bit (glibc's
+    asinf and tanf give 1 ULP apart on the two), within the op's own bound (its entry's
+    `ulp`; 0 for the exact ops, which must match)."""
+    cross = cpu != "host"
+    if cross:
+        _aarch64_tools()
     case = CASES[index]
     graph = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
     cvmc.compile(graph, tmp_path / "case.cvmx", target="llvm")
     model, specs = _specs(tmp_path / "case.cvmx")
     feeds = {s.name: case.inputs[int(s.name[1:])][0].astype(s.dtype) for s in model.inputs}
     want = model.run(feeds)
-    result = compile_model(graph, None, Target.make("llvm", "cortex-a76", mtriple=AARCH64))
-    write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "arm")
-    got = _run_under_qemu(tmp_path / "arm", feeds, specs)
+    target = Target.make("llvm", cpu, mtriple=AARCH64) if cross else Target.make("llvm")
+    result = compile_model(graph, None, target)
+    write_c_library(result.plan, result.built.objects, result.weights, tmp_path / "lib")
+    got = (_run_under_qemu if cross else _run_example)(tmp_path / "lib", feeds, specs)
     assert not isinstance(got, str), got
     for name, value in want.items():
-        if value.dtype != np.float32:
-            assert np.array_equal(got[name], value), name
+        if value.dtype != np.float32 or not cross:
+            assert got[name].tobytes() == value.tobytes(), name
         else:
             ulps = ulp_distance(got[name], value)
             assert np.all(ulps <= (lookup(case.op).ulp or 0)), (name, int(ulps.max()))
