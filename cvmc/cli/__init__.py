@@ -134,11 +134,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--input-shape", **input_shape)
     sp.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
+    sp.add_argument("--mtriple", help="cross-compile for aarch64-linux-gnu (with --emit "
+                    "c-library; --mcpu default generic)")
     sp.add_argument("--arch", default="sm_80", type=cuda_arch,
                     help="CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default sm_80)")
-    sp.add_argument("-o", "--output", required=True, help="artifact path (.cvmx)")
-    sp.add_argument("--emit", action="append", default=[], choices=["tir", "source", "plan"],
-                    help="also write OUTPUT.<kind> for inspection (repeatable)")
+    sp.add_argument("-o", "--output", required=True,
+                    help="artifact path (.cvmx); with --emit c-library, a folder")
+    sp.add_argument("--emit", action="append", default=[],
+                    choices=["tir", "source", "plan", "c-library"],
+                    help="also write OUTPUT.<kind> for inspection (repeatable); c-library: "
+                         "write a C library into the folder OUTPUT instead of an artifact")
     sp.add_argument("--dump-ir", metavar="DIR", help="write the graph after every pass to DIR")
     sp.add_argument("--stop-after", metavar="PASS", help="stop the pass pipeline after PASS")
     sp.add_argument("--no-cache", action="store_true",

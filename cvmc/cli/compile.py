@@ -55,6 +55,8 @@ def compile_checked_model(args) -> int:
     from cvmc.passes.pipeline import run_pipeline
     from cvmc.passes.target import Target
 
+    if "c-library" in args.emit:
+        return compile_c_library(args)
     output = writable_file(args.output, "-o")
     emits = _emit_paths(output, args.emit, args.target)
     if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
@@ -62,7 +64,8 @@ def compile_checked_model(args) -> int:
     progress = RichProgress(console) if console.is_terminal else Quiet()
     with progress.stage("load"):
         graph = load_checked(args.model, quant=args.quant, params=args.params)
-    target = Target.make(args.target, args.mcpu, args.arch)  # once, for passes and build
+    # once, for passes and build
+    target = Target.make(args.target, args.mcpu, args.arch, args.mtriple)
     if args.stop_after or args.dump_ir:
         with progress.stage("passes"):
             dump = graph_dumper(args.dump_ir) if args.dump_ir else None
@@ -82,6 +85,39 @@ def compile_checked_model(args) -> int:
         atomic_write_bytes(path, extras[kind]().encode())
         console.print(f"wrote {path}")
     _print_summary(output, result)
+    return 0
+
+
+def compile_c_library(args) -> int:
+    """`cvmc compile --emit c-library -o DIR`: the model as a C library in DIR
+    (`cvmc.codegen.clib`)."""
+    from cvmc.codegen.clib import check_destination, write_c_library
+    from cvmc.codegen.progress import RichProgress
+    from cvmc.frontend import load_checked
+    from cvmc.frontend.container import quantization_file
+    from cvmc.passes.target import Target
+
+    others = [kind for kind in args.emit if kind != "c-library"]
+    if others:
+        raise CvmcError(f"--emit c-library writes a folder; it does not combine with "
+                        f"--emit {others[0]}")
+    if args.target != "llvm":
+        raise CvmcError("--emit c-library: only --target llvm builds a C library")
+    if args.stop_after or args.dump_ir:
+        raise CvmcError("--emit c-library does not combine with --stop-after or --dump-ir")
+    output = Path(args.output)
+    check_destination(output)
+    target = Target.make(args.target, args.mcpu, mtriple=args.mtriple)
+    progress = RichProgress(console) if console.is_terminal else Quiet()
+    with progress.stage("load"):
+        graph = load_checked(args.model, quant=args.quant, params=args.params)
+    result = compile_model(graph, None, target, progress=progress,
+                           quantization=quantization_file(args.model), cache=not args.no_cache)
+    with progress.stage("write C library"):
+        library = write_c_library(result.plan, result.built.objects, result.weights, output)
+    _print_summary(output, result)
+    console.print(f"  C library: {library.name} ({library.stat().st_size} bytes), "
+                  f"{library.with_suffix('.so').name}, {library.stem[3:]}.h, main.c")
     return 0
 
 

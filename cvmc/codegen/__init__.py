@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class CompileResult:
-    """What compile_model produced: the plan, the build and the wall time."""
+    """What compile_model produced: the plan, the build, the wall time and the weights by
+    name (as the plan declares them)."""
 
     plan: dict
     built: Built
     seconds: float
+    weights: dict
 
     @property
     def tir(self) -> str:
@@ -53,13 +55,14 @@ class Quiet:
         """One step of the current stage done."""
 
 
-def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm",
+def compile_model(graph: Graph, output: str | Path | None, target: str | Target = "llvm",
                   mcpu: str | None = None, arch: str | None = None, progress=None,
                   quantization: Mapping | str | os.PathLike | None = None,
                   jobs: int | None = None, cache: bool = True) -> CompileResult:
     """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
-    .cvmx file. `target` is a Target, or a kind that `Target.make` builds one of with
-    `mcpu` (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
+    .cvmx file (none when `output` is None: the result alone, as for a C library).
+    `target` is a Target, or a kind that `Target.make` builds one of with `mcpu`
+    (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
     idempotent: a graph that has been through it already, as `cvmc compile` does to dump
     it, is unchanged.) `quantization`: the scales of a quantized model (a quantization.json
     path or its object), recorded in the plan. CPU kernels are built in `jobs` processes
@@ -93,7 +96,11 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
     compiler_tvm()  # a clear error now if TVM cannot compile (Target.make asks it for llvm)
     if target.kind == "cuda":
         check_cuda_arch(target)
-    writable_file(output, "artifact")  # before the work, not after it
+    if target.mtriple and output is not None:
+        raise CvmcError(f"--mtriple {target.mtriple}: the Python runtime runs host code only; "
+                        f"build a C library (--emit c-library)")
+    if output is not None:
+        writable_file(output, "artifact")  # before the work, not after it
     progress = progress or Quiet()
     start = time.perf_counter()
     if target.kind == "llvm":  # about as many kernels as nodes at most: fusion merges them
@@ -115,11 +122,12 @@ def compile_model(graph: Graph, output: str | Path, target: str | Target = "llvm
     plan.update(target=built.target, device="cpu" if target.kind == "llvm" else "cuda")
     for kernel in plan["kernels"]:
         kernel["schedule"] = built.schedules[kernel["symbol"]]
-    with progress.stage("write artifact"):
-        weights = {w["name"]: graph.constants[w["name"]].astype(w["dtype"])
-                   for w in plan["weights"]}
-        write_artifact(writable_file(output, "artifact"), plan, built.library, weights)
-    return CompileResult(plan, built, time.perf_counter() - start)
+    weights = {w["name"]: graph.constants[w["name"]].astype(w["dtype"])
+               for w in plan["weights"]}
+    if output is not None:
+        with progress.stage("write artifact"):
+            write_artifact(writable_file(output, "artifact"), plan, built.library, weights)
+    return CompileResult(plan, built, time.perf_counter() - start, weights)
 
 
 def writable_file(path: str | Path, what: str) -> Path:

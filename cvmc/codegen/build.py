@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
@@ -46,13 +46,15 @@ SHIM_RULE, SHIM_SYMBOLS = "backend-shim", ("cvmc_shim_stats",)
 @dataclass
 class Built:
     """A built kernel library: its bytes, the target dict, the schedule rule each kernel
-    got, and `emit()`, which makes (scheduled TIR, source) when they are asked for."""
+    got, `emit()`, which makes (scheduled TIR, source) when they are asked for, and (CPU)
+    each kernel's object file by symbol, as linked into the library."""
 
     library: bytes
     target: dict
     source_suffix: str
     schedules: dict[str, str]
     emit: Callable[[], tuple[str, str]]
+    objects: dict[str, bytes] = field(default_factory=dict)
 
     @functools.cached_property
     def _emitted(self) -> tuple[str, str]:
@@ -175,8 +177,9 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
     from cvmc_runtime import signature_json
     from tvm.support.cc import create_shared
 
-    features = needed_features(target.mcpu)
-    warn_if_not_host(target.mcpu, host_cpu(), features)
+    features = needed_features(target.mcpu, target.mtriple)
+    if not target.mtriple:
+        warn_if_not_host(target.mcpu, host_cpu(), features)
     built_for = {**target.describe(), "features": features}
     funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
     keys = {s: entry_key("kernel", [s], f.script(), built_for)
@@ -193,9 +196,11 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
             return stack.enter_context(_Gcc(source, Path(tmp), name, what))
 
         # gcc builds the shim (when no cache has it) and the signature while the kernels
-        # compile
-        shim_gcc = None if shim else gcc(SHIM_C, "shim", "the CPU backend shim")
-        signature = None if plan is None else gcc(
+        # compile; not for another triple, whose objects only a C library links
+        # (cvmc.codegen.clib)
+        cross = bool(target.mtriple)
+        shim_gcc = None if shim or cross else gcc(SHIM_C, "shim", "the CPU backend shim")
+        signature = None if plan is None or cross else gcc(
             signature_source(signature_json(built_for, kernel_signatures(mod, plan))),
             "signature", "the library signature")
         # closed on any error here too, so its workers stop now, not at garbage collection
@@ -205,6 +210,11 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
             kernels[symbol] = kernel
             if cache:
                 cache.store(keys[symbol], kernel)
+        rules = {s: kernels[s].rule for s in funcs}
+        emit = functools.partial(_emit_llvm, mod, target, rules)
+        if cross:
+            return Built(b"", built_for, "ll", rules, emit,
+                         {s: kernels[s].obj for s in funcs})
         objects = {"shim": shim or _keep_shim(cache, shim_gcc.result())}
         objects.update((f"k{i}", kernels[symbol].obj) for i, symbol in enumerate(funcs))
         if signature:
@@ -214,9 +224,8 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
         lib = Path(tmp) / "kernels.so"
         create_shared(str(lib), [str(Path(tmp) / f"{n}.o") for n in objects],
                       options=["-pthread"])
-        rules = {s: kernels[s].rule for s in funcs}
-        return Built(lib.read_bytes(), built_for, "ll", rules,
-                     functools.partial(_emit_llvm, mod, target, rules))
+        return Built(lib.read_bytes(), built_for, "ll", rules, emit,
+                     {s: kernels[s].obj for s in funcs})
 
 
 def compile_jobs() -> int:

@@ -61,9 +61,25 @@ def _x86_host() -> bool:
     return triple.startswith(("x86_64", "i386", "i686"))
 
 
-def needed_features(mcpu: str) -> list[str]:
+# AArch64 (a C library, cvmc.codegen.clib): the LLVM features of the vector and float
+# arithmetic kernels may use -> (auxiliary vector entry, bit) of Linux's HWCAP flags
+# (arch/arm64/include/uapi/asm/hwcap.h), which the library checks before it runs. The
+# others LLVM enables for an --mcpu (atomics, cryptography, system registers) are not
+# checked: cvmc's kernels do not use them.
+AARCH64_HWCAPS = {
+    "fp-armv8": ("AT_HWCAP", 0), "neon": ("AT_HWCAP", 1), "fullfp16": ("AT_HWCAP", 10),
+    "rdm": ("AT_HWCAP", 12), "complxnum": ("AT_HWCAP", 14), "dotprod": ("AT_HWCAP", 20),
+    "sve": ("AT_HWCAP", 22), "fp16fml": ("AT_HWCAP", 23), "sve2": ("AT_HWCAP2", 1),
+    "i8mm": ("AT_HWCAP2", 13), "bf16": ("AT_HWCAP2", 14),
+}
+
+
+def needed_features(mcpu: str, mtriple: str = "") -> list[str]:
     """The features of `mcpu` the runtime must find on the host, sorted; a CvmcError for
-    a feature cvmc cannot classify or check."""
+    a feature cvmc cannot classify or check. For a cross triple (AArch64), those of
+    AARCH64_HWCAPS."""
+    if mtriple:
+        return sorted(f for f in llvm_features(mcpu, mtriple) if f in AARCH64_HWCAPS)
     if not _x86_host():
         warnings.warn(f"--mcpu {mcpu}: the runtime checks CPU features on x86 only; an "
                       f"artifact built for a CPU newer than its host may crash there",

@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cvmc.lowering.aarch64 import schedule_conv_dot
 from cvmc.lowering.attention import schedule_attention
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.depthwise import (
@@ -51,7 +52,13 @@ SCHEDULE_TABLE: list[ScheduleRule] = [
     # AVX2 without VNNI (haswell, znver3; AVX-512 CPUs without VNNI too, on 256-bit
     # vectors): `vpmaddwd` on int16, 2 partial sums per channel.
     ScheduleRule("x86-avx2", "conv2d_packed", ("avx2",), schedule_conv_avx2),
-    # Any other CPU (x86-64: SSE2): 16 output channels per int32 vector.
+    # AArch64 (cvmc.lowering.aarch64) with i8mm: `usdot`, VNNI's u8 x s8 on 128-bit vectors;
+    # with dotprod: `sdot` (s8 x s8) on the bytes - 128, the 128 x weights added back.
+    ScheduleRule("aarch64-i8mm", "conv2d_packed", ("i8mm",),
+                 functools.partial(schedule_conv_dot, i8mm=True)),
+    ScheduleRule("aarch64-dotprod", "conv2d_packed", ("dotprod",),
+                 functools.partial(schedule_conv_dot, i8mm=False)),
+    # Any other CPU (x86-64: SSE2; AArch64: NEON): 16 output channels per int32 vector.
     ScheduleRule("cpu-packed-vector", "conv2d_packed", (),
                  functools.partial(schedule_conv_packed, vnni=False)),
     ScheduleRule("cpu-depthwise", "conv2d", (), schedule_depthwise),

@@ -42,6 +42,7 @@ could only be timed under load from other work (ResNet-18 at load 3-5: medians
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from cvmc.lowering.schedule import (
     epilogue_under,
@@ -109,18 +110,6 @@ def register_vnni_intrinsic() -> str:
     from tvm.script import tirx as T
 
     @T.prim_func(s_tir=True)
-    def dot(a: T.Buffer((4,), "uint8", offset_factor=1),
-            b: T.Buffer((16, 4), "int8", offset_factor=1),
-            c: T.Buffer((16,), "int32", offset_factor=1)):
-        with T.sblock("root"):
-            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
-            T.writes(c[0:16])
-            for i, k in T.grid(16, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
     def vnni(a: T.Buffer((4,), "uint8", offset_factor=1),
              b: T.Buffer((16, 4), "int8", offset_factor=1),
              c: T.Buffer((16,), "int32", offset_factor=1)):
@@ -134,8 +123,29 @@ def register_vnni_intrinsic() -> str:
                 T.reinterpret(T.broadcast(word, 16), dtype="uint8x64"),
                 b.vload([0, 0], dtype="int8x64"), dtype="int32x16")
 
-    TensorIntrin.register(VNNI_INTRIN, dot, vnni)
+    TensorIntrin.register(VNNI_INTRIN, dot_16x4(), vnni)
     return VNNI_INTRIN
+
+
+def dot_16x4():
+    """The TIR of the 16x4 dot product a packed conv's inner loops compute: 16 output
+    channels of int32 += the 4 bytes (u8) of one input word times 16 x 4 weights (s8);
+    what an intrinsic tensorizing them (VNNI's `vpdpbusd`, AArch64's `usdot`) computes."""
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def dot(a: T.Buffer((4,), "uint8", offset_factor=1),
+            b: T.Buffer((16, 4), "int8", offset_factor=1),
+            c: T.Buffer((16,), "int32", offset_factor=1)):
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            for i, k in T.grid(16, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + T.cast(a[vk], "int32") * T.cast(b[vi, vk], "int32")
+
+    return dot
 
 
 @functools.cache
@@ -280,14 +290,21 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     if lanes:
         schedule_conv_lanes(sch, func_name, acc, lanes)
         return
+    schedule_conv_tiled(sch, acc, register_vnni_intrinsic if vnni else None)
+
+
+def schedule_conv_tiled(sch, acc, dot: Callable[[], str] | None) -> None:
+    """The acc block register-tiled (`_register_tile`), the epilogue under each tile; the
+    inner 16x4 dot product tensorized by the intrinsic `dot()` registers, or (None) the
+    16 output channels one vector and the 4 input channels a scalar loop."""
     tile, rcb, oi = _register_tile(sch, acc, tile_shape, lambda oi, rci:
-                                                (oi, rci) if vnni else (rci, oi))
+                                                (oi, rci) if dot else (rci, oi))
     epilogue_under(sch, acc, tile)
-    if not vnni:
+    if not dot:
         sch.vectorize(oi)
     sch.decompose_reduction(acc, rcb)
-    if vnni:
-        sch.tensorize(oi, register_vnni_intrinsic())
+    if dot:
+        sch.tensorize(oi, dot())
 
 
 def schedule_conv_avx2(sch, func_name: str) -> None:

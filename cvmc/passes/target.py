@@ -1,4 +1,5 @@
-"""What a compile is for: one `Target`, built once from `--target`, `--mcpu` and `--arch`.
+"""What a compile is for: one `Target`, built once from `--target`, `--mcpu`, `--mtriple`
+and `--arch`.
 
 The passes, the lowering and codegen all take it: the kind ("llvm" or "cuda"), the LLVM
 CPU and its features (the schedule table's rows require them), the CUDA arch (the CUDA
@@ -15,6 +16,9 @@ from dataclasses import dataclass
 from cvmc.errors import CvmcError
 
 KINDS = ("llvm", "cuda")
+# The triples cvmc cross-compiles CPU kernels for (into a C library; `--mtriple`), each
+# with the CPU its --mcpu defaults to.
+CROSS_TRIPLES = {"aarch64-linux-gnu": "generic"}
 DEFAULT_ARCH = "sm_80"
 # The oldest CUDA GPUs the kernels run on: compute capability 6.1 brought dp4a, which the
 # conv and dense schedules use.
@@ -33,26 +37,36 @@ _EPILOGUE_ANCHORS = {"llvm": None, "cuda": frozenset({"conv2d", "conv2d_packed",
 
 @dataclass(frozen=True)
 class Target:
-    """A compile target: `kind`, and the LLVM CPU `mcpu` (llvm) or the CUDA `arch` (cuda).
-    Build it with `Target.make`, which checks the names and fills in the defaults."""
+    """A compile target: `kind`, and the LLVM CPU `mcpu` (llvm; on the triple `mtriple`,
+    "" for the host's) or the CUDA `arch` (cuda). Build it with `Target.make`, which checks
+    the names and fills in the defaults."""
 
     kind: str
     mcpu: str = ""
     arch: str = ""
+    mtriple: str = ""
 
     @classmethod
-    def make(cls, kind: str = "llvm", mcpu: str | None = None,
-             arch: str | None = None) -> Target:
+    def make(cls, kind: str = "llvm", mcpu: str | None = None, arch: str | None = None,
+             mtriple: str | None = None) -> Target:
         """The target for `kind`: llvm on `mcpu` (default: the host CPU; a name LLVM does
-        not know is a CvmcError), cuda on `arch` (default sm_80; sm_61 or newer)."""
+        not know is a CvmcError), or on `mtriple`, one of CROSS_TRIPLES (default mcpu: its
+        own); cuda on `arch` (default sm_80; sm_61 or newer)."""
         if kind not in KINDS:
             raise CvmcError(f"unknown target '{kind}'; expected one of {', '.join(KINDS)}")
+        if mtriple and (kind != "llvm" or mtriple not in CROSS_TRIPLES):
+            raise CvmcError(f"--mtriple {mtriple}: cvmc cross-compiles llvm kernels for "
+                            f"{', '.join(CROSS_TRIPLES)} only")
         if kind == "cuda":
             arch = arch or DEFAULT_ARCH
             problem = cuda_arch_problem(arch)
             if problem:
                 raise CvmcError(f"--arch {arch}: {problem}")
             return cls(kind, arch=arch)
+        if mtriple:
+            mcpu = mcpu or CROSS_TRIPLES[mtriple]
+            _check_cpu(mcpu, mtriple)
+            return cls(kind, mcpu=mcpu, mtriple=mtriple)
         mcpu = mcpu or host_cpu()
         _check_cpu(mcpu)
         return cls(kind, mcpu=mcpu)
@@ -60,7 +74,8 @@ class Target:
     @property
     def features(self) -> frozenset[str]:
         """The LLVM features of the CPU (none for cuda)."""
-        return llvm_features(self.mcpu) if self.kind == "llvm" else frozenset()
+        return llvm_features(self.mcpu, self.mtriple) if self.kind == "llvm" \
+            else frozenset()
 
     def has(self, features) -> bool:
         """True if the CPU has every feature in `features` (LLVM names)."""
@@ -78,8 +93,10 @@ class Target:
     def describe(self) -> dict:
         """The kind and its CPU or GPU, as TVM's target dict and the artifact's plan name
         them."""
-        return {"kind": "llvm", "mcpu": self.mcpu} if self.kind == "llvm" \
-            else {"kind": "cuda", "arch": self.arch}
+        if self.kind == "cuda":
+            return {"kind": "cuda", "arch": self.arch}
+        cross = {"mtriple": self.mtriple} if self.mtriple else {}
+        return {"kind": "llvm", "mcpu": self.mcpu, **cross}
 
 
 def compiler_tvm():
@@ -114,24 +131,26 @@ def host_cpu() -> str:
 
 
 @functools.cache
-def llvm_features(mcpu: str) -> frozenset[str]:
-    """The features LLVM enables for `mcpu`."""
+def llvm_features(mcpu: str, mtriple: str = "") -> frozenset[str]:
+    """The features LLVM enables for `mcpu` (on `mtriple`, "" for the host's)."""
     tvm = compiler_tvm()
     from tvm.target import codegen
 
+    cross = {"mtriple": mtriple} if mtriple else {}
     return frozenset(str(f) for f in codegen.llvm_get_cpu_features(
-        tvm.target.Target({"kind": "llvm", "mcpu": mcpu})))
+        tvm.target.Target({"kind": "llvm", "mcpu": mcpu, **cross})))
 
 
-def _check_cpu(mcpu: str) -> None:
+def _check_cpu(mcpu: str, mtriple: str = "") -> None:
     """Reject a CPU name LLVM does not know (it would silently fall back to generic)."""
     tvm = compiler_tvm()
     from tvm.target import codegen
 
-    triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
+    triple = mtriple or str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
+    cross = {"mtriple": mtriple} if mtriple else {}
     if not codegen.llvm_is_valid_cpu(mcpu, triple):
-        close = [c for c in codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm"}))
-                 if c[:3] == mcpu[:3]][:8]
+        close = [c for c in codegen.llvm_get_cpu_archlist(
+                     tvm.target.Target({"kind": "llvm", **cross})) if c[:3] == mcpu[:3]][:8]
         hint = f"; similar: {', '.join(close)}" if close else ""
         raise CvmcError(f"--mcpu {mcpu}: not a CPU LLVM knows for {triple}{hint}")
 

@@ -3,14 +3,14 @@
 Running: `load`, `Model`, `ModelError`, `TensorSpec`, `set_num_threads`; top-1 predictions
 over a dataset in local processes or on Ray Data (`predict`, `predict_ray`). The rest is the
 artifact contract, which the compiler that writes artifacts uses (cvmc imports only these
-names, never the modules behind them): the file format (`write_artifact`), input checks
-(`check_inputs`), the plan's arena rules (`ARENA_ALIGNMENT`, `buffer_lifetimes`,
-`tensor_bytes`), the library signature (`signature_json`, `SIGNATURE_FUNCTION`), the CPU
+names, never the modules behind them): the file format (`write_artifact`) and its native
+runtime (`NATIVE_ABI`, the C sources in `NATIVE_FOLDER`), input checks (`check_inputs`),
+the plan's arena rules (`ARENA_ALIGNMENT`, `buffer_lifetimes`, `tensor_bytes`), the library signature (`signature_json`, `SIGNATURE_FUNCTION`), the CPU
 features the runtime can check (`CPUINFO_FLAGS`, `host_flags`), atomic file writes, the one
 .npy reader (`read_npy`, `MAX_NPY_BYTES`), and the one rule from reals to CVM integers and
 back (`quantize`, `dequantize`).
 """
-from cvmc_runtime.artifact import write_artifact
+from cvmc_runtime.artifact import NATIVE_ABI, NATIVE_FOLDER, write_artifact
 from cvmc_runtime.cpu import CPUINFO_FLAGS, host_flags
 from cvmc_runtime.evaluate import predict, predict_ray
 from cvmc_runtime.fileio import atomic_write, atomic_write_bytes
@@ -21,8 +21,9 @@ from cvmc_runtime.plan import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
 from cvmc_runtime.quant import dequantize, quantize
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
-__all__ = ["ARENA_ALIGNMENT", "CPUINFO_FLAGS", "MAX_NPY_BYTES", "SIGNATURE_FUNCTION", "Model",
-           "ModelError", "TensorSpec", "atomic_write", "atomic_write_bytes", "buffer_lifetimes",
+__all__ = ["ARENA_ALIGNMENT", "CPUINFO_FLAGS", "MAX_NPY_BYTES", "NATIVE_ABI", "NATIVE_FOLDER",
+           "SIGNATURE_FUNCTION", "Model", "ModelError", "TensorSpec", "atomic_write",
+           "atomic_write_bytes", "buffer_lifetimes",
            "check_inputs", "dequantize", "host_flags", "load", "predict", "predict_ray",
            "quantize", "read_npy", "set_num_threads", "signature_json", "tensor_bytes",
            "write_artifact"]

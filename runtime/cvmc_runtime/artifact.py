@@ -1,6 +1,7 @@
 """The .cvmx artifact: one zip file holding the kernel library, the plan and the weights.
 
-Members: `cvmx.json` (format name and version), `plan.json` (signature, weights, buffers,
+Members: `cvmx.json` (format name and version, and the native ABI version: the interface
+between the kernels and the native runtime they link, `native/cvmc_pool.h`), `plan.json` (signature, weights, buffers,
 kernel calls), `kernels.so` (the compiled library: CPU kernels, or CUDA host wrappers with
 their device code compiled ahead of time) and `weights/<index>.npy`.
 """
@@ -21,6 +22,8 @@ from cvmc_runtime.signature import ModelError
 
 FORMAT = "cvmx"
 FORMAT_VERSION = 1
+NATIVE_ABI = 1  # CVMC_ABI_VERSION in native/cvmc_pool.h
+NATIVE_FOLDER = Path(__file__).parent / "native"  # the native runtime's C sources
 LIBRARY = "kernels.so"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no build time in the file
 
@@ -36,7 +39,8 @@ def write_artifact(path: str | Path, plan: dict, library: bytes,
 
     def write(file) -> None:
         with zipfile.ZipFile(file, "w") as z:
-            member(z, "cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION}))
+            member(z, "cvmx.json", json.dumps({"format": FORMAT, "version": FORMAT_VERSION,
+                                             "abi": NATIVE_ABI}))
             member(z, "plan.json", json.dumps(plan, indent=1, allow_nan=False))
             member(z, LIBRARY, library)
             for index, spec in enumerate(plan["weights"]):
@@ -81,6 +85,10 @@ def read_artifact(path: str | Path) -> tuple[dict, bytes, dict[str, np.ndarray]]
                     header.get("version") != FORMAT_VERSION:
                 raise ModelError(f"artifact format {header!r:.80} is not "
                                  f"{FORMAT} version {FORMAT_VERSION}; recompile the model")
+            if header.get("abi") != NATIVE_ABI:
+                raise ModelError(f"its kernels were built for native runtime ABI "
+                                 f"{header.get('abi')!r:.20}, this runtime has ABI "
+                                 f"{NATIVE_ABI}; recompile the model")
             plan = json.loads(_member(z, "plan.json", MAX_JSON_BYTES))
             validate_plan(plan)
             library = _member(z, LIBRARY, MAX_LIBRARY_BYTES)
