@@ -167,7 +167,7 @@ def test_eval_of_a_zero_d_array(d):
     ({"mcpu": 7}, "compile: mcpu must be a CPU name, got 7"),
     ({"arch": 80}, "compile: arch must be a CUDA arch"),
     ({"cache": "no"}, "compile: cache must be True or False"),
-    ({"output": 3}, "compile: output must be a path, got 3"),
+    ({"output": 3}, "compile: output must be a path, or None for the result alone, got 3"),
     ({"graph": "examples/small_cnn"}, "compile: graph must be a Graph"),
 ])
 def test_compile_arguments_are_checked_before_any_work(d, argument, words):

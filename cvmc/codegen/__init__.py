@@ -79,7 +79,7 @@ def compile_model(graph: Graph, output: str | Path | None, target: str | Target 
     path = (str, os.PathLike)
     for name, value, ok, want in (
             ("graph", graph, isinstance(graph, Graph), "a Graph (cvmc.load_graph, GraphBuilder)"),
-            ("output", output, isinstance(output, path), "a path"),
+            ("output", output, output is None or isinstance(output, path), "a path, or None for the result alone"),
             ("mcpu", mcpu, mcpu is None or isinstance(mcpu, str), "a CPU name"),
             ("arch", arch, arch is None or isinstance(arch, str), "a CUDA arch such as 'sm_80'"),
             ("quantization", quantization,

@@ -38,9 +38,14 @@ from cvmc.passes.target import Target, host_cpu
 NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 KERNELS_PER_WORKER = 6
 # The schedule rules a cached kernel may carry, and the backend shim's entry: its "rule"
-# and the one function it exports (`__tvm_ffi_cvmc_shim_stats`, shim.py).
+# and the global symbols its object defines (shim.py: the function it exports and the
+# native runtime's pool functions, hidden in the library but global in the object; a cached
+# shim that defines others is rebuilt, so this list follows runtime/cvmc_runtime/native).
 KERNEL_RULES = frozenset(rule.name for rule in [*SCHEDULE_TABLE, SCALAR_RULE])
-SHIM_RULE, SHIM_SYMBOLS = "backend-shim", ("cvmc_shim_stats",)
+SHIM_RULE = "backend-shim"
+SHIM_SYMBOLS = ("__tvm_ffi_cvmc_shim_stats", "cvmc_alloc_workspace", "cvmc_free_workspace",
+                "cvmc_get_num_threads", "cvmc_parallel_barrier", "cvmc_parallel_launch",
+                "cvmc_pool_stats", "cvmc_set_num_threads")
 
 
 @dataclass
@@ -182,7 +187,7 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
         warn_if_not_host(target.mcpu, host_cpu(), features)
     built_for = {**target.describe(), "features": features}
     funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
-    keys = {s: entry_key("kernel", [s], f.script(), built_for)
+    keys = {s: entry_key("kernel", [f"__tvm_ffi_{s}"], f.script(), built_for)
             for s, f in funcs.items()} if cache else {}
     kernels = {s: cache.load(keys[s], KERNEL_RULES) for s in funcs} if cache else {}
     kernels = {s: k for s, k in kernels.items() if k is not None}

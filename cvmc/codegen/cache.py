@@ -144,8 +144,7 @@ class KernelCache:
             obj = data[start + size:]
             if (header["key"] != key or header["rule"] not in rules
                     or hashlib.sha256(obj).hexdigest() != header["sha256"]
-                    or exported_symbols(obj) != {f"__tvm_ffi_{symbol}"
-                                                 for symbol in json.loads(key)["symbols"]}):
+                    or exported_symbols(obj) != set(json.loads(key)["symbols"])):
                 return None
             return KernelObject(obj, header["rule"])
         except (ValueError, KeyError, TypeError, IndexError, struct.error):

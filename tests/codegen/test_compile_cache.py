@@ -189,8 +189,8 @@ def test_shim_and_kernel_entries_swapped_are_rebuilt(tmp_path, monkeypatch, fres
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
     first = compiled(tmp_path, "first", jobs=1)
     symbol = min(symbols_of(first))
-    entries = entries_by_symbol(tmp_path / "cache", [symbol, *build.SHIM_SYMBOLS])
-    shim, kernel = entries[build.SHIM_SYMBOLS[0]], entries[symbol]
+    entries = entries_by_symbol(tmp_path / "cache", [symbol, "cvmc_shim_stats"])
+    shim, kernel = entries["cvmc_shim_stats"], entries[symbol]
     shim_bytes, kernel_bytes = shim.read_bytes(), kernel.read_bytes()
     shim.write_bytes(kernel_bytes)
     kernel.write_bytes(shim_bytes)
@@ -273,11 +273,11 @@ def test_cache_entry_round_trip_and_damage(tmp_path):
     store = cache.KernelCache(tmp_path / "cache")
     kernel = cache.KernelObject(c_object(tmp_path, "k0", weak="__TVMBackendAllocWorkspace"),
                                 "cpu-default")
-    key = cache.entry_key("kernel", ["k0"], "kernel A", {"kind": "llvm"})
+    key = cache.entry_key("kernel", ["__tvm_ffi_k0"], "kernel A", {"kind": "llvm"})
     store.store(key, kernel)
     assert store.load(key, {"cpu-default"}) == kernel
     assert store.load(key, {"cpu-scalar"}) is None  # a rule the caller does not know
-    assert store.load(cache.entry_key("kernel", ["k0"], "kernel B", {"kind": "llvm"}),
+    assert store.load(cache.entry_key("kernel", ["__tvm_ffi_k0"], "kernel B", {"kind": "llvm"}),
                       {"cpu-default"}) is None
     path = next(p for p in (tmp_path / "cache").rglob("*") if p.is_file())
     assert not list((tmp_path / "cache").rglob(".tmp-*"))  # the temporary file was renamed
@@ -291,10 +291,10 @@ def test_entry_under_another_keys_name_is_refused(tmp_path):
     """An entry copied to the file name of another key (of any field) is not that key's."""
     store = cache.KernelCache(tmp_path / "cache")
     kernel = cache.KernelObject(c_object(tmp_path, "k0"), "cpu-default")
-    fields = ("kernel", ["k0"], "kernel A", {"kind": "llvm", "mcpu": "znver3"})
+    fields = ("kernel", ["__tvm_ffi_k0"], "kernel A", {"kind": "llvm", "mcpu": "znver3"})
     key = cache.entry_key(*fields)
     store.store(key, kernel)
-    others = [("shim", *fields[1:]), (fields[0], ["k1"], *fields[2:]),
+    others = [("shim", *fields[1:]), (fields[0], ["__tvm_ffi_k1"], *fields[2:]),
               (*fields[:2], "kernel B", fields[3]),
               (*fields[:3], {"kind": "llvm", "mcpu": "znver4"})]
     for other in (cache.entry_key(*f) for f in others):
@@ -310,7 +310,7 @@ def test_entry_whose_object_defines_other_symbols_is_refused(tmp_path, functions
     """An entry whose header is right but whose object defines other functions than its key
     names (none, another, one more) would not link, or link the wrong code: refused."""
     store = cache.KernelCache(tmp_path / "cache")
-    key = cache.entry_key("kernel", ["k0"], "kernel A", {"kind": "llvm"})
+    key = cache.entry_key("kernel", ["__tvm_ffi_k0"], "kernel A", {"kind": "llvm"})
     store.store(key, cache.KernelObject(c_object(tmp_path, *functions), "cpu-default"))
     assert store.load(key, {"cpu-default"}) is None
     store.store(key, cache.KernelObject(b"not an object file", "cpu-default"))
@@ -319,7 +319,7 @@ def test_entry_whose_object_defines_other_symbols_is_refused(tmp_path, functions
 
 def test_cache_key_follows_kernel_and_target():
     def key(source, built_for):
-        return cache.entry_key("kernel", ["k0"], source, built_for)
+        return cache.entry_key("kernel", ["__tvm_ffi_k0"], source, built_for)
 
     base = key("kernel A", {"kind": "llvm", "mcpu": "znver3"})
     assert base == key("kernel A", {"mcpu": "znver3", "kind": "llvm"})
