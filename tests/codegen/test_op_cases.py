@@ -79,6 +79,7 @@ def test_reference_of_every_case_runs_without_tvm():
     """The oracle is NumPy: every case's reference runs in a process where TVM cannot be
     imported (the GPU tests run it on a machine that has only the runtime)."""
     code = ("import sys; sys.modules['tvm'] = None\n"
+            "import tests.gpu.test_cuda_run\n"  # the GPU tests collect there too
             "from tests.codegen.op_cases import CASES\n"
             "from tests.oputil import one_op_graph, run_reference\n"
             "for c in CASES:\n"

@@ -22,7 +22,6 @@ from cvmc_runtime.cpu import check_host_cpu
 from cvmc.codegen import compile_model
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
-from cvmc.lowering.x86 import avx2_tile_shape, column_lanes, tile_shape
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
 from cvmc.ops.layout import MAX_PACKED_REDUCTION
@@ -128,6 +127,8 @@ def test_packed_conv_is_exact_on_every_path(geometry, mcpu):
     (1, 63, 1, 1, (1, 3)),  # dense 512 -> 1000: 21 tasks of 3 blocks
 ])
 def test_tile_shape(n, blocks, rows, columns, tile):
+    from cvmc.lowering.x86 import tile_shape
+
     assert tile_shape(n, blocks, rows, columns) == tile
 
 
@@ -140,6 +141,8 @@ def test_tile_shape(n, blocks, rows, columns, tile):
     (1, 63, 1, 1, (1, 1)),  # 63 blocks: no 2-block tile divides them
 ])
 def test_avx2_tile_shape(n, blocks, rows, columns, tile):
+    from cvmc.lowering.x86 import avx2_tile_shape
+
     """The AVX2 tile: (columns x blocks) pairs of 4 ymm accumulators, 2 pairs at most."""
     assert avx2_tile_shape(n, blocks, rows, columns) == tile
 
@@ -147,6 +150,8 @@ def test_avx2_tile_shape(n, blocks, rows, columns, tile):
 @pytest.mark.parametrize("columns, lanes", [
     (112, 16), (16, 16), (56, 8), (8, 8), (28, 0), (14, 0), (7, 0)])
 def test_column_lanes(columns, lanes):
+    from cvmc.lowering.x86 import column_lanes
+
     assert column_lanes(columns) == lanes
 
 
