@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.arith import node_ops
@@ -140,6 +141,11 @@ def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
     import tvm
 
     cuda = target.kind == "cuda"
+    for node in graph.nodes:
+        if target.kind not in lookup(node.op).backends:
+            raise CvmcError(f"{node.op} ('{node.outputs[0]}'): a layout of the "
+                            f"{'/'.join(lookup(node.op).backends)} backend, which its own "
+                            f"passes write; --target {target.kind} does not compile it")
     # A graph straight from a frontend has no partition yet: the fusion pass makes it.
     groups = kernel_groups(graph if graph.kernels else fuse_kernels(graph, target))
     funcs, scratch = {}, {}

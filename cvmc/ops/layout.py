@@ -155,7 +155,8 @@ def _lower_layout_transform(x, a, zero):
 # The float activations' transform (`block_float_activations`): layout_transform's rules on
 # float32, padding elements 0.0. Exact (it moves values).
 float_layout_transform = op(
-    "float_layout_transform", family="layout", inputs=("data",), fusion=Fusion.INJECTIVE,
+    "float_layout_transform", family="layout", backends=("llvm",),
+    inputs=("data",), fusion=Fusion.INJECTIVE,
     attrs=layout_transform.attrs, seeds=("cvmc",), types="scalar -> scalar")
 float_layout_transform.shape(_layout_transform_shape)
 float_layout_transform.reference(_layout_transform_reference)
@@ -368,7 +369,8 @@ def _conv2d_packed_cost(ins, outs, a):
 # is `conv`'s on the unpacked weight: the oracle. Grouped convs need whole blocks per group
 # (OC / G a multiple of B); the groups are C / (the filter's C/G).
 conv_packed = op(
-    "conv_packed", family="layout", inputs=("input", "filter", "bias?"),
+    "conv_packed", family="layout", backends=("llvm",),
+    inputs=("input", "filter", "bias?"),
     fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), types="scalar, scalar, scalar -> scalar",
     attrs=(*window_attrs(("constant",)), Attr("channels", "int", lo=1)))
 
@@ -513,7 +515,8 @@ def _blocked_input_shape(name: str, x, block: int) -> tuple[int, ...]:
 
 
 conv_packed_blocked = op(
-    "conv_packed_blocked", family="layout", inputs=("input", "filter", "bias?"),
+    "conv_packed_blocked", family="layout", backends=("llvm",),
+    inputs=("input", "filter", "bias?"),
     fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), types="scalar, scalar, scalar -> scalar",
     attrs=(*window_attrs(("constant",)), Attr("channels", "int", lo=1),
            Attr("data_layout", "str", "NCHW", choices=_FLOAT_LAYOUTS),
@@ -594,7 +597,8 @@ conv_packed_blocked.cost(lambda ins, outs, a: math.prod(ins[1].shape[1:4]))
 
 
 depthwise_conv_blocked = op(
-    "depthwise_conv_blocked", family="layout", inputs=("input", "filter", "bias?"),
+    "depthwise_conv_blocked", family="layout", backends=("llvm",),
+    inputs=("input", "filter", "bias?"),
     fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), types="scalar, scalar, scalar -> scalar",
     attrs=window_attrs(("constant",)))
 

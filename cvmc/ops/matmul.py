@@ -23,7 +23,8 @@ from cvmc.ops.nnef_std import matmul_shape
 from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 matmul_packed = op(
-    "matmul_packed", family="layout", inputs=("A", "B"), seeds=("cvmc",),
+    "matmul_packed", family="layout", backends=("llvm",),
+    inputs=("A", "B"), seeds=("cvmc",),
     types="scalar, scalar -> scalar", attrs=(Attr("columns", "int", lo=1),),
     # its kernel takes the element-wise epilogue (bias, activation, residual) under its tile
     fusion=Fusion.OUT_ELEMWISE)

@@ -222,8 +222,13 @@ class OpDef:
                  outputs: Sequence[str] = ("out",), attrs: Sequence[Attr] = (),
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
-                 types: str = "", cvm_name: str = "", ulp: int = 0):
+                 types: str = "", cvm_name: str = "", ulp: int = 0,
+                 backends: Sequence[str] = ("llvm", "cuda")):
         self.name = name
+        # the targets that compile the op: ("llvm",) for the float layouts that only the
+        # llvm pipeline's passes write (pack-float-convs, block-float-activations,
+        # pack-matmul-weights); CUDA refuses them (`lower_graph`)
+        self.backends = tuple(backends)
         # float results: units in the last place a kernel may be from the reference (the C
         # math library's functions); 0: bit-exact, or a sum's bound (docs/float.md)
         self.ulp = ulp

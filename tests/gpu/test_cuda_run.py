@@ -17,6 +17,7 @@ import pytest
 from cvmc_runtime.model import Model, cuda_available, load
 
 from cvmc.frontend import load_graph
+from cvmc.ops import lookup
 from cvmc.reference import reference_run
 from tests.codegen.op_cases import CASES, case_id
 from tests.gpu.prebuilt import (
@@ -50,7 +51,11 @@ def cuda_library(tmp_path_factory):
     return tvm_ffi.load_module(str(folder / "all_ops.so")), {int(k): v for k, v in plans.items()}
 
 
-@pytest.mark.parametrize("index", range(len(CASES)), ids=[case_id(c) for c in CASES])
+# the cases of ops CUDA compiles (the llvm backend's float layouts it refuses)
+CUDA_CASES = [i for i, c in enumerate(CASES) if "cuda" in lookup(c.op).backends]
+
+
+@pytest.mark.parametrize("index", CUDA_CASES, ids=[case_id(CASES[i]) for i in CUDA_CASES])
 def test_case_runs_on_gpu_like_reference(cuda_library, index):
     module, plans = cuda_library
     case = CASES[index]
