@@ -2,9 +2,10 @@
 
 A test is marked `compile` when its function, a fixture it uses (its whole fixture
 closure) or a class it is in can reach, through the calls written in the test files, one
-of COMPILE_NAMES (cvmc's lowering, building and compiling entry points), `tvm.compile`,
-`tvm.build`, `cvmc.compile`, or the string "compile" (the command line: `main(["compile",
-...])`, `cvmc compile` in a subprocess). "Reach" follows, by name, the module's own
+of COMPILE_NAMES (cvmc's lowering, scheduling, building and compiling entry points),
+`tvm.compile`, `tvm.build`, `cvmc.compile`, the string "compile" (the command line:
+`main(["compile", ...])`, `cvmc compile` in a subprocess) or a string that names
+`compile_model` (a script run in a subprocess). "Reach" follows, by name, the module's own
 functions and classes and what it imports from `tests.*` modules (helpers such as
 tests/oputil.check_op and tests/nnefutil.compile_and_run), transitively; cvmc's own
 modules are not followed (only their entry points above count). It reads source, so
@@ -18,15 +19,21 @@ import ast
 import functools
 import importlib.util
 import inspect
+import re
 from pathlib import Path
 
 import pytest
 
 COMPILE_NAMES = frozenset({
-    "compile_model", "lower_graph", "lower_kernel", "build_llvm", "build_cuda",
+    "compile_model", "lower_graph", "lower_kernel", "lower_node", "build_llvm", "build_cuda",
     "compile_kernel", "compile_kernel_json", "schedule_and_build", "schedule_llvm",
-    "schedule_cuda_module", "cuda_translation_unit", "nvcc_shared",
+    "schedule_cpu", "schedule_cuda_module", "cuda_translation_unit", "nvcc_shared",
+    # the benchmark scripts' (benchmarks/run.py, float_suite.py: loaded by path, not
+    # followed) functions that compile and run a workload
+    "measure", "run_benchmarks",
 })
+# a string (a script a test runs, a command line) that compiles
+_COMPILING_TEXT = re.compile(r"\b(compile_model|cvmc compile|cvmc\.compile)\b")
 # `X.compile` / `X.build` compile when X is one of these modules
 COMPILING_MODULES = frozenset({"tvm", "cvmc"})
 _HIT = "<compiles>"
@@ -71,7 +78,8 @@ def _references(node: ast.AST) -> set:
                     out.add(_HIT)
                 out.add((n.value.id, n.attr))
             out.add(n.attr)
-        elif isinstance(n, ast.Constant) and n.value == "compile":
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (
+                n.value == "compile" or _COMPILING_TEXT.search(n.value)):
             out.add(_HIT)
     return out
 
