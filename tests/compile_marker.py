@@ -47,27 +47,20 @@ class _Module:
         tree = ast.parse(path.read_text(), str(path))
         self.defs: dict[str, set] = {}
         self.imports: dict[str, tuple[str, str | None]] = {}
-        for node in ast.walk(tree):  # imports inside functions too
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                for alias in node.names:
-                    self.imports[alias.asname or alias.name] = (node.module, alias.name)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        self.imports[alias.asname] = (alias.name, None)
         for node in tree.body:
+            refs = _references(node, self.imports)  # imports inside functions too
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self.defs[node.name] = _references(node)
+                self.defs[node.name] = refs
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):  # e.g. FAST = settings(...)
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
                     if isinstance(t, ast.Name):
-                        self.defs[t.id] = _references(node)
+                        self.defs[t.id] = refs
 
 
-def _references(node: ast.AST) -> set:
+def _references(node: ast.AST, imports: dict) -> set:
     """Names a definition refers to: plain names, `module.name` pairs, and _HIT where it
-    names a compiling entry point itself."""
+    names a compiling entry point itself; the imports in it go into `imports`."""
     out = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Name):
@@ -78,9 +71,19 @@ def _references(node: ast.AST) -> set:
                     out.add(_HIT)
                 out.add((n.value.id, n.attr))
             out.add(n.attr)
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (
-                n.value == "compile" or _COMPILING_TEXT.search(n.value)):
-            out.add(_HIT)
+        elif isinstance(n, ast.Constant):
+            if isinstance(n.value, str) and (n.value == "compile"
+                                             or _COMPILING_TEXT.search(n.value)):
+                out.add(_HIT)
+        elif isinstance(n, ast.ImportFrom):
+            if n.module and n.level == 0:
+                for alias in n.names:
+                    imports[alias.asname or alias.name] = (n.module, alias.name)
+                    out.add(alias.asname or alias.name)  # a function's own import
+        elif isinstance(n, ast.Import):
+            for alias in n.names:
+                if alias.asname:
+                    imports[alias.asname] = (alias.name, None)
     return out
 
 
@@ -103,10 +106,25 @@ def _path_of(module: str) -> str | None:
     return spec.origin if spec and spec.origin and spec.origin.endswith(".py") else None
 
 
-def compiles(path: str, name: str, _seen: set | None = None) -> bool:
+_KNOWN: dict[tuple[str, str], bool] = {}
+
+
+def compiles(path: str, name: str) -> bool:
     """Whether `name`, defined in or imported into the test file at `path`, can reach a
     compiling entry point."""
-    seen = set() if _seen is None else _seen
+    if (path, name) not in _KNOWN:
+        seen: set = set()
+        found = _reaches(path, name, seen)
+        if not found:  # nothing reachable from it compiles: none of what it reached does
+            _KNOWN.update(dict.fromkeys(seen, False))
+        _KNOWN[(path, name)] = found
+    return _KNOWN[(path, name)]
+
+
+def _reaches(path: str, name: str, seen: set) -> bool:
+    """The depth-first search of `compiles`, visiting each (file, name) once."""
+    if (path, name) in _KNOWN:
+        return _KNOWN[(path, name)]
     if (path, name) in seen:
         return False
     seen.add((path, name))
@@ -123,15 +141,15 @@ def compiles(path: str, name: str, _seen: set | None = None) -> bool:
                 mod = (f"{target[0]}.{target[1]}" if target and target[1] else
                        target[0] if target else None)
                 other = _path_of(mod) if mod else None
-                if other and compiles(other, attr, seen):
+                if other and _reaches(other, attr, seen):
                     return True
-            elif compiles(path, ref, seen):
+            elif _reaches(path, ref, seen):
                 return True
         return False
     if name in m.imports:
         module, attr = m.imports[name]
         other = _path_of(module)
-        return bool(other and attr and compiles(other, attr, seen))
+        return bool(other and attr and _reaches(other, attr, seen))
     return False
 
 
