@@ -61,8 +61,11 @@ class _Module:
 def _references(node: ast.AST, imports: dict) -> set:
     """Names a definition refers to: plain names, `module.name` pairs, and _HIT where it
     names a compiling entry point itself; the imports in it go into `imports`."""
-    out = set()
-    for n in ast.walk(node):
+    out, markers = set(), set()
+    for n in ast.walk(node):  # breadth first: a call before its arguments
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                n.func.attr in ("get_closest_marker", "iter_markers"):
+            markers.update(id(a) for a in n.args)  # names the marker, compiles nothing
         if isinstance(n, ast.Name):
             out.add(n.id)
         elif isinstance(n, ast.Attribute):
@@ -71,7 +74,7 @@ def _references(node: ast.AST, imports: dict) -> set:
                     out.add(_HIT)
                 out.add((n.value.id, n.attr))
             out.add(n.attr)
-        elif isinstance(n, ast.Constant):
+        elif isinstance(n, ast.Constant) and id(n) not in markers:
             if isinstance(n.value, str) and (n.value == "compile"
                                              or _COMPILING_TEXT.search(n.value)):
                 out.add(_HIT)
@@ -97,7 +100,7 @@ def _module(path: str) -> _Module | None:
 
 @functools.cache
 def _path_of(module: str) -> str | None:
-    if module.split(".")[0] != "tests":
+    if module.split(".")[0] != "tests" or module == __name__:  # (this file names them all)
         return None
     try:
         spec = importlib.util.find_spec(module)
