@@ -93,3 +93,38 @@ class OpCaseBuilds:
             values = {**{n: xs[int(n[1:])] for n in g.inputs}, **g.constants}
             self._libraries[index] = GuardBuild(path, plan, values)
         return self._libraries[index]
+
+
+def nvcc_cached(source: str, arch: str, output: Path) -> None:
+    """`nvcc_shared(source, arch, output)`, the library kept in the run's kernel cache
+    folder (its `nvcc/`) by the sha256 of the source, the arch, nvcc's version and
+    nvcc_shared's own code: a developer's rerun of the same CUDA source takes the library
+    nvcc built before (minutes of nvcc for every op case), CI's empty cache runs nvcc."""
+    import hashlib
+    import inspect
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from cvmc.codegen import build
+    from cvmc.codegen.cache import cache_folder
+
+    folder = cache_folder()
+    if folder is None:
+        build.nvcc_shared(source, arch, output)
+        return
+    version = subprocess.run([build.find_nvcc(), "--version"], check=False,
+                             capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([source, arch, version, inspect.getsource(
+        build.nvcc_shared)]).encode()).hexdigest()
+    kept = folder / "nvcc" / f"{key}.so"
+    if not kept.is_file():
+        build.nvcc_shared(source, arch, output)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=kept.parent, suffix=".tmp")
+        os.close(fd)
+        shutil.copyfile(output, tmp)
+        os.replace(tmp, kept)  # whole or absent for a concurrent reader
+    else:
+        shutil.copyfile(kept, output)

@@ -54,7 +54,8 @@ def cuda_module_of_cases():
 
 def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     """Every case in one module, scheduled for CUDA, compiled ahead of time by one nvcc run."""
-    from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
+    from cvmc.codegen.build import cuda_translation_unit, find_nvcc
+    from tests.codegen.op_builds import nvcc_cached
 
     try:
         find_nvcc()
@@ -66,7 +67,7 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     for symbol in symbols:
         assert f"{symbol}_kernel" in source, f"{symbol}: no device kernel generated"
     lib = tmp_path / "all_ops.so"
-    nvcc_shared(source, "sm_80", lib)
+    nvcc_cached(source, "sm_80", lib)  # nvcc_shared, kept in the run's kernel cache
     data = lib.read_bytes()
     missing = [s for s in symbols if f"__tvm_ffi_{s}".encode() not in data]
     assert not missing, f"kernels missing from the library: {missing}"
