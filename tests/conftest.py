@@ -31,8 +31,9 @@ def persistent_cache_folder() -> Path:
     return Path(base) / "cvmc" / "test-kernels"
 
 
-# Unused test cache entries go after this long (a changed schedule rule or TVM makes every
-# key new, so old entries are dead weight; a live one is rebuilt once).
+# Test cache entries are deleted this long after they were written (a changed schedule
+# rule or TVM makes every key new, so old entries are dead weight; a live one is rebuilt
+# once).
 CACHE_KEEP_DAYS = 14
 
 
