@@ -58,7 +58,7 @@ def toy_double():
 def test_one_entry_and_one_record_reach_every_per_op_table(toy_double, tmp_path: Path):
     assert specs()["toy_double"] is RECORD.spec and exports()["toy_double"] == RECORD.export
     test_op_cases.test_every_op_has_a_case()
-    test_op_cases.test_case_compiles_for_llvm_and_matches_reference(RECORD)
+    test_op_cases.check_case(RECORD)
     test_spec_oracle.test_every_cvm_op_is_audited()
     test_spec_oracle.test_reference_matches_spec("toy_double")
     test_spec_oracle.test_compiled_matches_spec("toy_double")

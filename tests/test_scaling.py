@@ -34,7 +34,8 @@ def _check_seconds(tmp_path, n: int, capsys) -> float:
 def test_check_time_is_linear_in_the_graph(tmp_path, capsys):
     _check_seconds(tmp_path, 100, capsys)  # warm: the grammar, the op registry
     small = min(_check_seconds(tmp_path, 500, capsys) for _ in range(2))
-    large = _check_seconds(tmp_path, 2000, capsys)
+    # the best of two, as for `small`: a parallel test worker (-n auto) may stall one run
+    large = min(_check_seconds(tmp_path, 2000, capsys) for _ in range(2))
     assert large / small < 8, (small, large)  # 4x the nodes; quadratic would be 16x
 
 

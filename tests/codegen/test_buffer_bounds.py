@@ -1,6 +1,7 @@
 """No compiled kernel reads outside its inputs or depends on what its outputs held before.
 
-Every case of `op_cases.CASES` is lowered and built for llvm once, and its kernels are
+Every case of `op_cases.CASES` is lowered and built for llvm once (the run's shared build,
+tests/codegen/op_builds.py: as written, without the passes), and its kernels are
 called directly (tvm-ffi, no runtime) in plan order several times, in a worker process
 (tests.guard_pages). Each time, every tensor the kernels see (inputs, weights, intermediate
 buffers, outputs) lies right after a PROT_NONE guard page or ends right before one, the
@@ -19,12 +20,9 @@ import numpy as np
 import pytest
 from cvmc_runtime.model import ALIGNMENT
 
-from cvmc.codegen.build import build_llvm
-from cvmc.lowering.lower import lower_graph
-from cvmc.passes.target import Target
 from tests.codegen.op_cases import CASES, case_id
 from tests.guard_pages import PLACEMENTS, GuardWorker, guarded_empty, progress
-from tests.oputil import assert_matches, one_op_graph, run_reference
+from tests.oputil import assert_matches, run_reference
 
 GARBAGE = ("0x7f", "0x80", "random")
 
@@ -79,16 +77,13 @@ def worker(tmp_path_factory):
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[case_id(c) for c in CASES])
-def test_kernels_stay_inside_their_buffers(index, tmp_path, worker):
+def test_kernels_stay_inside_their_buffers(index, tmp_path, worker, op_builds):
     case = CASES[index]
-    g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-    xs = [arr for arr, _ in case.inputs]
-    want = run_reference(g, xs)
-    mod, _, plan = lower_graph(g, Target.make())
-    (tmp_path / "kernels.so").write_bytes(build_llvm(mod, Target.make()).library)
-    values = {**{n: xs[int(n[1:])] for n in g.inputs}, **g.constants}
-    (tmp_path / "job.pkl").write_bytes(pickle.dumps((plan, values, index)))
-    worker.call(f"{__name__}:run_guarded", library=str(tmp_path / "kernels.so"),
+    g = op_builds.graph(index)
+    want = run_reference(g, [arr for arr, _ in case.inputs])
+    build = op_builds.library(index)  # built once per run, shared with test_op_cases
+    (tmp_path / "job.pkl").write_bytes(pickle.dumps((build.plan, build.values, index)))
+    worker.call(f"{__name__}:run_guarded", library=str(build.library),
                 job=str(tmp_path / "job.pkl"), result=str(tmp_path / "runs.pkl"))
     runs = list(pickle.loads((tmp_path / "runs.pkl").read_bytes()).values())
     for name, ref, atol in zip(g.outputs, want, case.tolerances()):

@@ -12,7 +12,7 @@ from cvmc.errors import CvmcError
 from cvmc.ops import all_ops, lookup
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import CASES, case_id
-from tests.oputil import check_op, one_op_graph
+from tests.oputil import assert_matches, check_op, one_op_graph, run_reference
 
 
 def test_every_op_has_a_case():
@@ -21,9 +21,21 @@ def test_every_op_has_a_case():
     assert not missing, f"add a case to tests/codegen/op_cases.py for: {missing}"
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
-def test_case_compiles_for_llvm_and_matches_reference(case):
+def check_case(case) -> None:
+    """The case compiled for llvm (.cvmx + runtime) equals the reference (a case outside
+    CASES, compiled on its own: tests/test_add_an_op.py)."""
     check_op(case.op, case.inputs, **case.check_args())
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[case_id(c) for c in CASES])
+def test_case_compiles_for_llvm_and_matches_reference(index, op_builds):
+    """Built once per run (tests/codegen/op_builds.py), shared with test_buffer_bounds."""
+    case = CASES[index]
+    g = op_builds.graph(index)
+    ref = run_reference(g, [arr for arr, _ in case.inputs])
+    got = op_builds.outputs(index)
+    for name, r, c, atol in zip(g.outputs, ref, got, case.tolerances()):
+        assert_matches(case.op, name, r, c, case.ulp, atol)
 
 
 def cuda_module_of_cases():
@@ -59,7 +71,8 @@ def test_cuda_refuses_the_llvm_backends_layouts():
 
 def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     """Every case in one module, scheduled for CUDA, compiled ahead of time by one nvcc run."""
-    from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
+    from cvmc.codegen.build import cuda_translation_unit, find_nvcc
+    from tests.codegen.op_builds import nvcc_cached
 
     try:
         find_nvcc()
@@ -71,7 +84,7 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     for symbol in symbols:
         assert f"{symbol}_kernel" in source, f"{symbol}: no device kernel generated"
     lib = tmp_path / "all_ops.so"
-    nvcc_shared(source, "sm_80", lib)
+    nvcc_cached(source, "sm_80", lib)  # nvcc_shared, kept in the run's kernel cache
     data = lib.read_bytes()
     missing = [s for s in symbols if f"__tvm_ffi_{s}".encode() not in data]
     assert not missing, f"kernels missing from the library: {missing}"
