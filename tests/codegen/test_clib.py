@@ -32,26 +32,11 @@ from tests.codegen.op_cases import CASES
 from tests.lowering.test_blocked_activations import benchmark_network
 from tests.nnefutil import random_inputs, with_random_weights
 from tests.oputil import one_op_graph, ulp_distance
+from tests.runtime.test_float_path import GRAPH as FLOAT_GRAPH
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "small_cnn"
 SANITIZE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g")
 
-FLOAT_IO = """version 1.0;
-graph F( x, m ) -> ( y, z, k )
-{
-    x = external<scalar>(shape = [8, 256]);
-    m = external<logical>(shape = [8, 1]);
-    t = tanh(x);
-    q = mul(x, 0.25);
-    e = exp(q);
-    s = add(t, e);
-    r = div(t, e);
-    y = select(m, s, r);
-    h = mul(y, 100.0);
-    z = round(h);
-    k = gt(z, 5.0);
-}
-"""
 FLOAT_CONV = """version 1.0;
 graph C( x ) -> ( y )
 {
@@ -66,6 +51,18 @@ graph C( x ) -> ( y )
     y = max_pool(r, size = [1, 1, 2, 2], stride = [1, 1, 2, 2]);
 }
 """
+
+
+def _input_files(folder: Path, inputs, feeds) -> tuple[list[Path], Path]:
+    """(each input written raw beside `folder`, as main.c reads them; the folder for main.c's
+    outputs)."""
+    paths = []
+    for index, spec in enumerate(inputs):
+        paths.append(folder.parent / f"{folder.name}-input{index}.bin")
+        np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
+    out = folder.parent / f"{folder.name}-out"
+    out.mkdir(exist_ok=True)
+    return paths, out
 
 
 def _gcc(*args: str | Path) -> None:
@@ -90,12 +87,7 @@ def _run_example(folder: Path, feeds: dict[str, np.ndarray], specs, shared: bool
     else:
         _gcc(*cflags, folder / "main.c", folder / f"lib{name}.a", "-o", exe)
     inputs, outputs = specs
-    paths = []
-    for index, spec in enumerate(inputs):
-        paths.append(folder.parent / f"{folder.name}-input{index}.bin")
-        np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
-    out = folder.parent / f"{folder.name}-out"
-    out.mkdir(exist_ok=True)
+    paths, out = _input_files(folder, inputs, feeds)
     done = subprocess.run([str(exe), *map(str, paths), str(out)], capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
@@ -158,7 +150,7 @@ def _float_library(tmp: Path, text: str, name: str, cflags: tuple[str, ...] = ()
     return graph, tmp / name
 
 
-@pytest.mark.parametrize("text", [FLOAT_IO, FLOAT_CONV], ids=["select_bool", "conv"])
+@pytest.mark.parametrize("text", [FLOAT_GRAPH, FLOAT_CONV], ids=["select_bool", "conv"])
 def test_float_models_give_the_python_runtimes_bits(tmp_path, text):
     """(Under the sanitizers too: float and bool inputs, several outputs.)"""
     graph, folder = _float_library(tmp_path, text, "f", SANITIZE)
@@ -485,12 +477,7 @@ def _run_under_qemu(folder: Path, feeds: dict[str, np.ndarray], specs,
                     str(folder / f"lib{name}.a"), "-lm", "-pthread", "-o", str(exe)],
                    check=True, capture_output=True, timeout=300)
     inputs, outputs = specs
-    paths = []
-    for index, spec in enumerate(inputs):
-        paths.append(folder.parent / f"{folder.name}-input{index}.bin")
-        np.ascontiguousarray(feeds[spec.name], spec.dtype).tofile(paths[-1])
-    out = folder.parent / f"{folder.name}-out"
-    out.mkdir(exist_ok=True)
+    paths, out = _input_files(folder, inputs, feeds)
     done = subprocess.run(["qemu-aarch64", *qemu, str(exe), "-t", "2", *map(str, paths),
                            str(out)], capture_output=True, text=True, timeout=600, check=False)
     if done.returncode != 0:
