@@ -12,7 +12,8 @@ Nothing is compiled to machine code, so a run takes minutes, not the test suite'
 refuses (an op of another backend) is recorded with the refusal.
 
 Targets: llvm for an AVX2 CPU without VNNI (znver3), an AVX-512 VNNI one (znver4) and a
-baseline x86-64, and cuda sm_80: each CPU row of the schedule table is taken by some case.
+baseline x86-64; AArch64 without dot products (generic), with SDOT (neoverse-n1) and
+with I8MM (neoverse-v2); and cuda sm_80: each CPU row of the schedule table is taken by some case.
 """
 from __future__ import annotations
 
@@ -23,8 +24,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-TARGETS = {"llvm-znver3": ("llvm", "znver3", None), "llvm-znver4": ("llvm", "znver4", None),
-           "llvm-x86-64": ("llvm", "x86-64", None), "cuda-sm_80": ("cuda", None, "sm_80")}
+# name: (kind, mcpu, arch, mtriple)
+TARGETS = {"llvm-znver3": ("llvm", "znver3", None, None),
+           "llvm-znver4": ("llvm", "znver4", None, None),
+           "llvm-x86-64": ("llvm", "x86-64", None, None),
+           "llvm-aarch64": ("llvm", "generic", None, "aarch64-linux-gnu"),
+           "llvm-aarch64-dotprod": ("llvm", "neoverse-n1", None, "aarch64-linux-gnu"),
+           "llvm-aarch64-i8mm": ("llvm", "neoverse-v2", None, "aarch64-linux-gnu"),
+           "cuda-sm_80": ("cuda", None, "sm_80", None)}
 
 
 def _sha(text: str) -> str:
