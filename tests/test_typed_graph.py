@@ -116,7 +116,7 @@ def test_verify_catches_a_pass_that_forgets_to_retype(monkeypatch) -> None:
     verify(retype(widen_shift(g)))
     assert retype(widen_shift(g)).types["y"] == TensorType((2,), "int32", 9)
     monkeypatch.setattr(pipeline, "VERIFY_TYPES", True)
-    monkeypatch.setattr(pipeline, "PASSES", [("widen", widen_shift, ())])
+    monkeypatch.setattr(pipeline, "PASSES", [pipeline.Pass("widen", widen_shift)])
     with pytest.raises(AssertionError, match="types differ"):
         pipeline.run_pipeline(g)
 

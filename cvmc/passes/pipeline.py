@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
@@ -20,77 +21,96 @@ from cvmc.passes.transformer import fuse_transformer
 # pay for it.
 VERIFY_TYPES = os.environ.get("CVMC_VERIFY_TYPES") == "1"
 
-# (name, pass, targets): a pass with targets runs only when compiling for one of their
-# kinds (`cvmc check` and the reference interpreter see the graph as written) and is
-# given the Target: `fn(graph, target)`.
-PASSES: list[tuple[str, Callable[..., Graph], tuple[str, ...]]] = [
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One Graph -> Graph pass. With `targets`, it runs only when compiling for one of
+    their kinds (`cvmc check` and the reference interpreter see the graph as written) and
+    is called as `run(graph, target)`; without, always, as `run(graph)`."""
+
+    name: str
+    run: Callable[..., Graph]
+    targets: tuple[str, ...] = ()
+
+
+PASSES: list[Pass] = [
     # Every loader types its graph (`retype`: precisions prove int32 never overflows);
     # this refuses one that cannot be compiled (weights without data, an op cvmc checks
     # only). Named for what it did when it inferred them: --stop-after and --dump-ir name it.
-    ("infer-precision", require_typed, ()),
+    Pass("infer-precision", require_typed),
     # Conv kernels want packed weights (OIHW16o4i: 4 input channels of an output channel
     # in one 32-bit word, for VNNI's `vpdpbusd` and CUDA's `dp4a`) and a precomputed
     # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
     # below).
-    ("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
+    Pass("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
     # Float convs want their filter packed too (OIHW8o: 8 output channels of float32 in a
     # vector's lanes, 16 with AVX-512) for the register-tiled FMA kernel; CPU only.
-    ("pack-float-convs", pack_float_convs, ("llvm",)),
+    Pass("pack-float-convs", pack_float_convs, ("llvm",)),
     # Transformer chains an exporter decomposed (layer normalization) become one op each,
     # one kernel instead of seven (cvmc/passes/transformer.py).
-    ("fuse-transformer", fuse_transformer, ("llvm",)),
+    Pass("fuse-transformer", fuse_transformer, ("llvm",)),
     # A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
     # so that the CPU kernel reads weight rows along its vector of output columns.
-    ("untranspose-matmul-weights", untranspose_matmul_weights, ("llvm",)),
+    Pass("untranspose-matmul-weights", untranspose_matmul_weights, ("llvm",)),
     # A matmul's constant B is packed into column panels (P, K, 16 or 32 columns), folded
     # just below: the CPU kernel reads each panel contiguously and K-blocks it in L1.
-    ("pack-matmul-weights", pack_matmul_weights, ("llvm",)),
+    Pass("pack-matmul-weights", pack_matmul_weights, ("llvm",)),
     # Nodes whose inputs are all weights are evaluated now with the reference rules.
-    ("fold-constants", fold_constants, ()),
+    Pass("fold-constants", fold_constants),
     # The stdlib's float max / min / clamp / max_pool, expanded by the frontend into
     # comparisons, selects, argmax_pool and sample, become one op each (same bits), so
     # they fuse into their producers and max pooling is one window reduction.
-    ("simplify", simplify_float, ("llvm", "cuda")),
+    Pass("simplify", simplify_float, ("llvm", "cuda")),
     # Nodes (and weights) that no output depends on are dropped.
-    ("eliminate-dead-code", eliminate_dead_code, ()),
+    Pass("eliminate-dead-code", eliminate_dead_code),
     # Activations between two packed convs stay in the kernels' NCHW16c layout (each
     # conv would otherwise transpose its result to NCHW and the next one back; on CUDA a
     # blocked conv reads 4 channels of a pixel in one 32-bit load).
-    ("block-activations", block_activations, ("llvm", "cuda")),
+    Pass("block-activations", block_activations, ("llvm", "cuda")),
     # Float activations between float convs stay NCHW8c (16c with AVX-512), the layout
     # of the conv kernels' register tiles: whole vectors stored, depth-wise convs with the
     # channels in the lanes (cvmc/passes/layout_float.py).
-    ("block-float-activations", block_float_activations, ("llvm",)),
+    Pass("block-float-activations", block_float_activations, ("llvm",)),
     # The kernel partition: epilogues into their conv / dense, element-wise chains into one
     # kernel (Graph.kernels; lowering builds one kernel per group).
-    ("fuse-kernels", fuse_kernels, ("llvm", "cuda")),
+    Pass("fuse-kernels", fuse_kernels, ("llvm", "cuda")),
 ]
 
 
 def pass_names() -> list[str]:
     """Names accepted by --stop-after."""
-    return [name for name, _, _ in PASSES]
+    return [p.name for p in PASSES]
 
 
-def run_pipeline(graph: Graph, stop_after: str | None = None,
-                 after_pass: Callable[[int, str, Graph], None] | None = None,
-                 target: Target | None = None) -> Graph:
-    """Run the passes in order (those for `target`'s kind too), calling `after_pass(index,
-    name, graph)` after each (`--dump-ir`: `cvmc.frontend.printer.graph_dumper`), and stop
-    after `stop_after`. Running it on its own output changes nothing."""
-    if stop_after is not None and stop_after not in pass_names():
+def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = None,
+               after_pass: Callable[[int, str, Graph], None] | None = None,
+               target: Target | None = None) -> Graph:
+    """Run `passes` in order (those for `target`'s kind too), checking each result,
+    calling `after_pass(index, name, graph)` after each (`--dump-ir`:
+    `cvmc.frontend.printer.graph_dumper`), and stop after `stop_after`."""
+    names = [p.name for p in passes]
+    if stop_after is not None and stop_after not in names:
         raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
-                        f"passes: {', '.join(pass_names())}")
-    for index, (name, fn, targets) in enumerate(PASSES):
-        if targets and (target is None or target.kind not in targets):
+                        f"passes: {', '.join(names)}")
+    for index, p in enumerate(passes):
+        if p.targets and (target is None or target.kind not in p.targets):
             continue
-        graph = fn(graph, target) if targets else fn(graph)
+        graph = p.run(graph, target) if p.targets else p.run(graph)
         if VERIFY_TYPES:
             verify(graph)
         else:
             graph.verify()
         if after_pass is not None:
-            after_pass(index, name, graph)
-        if name == stop_after:
+            after_pass(index, p.name, graph)
+        if p.name == stop_after:
             break
     return graph
+
+
+def run_pipeline(graph: Graph, stop_after: str | None = None,
+                 after_pass: Callable[[int, str, Graph], None] | None = None,
+                 target: Target | None = None) -> Graph:
+    """The compile pipeline, PASSES, on `graph` (`run_passes`). Running it on its own
+    output changes nothing."""
+    return run_passes(graph, PASSES, stop_after, after_pass, target)
