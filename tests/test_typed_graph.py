@@ -2,6 +2,10 @@
 rules, and a pass that changes nodes without retyping is caught."""
 from __future__ import annotations
 
+import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,7 @@ from cvmc.errors import CvmcError
 from cvmc.frontend import load_checked, load_graph
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.frontend.tensorfile import write_tensor
-from cvmc.ir import Graph, Node, TensorType
+from cvmc.ir import Graph, InvalidGraph, Node, TensorType
 from cvmc.ops.infer import require_typed, retype, verify
 from cvmc.passes import pipeline
 
@@ -111,13 +115,13 @@ def test_verify_catches_a_pass_that_forgets_to_retype(monkeypatch) -> None:
                  if n.op == "cvm_right_shift" else n for n in graph.nodes]
         return graph.replace(nodes=nodes)
 
-    with pytest.raises(AssertionError, match=r"types differ from the op rules' at \['y'\]"):
+    with pytest.raises(InvalidGraph, match=r"types differ from the op rules' at \['y'\]"):
         verify(widen_shift(g))
     verify(retype(widen_shift(g)))
     assert retype(widen_shift(g)).types["y"] == TensorType((2,), "int32", 9)
     monkeypatch.setattr(pipeline, "VERIFY_TYPES", True)
     monkeypatch.setattr(pipeline, "PASSES", [pipeline.Pass("widen", widen_shift)])
-    with pytest.raises(AssertionError, match="types differ"):
+    with pytest.raises(InvalidGraph, match="types differ"):
         pipeline.run_pipeline(g)
 
 
@@ -125,9 +129,30 @@ def test_graph_verify_needs_every_precision_of_a_typed_graph() -> None:
     g = retype(Graph("g", ["x"], ["y"], [Node("relu", ("x",), ("y",), {})],
                      {"x": TensorType((2,), "int32", 8), "y": TensorType((2,))}))
     g.verify()
-    with pytest.raises(AssertionError, match="'y': integer tensor without a precision"):
+    with pytest.raises(InvalidGraph, match="'y': integer tensor without a precision"):
         g.replace(types={**g.types, "y": TensorType((2,), "int8")}).verify()
-    with pytest.raises(AssertionError, match="'y': precision 8 is stored as int8, not int32"):
+    with pytest.raises(InvalidGraph, match="'y': precision 8 is stored as int8, not int32"):
         g.replace(types={**g.types, "y": TensorType((2,), "int32", 8)}).verify()
-    with pytest.raises(AssertionError, match="types of values the graph does not define"):
+    with pytest.raises(InvalidGraph, match="types of values the graph does not define"):
         g.replace(types={**g.types, "gone": TensorType((2,), "int8", 8)}).verify()
+
+
+def test_graph_verify_raises_under_python_O() -> None:
+    """`Graph.verify` is no `assert`: under `python -O` it still refuses a bad graph, with
+    one error naming the value."""
+    code = ("from cvmc.ir import Graph, InvalidGraph, Node, TensorType\n"
+            "g = Graph('g', ['x'], ['y'], [Node('relu', ('x',), ('y',), {})],\n"
+            "          {'x': TensorType((2,), 'int8', 8)}, typed=True)\n"
+            "try:\n    g.verify()\nexcept InvalidGraph as e:\n    print(e)\n")
+    run = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                         check=True)
+    assert run.stdout.strip() == "error: invalid graph: types of values the graph does not " \
+                                 "define: [], values without a type: ['y']"
+
+
+def test_graph_is_frozen() -> None:
+    g = Graph("g", ["x"], ["x"], [], {"x": TensorType((2,), "int8", 8)})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        g.nodes = []  # type: ignore[misc]
+    assert g.replace(outputs=["x"]) is not g

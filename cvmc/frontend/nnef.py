@@ -45,7 +45,7 @@ def parse_nnef(text: str, filename: str = "<string>", weights: ModelSource | Non
         tree = parse_text(source)
         graph = _Document(source, tree).build(weights)
     if quant_text is not None:
-        _apply_quant(graph, quant_text, quant_name or "graph.quant")
+        graph = _apply_quant(graph, quant_text, quant_name or "graph.quant")
     # typed last: graph.quant's cvm_precision_spec declares input and weight precisions
     return retype(graph, need_data)
 
@@ -211,18 +211,19 @@ def _in_order(trees: Any) -> list[lark.Tree]:
     return sorted(trees, key=lambda t: (t.meta.line, t.meta.column))
 
 
-def _apply_quant(graph: Graph, text: str, name: str) -> None:
-    """Record graph.quant entries; `cvm_precision_spec` sets an input/weight precision.
-    Every mistake is located at its entry in the quantization file."""
+def _apply_quant(graph: Graph, text: str, name: str) -> Graph:
+    """`graph` with its graph.quant entries; `cvm_precision_spec` sets an input/weight
+    precision. Every mistake is located at its entry in the quantization file."""
     from cvmc.frontend.quant import parse_quant_located
     entries, error = parse_quant_located(text, name)
+    quant, types = dict(graph.quant), dict(graph.types)
     for tensor, (fragment, attrs) in entries.items():
-        if tensor not in graph.types:
+        if tensor not in types:
             raise error(tensor, f"entry for '{tensor}', but the graph has no such tensor")
-        graph.quant[tensor] = {"fragment": fragment, "attrs": dict(attrs)}
+        quant[tensor] = {"fragment": fragment, "attrs": dict(attrs)}
         if fragment != PRECISION_SPEC:
             continue
-        t, p = graph.types[tensor], attrs.get("precision")
+        t, p = types[tensor], attrs.get("precision")
         if set(attrs) != {"precision"} or not isinstance(p, int) or isinstance(p, bool) \
                 or not 1 <= p <= 32:
             raise error(tensor, f"'{tensor}': {PRECISION_SPEC} takes one argument "
@@ -233,4 +234,5 @@ def _apply_quant(graph: Graph, text: str, name: str) -> None:
         if t.precision is not None and t.precision != p:
             raise error(tensor, f"'{tensor}': precision {p} disagrees with the precision "
                                 f"{t.precision} declared in the graph")
-        graph.types[tensor] = TensorType(t.shape, t.dtype, p)
+        types[tensor] = TensorType(t.shape, t.dtype, p)
+    return graph.replace(quant=quant, types=types)

@@ -8,7 +8,8 @@ shape-checked, and anything that needs its values reports the missing file.
 Every value name (input, weight, node output) has a `TensorType` in `Graph.types`, and
 every loader returns the graph typed (`Graph.typed`): each integer tensor has its
 precision. The op rules type it, in one place: `cvmc.ops.infer.retype`.
-Passes treat a Graph as immutable: they build a new one (`Graph.replace`).
+A Graph is frozen: its fields are never assigned and its containers never changed in
+place; a pass builds a new one (`Graph.replace`, or the typed editor of `cvmc.ir.rewrite`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from cvmc.errors import SourceSpan
+from cvmc.errors import CvmcError, SourceSpan
 
 INT_DTYPES = ("int8", "int32")
 DTYPES = (*INT_DTYPES, "float32", "bool")
@@ -90,7 +91,12 @@ class Node:
         return hash((self.op, self.inputs, self.outputs))
 
 
-@dataclass
+class InvalidGraph(CvmcError):
+    """A graph that breaks the IR's invariants (`Graph.verify`): a cvmc bug, or a graph
+    built by hand that is not well formed."""
+
+
+@dataclass(frozen=True)
 class Graph:
     """A whole model: its signature, nodes, value types and weight data."""
 
@@ -161,40 +167,46 @@ class Graph:
                 and all(np.array_equal(v, other.constants[k]) for k, v in self.constants.items()))
 
     def verify(self) -> None:
-        """Check structural invariants and that every value is typed (internal; a failure
-        is a cvmc bug). That the types agree with the op rules is `cvmc.ops.infer.verify`
-        (the registry lies above this layer)."""
+        """Check structural invariants and that every value is typed; an `InvalidGraph`
+        names the node or value that breaks one. That the types agree with the op rules
+        is `cvmc.ops.infer.verify` (the registry lies above this layer)."""
         defined = set(self.inputs) | set(self.weights())
         for n in self.nodes:
             for i in n.inputs:
-                assert i in defined, f"node {n.name}: input {i!r} used before definition"
+                _check(i in defined, f"node '{n.name}': input {i!r} used before definition")
             for o in n.outputs:
-                assert o not in defined, f"value {o!r} assigned twice"
+                _check(o not in defined, f"value {o!r} assigned twice")
                 defined.add(o)
         for name in self.outputs:
-            assert name in defined, f"output {name!r} is not defined"
-        assert set(self.types) == defined, \
-            f"types of values the graph does not define: {sorted(set(self.types) - defined)}, " \
-            f"values without a type: {sorted(defined - set(self.types))}"
+            _check(name in defined, f"output {name!r} is not defined")
+        _check(set(self.types) == defined,
+               f"types of values the graph does not define: {sorted(set(self.types) - defined)}, "
+               f"values without a type: {sorted(defined - set(self.types))}")
         for name, t in self.types.items():
             _verify_type(name, t, self.typed)
         if self.kernels:
             order = [n.name for n in self.nodes]
-            assert [name for k in self.kernels for name in k] == order, \
-                "the kernels must hold every node once, in order"
+            _check([name for k in self.kernels for name in k] == order,
+                   "the kernels must hold every node once, in order")
+
+
+def _check(holds: bool, problem: str) -> None:
+    """Raise `InvalidGraph(problem)` unless `holds`."""
+    if not holds:
+        raise InvalidGraph(f"invalid graph: {problem}")
 
 
 def _verify_type(name: str, t: TensorType, typed: bool) -> None:
     """A whole type: a shape of dims, a known dtype; an integer one's precision in 1..32
     with its storage dtype (None only in a graph that is not `typed`), no other's."""
-    assert isinstance(t.shape, tuple) and all(isinstance(d, int) and d >= 0 for d in t.shape), \
-        f"value {name!r}: shape {t.shape!r} is not a tuple of dims"
-    assert t.dtype in DTYPES, f"value {name!r}: unknown dtype {t.dtype!r}"
+    _check(isinstance(t.shape, tuple) and all(isinstance(d, int) and d >= 0 for d in t.shape),
+           f"value {name!r}: shape {t.shape!r} is not a tuple of dims")
+    _check(t.dtype in DTYPES, f"value {name!r}: unknown dtype {t.dtype!r}")
     if not t.is_integer:
-        assert t.precision is None, f"value {name!r}: a {t.dtype} tensor has a precision"
+        _check(t.precision is None, f"value {name!r}: a {t.dtype} tensor has a precision")
     elif typed or t.precision is not None:
-        assert t.precision is not None, f"value {name!r}: integer tensor without a precision"
-        assert 1 <= t.precision <= 32, f"value {name!r}: precision {t.precision} not in 1..32"
-        assert not typed or t.dtype == storage_dtype(t.precision), \
-            f"value {name!r}: precision {t.precision} is stored as " \
-            f"{storage_dtype(t.precision)}, not {t.dtype}"
+        _check(t.precision is not None, f"value {name!r}: integer tensor without a precision")
+        _check(1 <= t.precision <= 32, f"value {name!r}: precision {t.precision} not in 1..32")
+        _check(not typed or t.dtype == storage_dtype(t.precision),
+               f"value {name!r}: precision {t.precision} is stored as "
+               f"{storage_dtype(t.precision)}, not {t.dtype}")

@@ -14,7 +14,7 @@ and bool tensors carry no precision.
 from __future__ import annotations
 
 from cvmc.errors import CvmcError, OpRuleError
-from cvmc.ir import Graph, TensorType
+from cvmc.ir import Graph, InvalidGraph, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.common import data_precision, integer_data_error
 from cvmc.ops.registry import GENERIC, KINDS, Attrs
@@ -88,19 +88,20 @@ def require_typed(graph: Graph) -> Graph:
     for name in graph.weights():
         if name not in graph.constants:
             raise _missing_data_error(graph, name)
-    assert graph.typed, f"graph {graph.name!r} was not typed (cvmc.ops.infer.retype)"
+    if not graph.typed:
+        raise InvalidGraph(f"graph {graph.name!r} was not typed (cvmc.ops.infer.retype)")
     return graph
 
 
 def verify(graph: Graph) -> None:
-    """`Graph.verify`, and that its types are the ones the op rules give (internal: a
-    pass that changes nodes without `retype` fails here)."""
+    """`Graph.verify`, and that its types are the ones the op rules give (an
+    `InvalidGraph` names the values where they differ: a pass typed a node wrong)."""
     graph.verify()
     again = retype(graph, need_data=False)
     wrong = [v for v in graph.types if graph.types[v] != again.types[v]]
-    assert graph.typed == again.typed and not wrong, \
-        f"graph {graph.name!r}: types differ from the op rules' at {wrong[:4]}: " \
-        f"{[(graph.types[v], again.types[v]) for v in wrong[:4]]}"
+    if graph.typed != again.typed or wrong:
+        raise InvalidGraph(f"graph {graph.name!r}: types differ from the op rules' at "
+                           f"{wrong[:4]}: {[(graph.types[v], again.types[v]) for v in wrong[:4]]}")
 
 
 def missing_data(graph: Graph) -> tuple[list[str], bool]:

@@ -197,13 +197,14 @@ def fold_batch_norm(layers: Layers) -> Layers:
     weights and bias (repeatedly: conv, BatchNorm, mul, add become one conv)."""
     g = layers.graph
     consumers = g.consumers()
-    graph, bodies = g.replace(), dict(layers.bodies)
+    constants, types, bodies = dict(g.constants), dict(g.types), dict(layers.bodies)
     producers: dict[str, Node] = {}
     nodes: list[Node] = []
     for node in g.nodes:
         acts = layers.activations_of(node)
         prev = producers.get(acts[0]) if len(acts) == 1 else None
-        parts = _linear_parts(Layers(graph, bodies), prev) if prev is not None else None
+        parts = None if prev is None else \
+            _linear_parts(Layers(g.replace(constants=constants, types=types), bodies), prev)
         affine = None
         if parts is not None and len(consumers[prev.name]) == 1 and prev.name not in g.outputs:
             affine = _affine(layers, node)
@@ -214,16 +215,15 @@ def fold_batch_norm(layers: Layers) -> Layers:
         (a, b), (x, w, bias) = affine, parts
         w_name, b_name = f"{node.name}_folded_weight", f"{node.name}_folded_bias"
         with np.errstate(over="ignore"):  # beyond float32: calibration names the layer
-            graph.constants[w_name] = (w * a.reshape(-1, *[1] * (w.ndim - 1))).astype(
-                np.float32)
-            graph.constants[b_name] = (bias * a + b).astype(np.float32).reshape(1, -1)
-        graph.types[w_name] = TensorType(w.shape, "float32")
-        graph.types[b_name] = TensorType((1, w.shape[0]), "float32")
+            constants[w_name] = (w * a.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
+            constants[b_name] = (bias * a + b).astype(np.float32).reshape(1, -1)
+        types[w_name] = TensorType(w.shape, "float32")
+        types[b_name] = TensorType((1, w.shape[0]), "float32")
         if prev.op == "conv":
             folded = Node("conv", (x, w_name, b_name), node.outputs, prev.attrs, prev.span)
         else:  # a linear layer: matmul by the (output, input) weight, then the bias
             product = f"{node.name}__product"
-            graph.types[product] = graph.types[node.name]
+            types[product] = types[node.name]
             folded = Node("linear", (x, w_name, b_name), node.outputs, {}, prev.span)
             bodies[node.name] = [
                 Node("matmul", (x, w_name), (product,), {"transposeA": False,
@@ -234,13 +234,11 @@ def fold_batch_norm(layers: Layers) -> Layers:
         if folded.op == "conv":
             bodies.pop(node.name, None)
         producers.update((o, folded) for o in node.outputs)
-    graph.nodes, graph.kernels = nodes, []
-    used = {i for n in graph.nodes for i in n.inputs}
-    for w in list(graph.constants):
-        if w not in used:
-            del graph.constants[w]
-            graph.labels.pop(w, None)
-    return Layers(graph, bodies)
+    used = {i for n in nodes for i in n.inputs}
+    labels = {w: label for w, label in g.labels.items() if w not in constants or w in used}
+    constants = {w: v for w, v in constants.items() if w in used}
+    return Layers(g.replace(nodes=nodes, constants=constants, types=types, labels=labels),
+                  bodies)
 
 
 def _pointwise(layers: Layers, node: Node) -> bool:
@@ -298,7 +296,7 @@ def _reciprocal_divisors(layers: Layers) -> Layers:
     of the reciprocal."""
     g = layers.graph
     consumers, producer = g.consumers(), {n.name: n for n in g.nodes}
-    graph, bodies, nodes = g.replace(), dict(layers.bodies), list(g.nodes)
+    types, bodies, nodes = dict(g.types), dict(layers.bodies), list(g.nodes)
     for k, node in enumerate(g.nodes):
         if node.op != "div" or node.name in bodies or len(layers.activations_of(node)) != 2:
             continue
@@ -307,14 +305,13 @@ def _reciprocal_divisors(layers: Layers) -> Layers:
                 or not is_elementwise(layers, divisor):
             continue
         rcp = f"{divisor.name}__rcp"  # a new name: the report has no float twin of it
-        graph.types[rcp] = g.types[divisor.name]
+        types[rcp] = g.types[divisor.name]
         bodies[rcp] = [*bodies.pop(divisor.name, [divisor]),
                        Node("rcp", (divisor.name,), (rcp,), {}, divisor.span)]
         nodes[nodes.index(divisor)] = Node(f"{divisor.op}+rcp", divisor.inputs, (rcp,), {},
                                            divisor.span)
         nodes[k] = Node("mul", (node.inputs[0], rcp), node.outputs, {}, node.span)
-    graph.nodes = nodes
-    return Layers(graph, bodies)
+    return Layers(g.replace(nodes=nodes, types=types), bodies)
 
 
 def unsupported(node: Node, why: str) -> CvmcError:

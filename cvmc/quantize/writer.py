@@ -23,8 +23,8 @@ def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bo
     model folder; never the folder of `source`)."""
     out_dir = Path(out_dir)
     check_destination(out_dir, force, Path(source))
-    graph = q.graph.replace()
-    graph.labels = {w: w for w in graph.constants if np.size(graph.constants[w]) > _INLINE}
+    graph = q.graph.replace(labels={w: w for w in q.graph.constants
+                                    if np.size(q.graph.constants[w]) > _INLINE})
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
     try:

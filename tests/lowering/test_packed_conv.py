@@ -196,7 +196,7 @@ def test_long_reduction_at_the_extremes(mcpu):
     w = np.full((32, 512, 3, 3), 127, np.int32)
     w[1::2] = -127  # odd output channels all negative
     w[2::4, ::2] = -127  # and some mixed
-    graph.constants["w"] = w
+    graph = graph.replace(constants={**graph.constants, "w": w})
     x = np.full((2, 512, 3, 3), 127, np.int32)
     x[1] = -127  # the second image: bytes 1
     x[1, 3::5] = 127

@@ -62,7 +62,7 @@ def test_weight_without_data_is_rejected():
 
 def test_cvm_op_on_a_float_tensor_is_rejected_by_name():
     g = relu_graph(8)
-    g.types["x"] = TensorType((2, 3), "float32")
+    g = g.replace(types={**g.types, "x": TensorType((2, 3), "float32")})
     with pytest.raises(CvmcError, match="relu 'y': input 'x' is float32, not an integer "
                                         "tensor"):
         retype(g)
