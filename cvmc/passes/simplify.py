@@ -1,9 +1,9 @@
 """Constant folding, the float rewrites before lowering, and dead-code elimination."""
 from __future__ import annotations
 
-from collections import Counter
-
 from cvmc.ir import Graph, Node
+from cvmc.ir.rewrite import Editor, Match, P, Rule, V, apply_rules
+from cvmc.ops.infer import infer_node
 from cvmc.reference import evaluate, stored
 
 
@@ -41,59 +41,50 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     return graph.replace(nodes=kept[::-1], constants=constants, types=types, labels=labels)
 
 
-# select(x > y, x, y) and select(x < y, x, y): the stdlib's max and min (relu is max(x, 0))
-_SELECTS = {"gt": "nnef.select_max", "lt": "nnef.select_min"}
+def _float(e: Editor, node: Node) -> bool:
+    """A node whose (first) result is float32."""
+    return e.types[node.outputs[0]].dtype == "float32"
+
+
+def _minmax(m: Match, e: Editor) -> Node | None:
+    """select(x > y, x, y) -> select_max(x, y); with `lt`, select_min: the stdlib's max and
+    min (relu is max(x, 0))."""
+    if not _same_value(e.graph, m["y0"], m["y"]):
+        return None
+    op = {"gt": "nnef.select_max", "lt": "nnef.select_min"}[m["test"].op]
+    return Node(op, (m["x"], m["y"]), m.root.outputs, {}, m.root.span)
+
+
+def _clamp(m: Match, e: Editor) -> Node:
+    """select_max(select_min(x, hi), lo) -> select_clamp(x, lo, hi): the stdlib's clamp."""
+    return Node("nnef.select_clamp", (m["x"], m["lo"], m["hi"]), m.root.outputs, {},
+                m.root.span)
+
+
+def _max_window(m: Match, e: Editor) -> Node | None:
+    """sample(x, argmax_pool(x)) of one window -> max_window(x): the stdlib's max_pool."""
+    if dict(m["pool"].attrs) != dict(m.root.attrs):
+        return None
+    return Node("nnef.max_window", (m["x"],), m.root.outputs, m.root.attrs, m.root.span)
+
+
+SIMPLIFY_RULES = [
+    Rule(P("select", P(("gt", "lt"), V("x"), V("y0"), name="test"), V("x"), V("y"),
+           where=_float), _minmax),
+    Rule(P("nnef.select_max", P("nnef.select_min", V("x"), V("hi")), V("lo"), where=_float),
+         _clamp),
+    Rule(P("sample", V("x"), P("argmax_pool", V("x"), name="pool"), where=_float),
+         _max_window),
+]
 
 
 def simplify_float(graph: Graph, _target: object = None) -> Graph:
     """Rewrite the stdlib's float compounds into single ops of the same bits, where their
-    intermediate values have no other use (a compile pass; `_target` is unused): max / min (a comparison and a select, which
-    read x twice and so never fused into x's producer) -> select_max / select_min,
-    clamp (min then max) -> select_clamp, max_pool (argmax_pool, then sample at its index)
-    -> max_window. The replaced nodes are left for dead-code elimination."""
-    producer = {o: n for n in graph.nodes for o in n.outputs}
-    readers = Counter(v for n in graph.nodes for v in set(n.inputs))
-    outputs = set(graph.outputs)
-
-    def private(value: str) -> Node | None:
-        """The node computing `value` when only one node reads it and it is no output."""
-        return producer.get(value) if readers[value] == 1 and value not in outputs else None
-
-    nodes = []
-    for node in graph.nodes:
-        # a rewritten node may match again (select -> select_max -> select_clamp)
-        while (found := _rewrite(node, graph, private)) is not None:
-            new, replaced = found
-            for old in (node, replaced):  # `replaced` is dead now: it fed only `node`
-                readers.subtract(set(old.inputs))
-            readers.update(set(new.inputs))
-            node = producer[new.name] = new
-        nodes.append(node)
-    return graph.replace(nodes=nodes)
-
-
-def _rewrite(node: Node, graph: Graph, private) -> tuple[Node, Node] | None:
-    """(The single op computing `node`'s value, the private producer it replaces), or None."""
-    if graph.types[node.outputs[0]].dtype != "float32":
-        return None
-    if node.op == "select":
-        cond, x, y = node.inputs
-        test = private(cond)
-        if test is not None and test.op in _SELECTS and test.inputs[0] == x and \
-                _same_value(graph, test.inputs[1], y):
-            return Node(_SELECTS[test.op], (x, y), node.outputs, {}, node.span), test
-    if node.op == "nnef.select_max":
-        low = private(node.inputs[0])
-        if low is not None and low.op == "nnef.select_min":
-            return Node("nnef.select_clamp", (low.inputs[0], node.inputs[1], low.inputs[1]),
-                        node.outputs, {}, node.span), low
-    if node.op == "sample":
-        x, index = node.inputs
-        pool = private(index)
-        if pool is not None and pool.op == "argmax_pool" and pool.inputs == (x,) and \
-                dict(pool.attrs) == dict(node.attrs):
-            return Node("nnef.max_window", (x,), node.outputs, node.attrs, node.span), pool
-    return None
+    intermediate values have no other use (`SIMPLIFY_RULES`; a compile pass, `_target` is
+    unused): max / min (a comparison and a select, which read x twice and so never fused
+    into x's producer) -> select_max / select_min, clamp (min then max) -> select_clamp,
+    max_pool (argmax_pool, then sample at its index) -> max_window."""
+    return apply_rules(graph, SIMPLIFY_RULES, infer_node)
 
 
 def _same_value(graph: Graph, a: str, b: str) -> bool:
