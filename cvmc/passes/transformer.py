@@ -30,240 +30,15 @@ reference interpreter's result is the same bits.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from cvmc.ir import Graph, Node
-from cvmc.ops.infer import retype
+from cvmc.ir.rewrite import Editor, Match, P, Pattern, Rule, V, apply_rules
+from cvmc.ops.infer import infer_node
 from cvmc.ops.transformer import GELU_ERF
 from cvmc.passes.target import Target
-
-
-def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
-    """Rewrite every matched layer-normalization chain into one `layer_norm` node, every
-    expanded softmax into one `fused_softmax`, every erf-form GELU into one `gelu_erf`,
-    then attention's scores and their softmax into one `attention_scores`; the pipeline
-    runs it for llvm."""
-    consumers, outputs = graph.consumers(), set(graph.outputs)
-    replaced: dict[int, Node] = {}  # id of the chain's last node -> the new node
-    dropped: set[int] = set()
-    producers = graph.producers()
-    for node in graph.nodes:
-        op, x, attrs = "layer_norm", node.inputs[0] if node.inputs else None, {}
-        found = _layer_norm_chain(graph, node, consumers, outputs)
-        if found is not None:
-            attrs = {"axes": tuple(node.attrs["axes"]),
-                     "epsilon": _constant(graph, found[-3].inputs[1])}
-        elif (found := _softmax_chain(graph, node, consumers, outputs)) is not None:
-            op, attrs = "fused_softmax", {"axes": tuple(node.attrs["axes"])}
-        elif (gelu := _gelu_erf(graph, node, producers, consumers, outputs)) is not None:
-            op, (x, found) = "gelu_erf", gelu
-        if found is None or any(id(n) in dropped for n in found):
-            continue
-        last = found[-1]
-        replaced[id(last)] = Node(op, (x,), last.outputs, attrs, span=last.span)
-        dropped.update(id(n) for n in found)
-    if replaced:
-        graph = _rewrite(graph, replaced, dropped)
-    return _fuse_attention(graph)
-
-
-def _rewrite(graph: Graph, replaced: dict[int, Node], dropped: set[int]) -> Graph:
-    """`graph` with each chain's last node replaced and the chain's other nodes dropped."""
-    nodes = [replaced.get(id(n), n) for n in graph.nodes
-             if id(n) in replaced or id(n) not in dropped]
-    return retype(graph.replace(nodes=nodes))
-
-
-def _fuse_attention(graph: Graph) -> Graph:
-    """Rewrite every fused_softmax over the last axis of scaled scores, matmul(q * a,
-    k * b) * c (each scale optional, a one-element constant), plus an optional additive
-    mask, into one `attention_scores`."""
-    consumers, outputs, producers = graph.consumers(), set(graph.outputs), graph.producers()
-    replaced: dict[int, Node] = {}
-    dropped: set[int] = set()
-    for node in graph.nodes:
-        if node.op == "fused_softmax" and \
-                node.attrs["axes"] == (len(graph.types[node.inputs[0]].shape) - 1,):
-            found = _attention_chain(graph, node, producers, consumers, outputs)
-            if found is not None and not any(id(n) in dropped for n in found[0]):
-                chain, inputs, attrs = found
-                replaced[id(node)] = Node("attention_scores", inputs, node.outputs, attrs,
-                                          span=node.span)
-                dropped.update(id(n) for n in chain)
-    return _rewrite(graph, replaced, dropped) if replaced else graph
-
-
-def _attention_chain(graph: Graph, softmax: Node, producers, consumers, outputs):
-    """(the chain's nodes, (q, k), attributes) of the scores `softmax` reads, else None."""
-    def inner(value: str, op: str) -> Node | None:
-        """The `op` node computing `value`, if the chain is its only reader."""
-        node = producers.get(value)
-        if node is None or node.op != op or value in outputs or \
-                len(consumers.get(value, [])) != 1:
-            return None
-        return node
-
-    def scaled(value: str) -> tuple[str, float, list[Node]]:
-        """(x, c, [the mul]) where `value` = x * c, c a scalar keeping x's shape, else
-        (value, 1.0, [])."""
-        mul = inner(value, "mul")
-        for x, c in (mul.inputs, mul.inputs[::-1]) if mul is not None else ():
-            factor = _scalar(graph, producers, c)
-            if factor is not None and graph.types[x].shape == graph.types[value].shape:
-                return x, factor, [mul]
-        return value, 1.0, []
-
-    value, add = softmax.inputs[0], inner(softmax.inputs[0], "add")
-    # an additive mask: the add's other operand, of the scores' rank (NNEF aligns left)
-    for x, mask in (add.inputs, add.inputs[::-1]) if add is not None else ():
-        if graph.types[x].shape == graph.types[value].shape and \
-                len(graph.types[mask].shape) == len(graph.types[x].shape) and \
-                graph.types[mask].dtype == "float32":
-            found = _scores(graph, x, scaled, inner)
-            if found is not None:
-                chain, inputs, attrs = found
-                return [*chain, add], (*inputs, mask), attrs
-    return _scores(graph, value, scaled, inner)
-
-
-def _scores(graph: Graph, value: str, scaled, inner):
-    """(nodes, (q, k), attributes) of scores `value` = matmul(q * a, k * b) * c, else None."""
-    scores, scale, post = scaled(value)
-    matmul = inner(scores, "matmul")
-    if matmul is None or matmul.attrs["transposeA"]:
-        return None
-    (q, q_scale, pre_q), (k, k_scale, pre_k) = (scaled(v) for v in matmul.inputs)
-    shapes = [graph.types[v].shape for v in (q, k)]
-    if len(shapes[0]) < 2 or shapes[0][:-2] != shapes[1][:-2] or \
-            graph.types[q].dtype != "float32":
-        return None  # broadcast batches stay a matmul
-    attrs = {"q_scale": q_scale, "k_scale": k_scale, "scale": scale,
-             "transposeB": bool(matmul.attrs["transposeB"])}
-    return [*pre_q, *pre_k, matmul, *post], (q, k), attrs
-
-
-def _scalar(graph: Graph, producers, name: str) -> float | None:
-    """The value of a one-element float constant `name`, also through the unsqueeze or
-    reshape that exporters put on a scalar before fold-constants runs, else None."""
-    node = producers.get(name)
-    if node is not None and node.op in ("unsqueeze", "nnef.reshape"):
-        name = node.inputs[0]
-    return _constant(graph, name)
-
-
-def _layer_norm_chain(graph: Graph, mean: Node, consumers, outputs) -> list[Node] | None:
-    """[mean, sub (one, or two computing x - mean alike, as `moments` text has), pow, var,
-    add, pow, div] of a layer normalization starting at `mean`, else None."""
-    if mean.op != "sum_reduce" or not mean.attrs["normalize"]:
-        return None
-    x, m = mean.inputs[0], mean.outputs[0]
-    subs = consumers.get(m, [])
-    if m in outputs or len(subs) not in (1, 2) or any(
-            s.op != "sub" or s.inputs != (x, m) or s.outputs[0] in outputs or
-            graph.types[s.outputs[0]].shape != graph.types[x].shape for s in subs):
-        return None
-    centered = [s.outputs[0] for s in subs]
-    readers = [r for d in centered for r in consumers.get(d, [])]
-    if len(readers) != 2:
-        return None
-    sole = _sole_reader(consumers, outputs)
-    square = next((r for r in readers if r.op == "pow" and r.inputs[0] in centered
-                   and _constant(graph, r.inputs[1]) == 2.0), None)
-    var = square and sole(square, "sum_reduce")
-    if var is None or not var.attrs["normalize"] or var.attrs["axes"] != mean.attrs["axes"]:
-        return None
-    add = sole(var, "add")
-    if add is None or add.inputs[0] != var.outputs[0] or _constant(graph, add.inputs[1]) is None:
-        return None
-    root = sole(add, "pow")
-    if root is None or _constant(graph, root.inputs[1]) != 0.5:
-        return None
-    div = sole(root, "div")
-    if div is None or div.inputs[0] not in centered or div.inputs[1] != root.outputs[0] or \
-            div not in readers:
-        return None
-    return [mean, *subs, square, var, add, root, div]
-
-
-def _softmax_chain(graph: Graph, peak: Node, consumers, outputs) -> list[Node] | None:
-    """[max_reduce, sub, exp, sum_reduce, div] of an expanded softmax starting at `peak`,
-    else None."""
-    if peak.op != "max_reduce":
-        return None
-    x = peak.inputs[0]
-    sole = _sole_reader(consumers, outputs)
-    sub = sole(peak, "sub")
-    if sub is None or sub.inputs != (x, peak.outputs[0]) or \
-            graph.types[sub.outputs[0]].shape != graph.types[x].shape:
-        return None
-    exp = sole(sub, "exp")
-    e = exp and exp.outputs[0]
-    readers = consumers.get(e, []) if e else []
-    if exp is None or e in outputs or len(readers) != 2:
-        return None
-    total = next((r for r in readers if r.op == "sum_reduce"), None)
-    if total is None or total.attrs["normalize"] or total.attrs["axes"] != peak.attrs["axes"]:
-        return None
-    div = sole(total, "div")
-    if div is None or div.inputs != (e, total.outputs[0]) or div not in readers:
-        return None
-    return [peak, sub, exp, total, div]
-
-
-def _gelu_erf(graph: Graph, root: Node, producers, consumers, outputs):
-    """(x, the chain's nodes in graph order) of a GELU (`GELU_ERF`) whose last op is `root`,
-    else None. Every node but the last is read inside the chain only and is no output."""
-    if root.op != "mul":
-        return None
-    bind: dict[str, str] = {}
-    matched: dict[int, Node] = {}
-    if not _match(graph, producers, root.outputs[0], GELU_ERF, bind, matched):
-        return None
-    x = bind["x"]
-    inside = set(matched)
-    for node in matched.values():
-        if node is root:
-            continue
-        value = node.outputs[0]
-        if value in outputs or any(id(c) not in inside for c in consumers.get(value, [])):
-            return None
-    if graph.types[x].shape != graph.types[root.outputs[0]].shape:
-        return None
-    order = {id(n): k for k, n in enumerate(graph.nodes)}
-    return x, sorted(matched.values(), key=lambda n: order[id(n)])
-
-
-def _match(graph: Graph, producers, value: str, pattern, bind: dict, matched: dict) -> bool:
-    """True if `value` is computed as `pattern` (a template of `cvmc.ops.transformer`;
-    add and mul either way round), binding "x" in `bind` and the nodes in `matched`."""
-    if pattern == "x":
-        return bind.setdefault("x", value) == value
-    if pattern[0] == "const":
-        c = _constant(graph, value)
-        return c is not None and np.float32(c) == np.float32(pattern[1])
-    node = producers.get(value)
-    if node is None or node.op != pattern[0] or len(node.inputs) != len(pattern) - 1:
-        return False
-    operands = pattern[1:]
-    for order in (operands, operands[::-1]) if node.op in ("add", "mul") else (operands,):
-        b, m = dict(bind), dict(matched)
-        if all(_match(graph, producers, v, p, b, m) for v, p in zip(node.inputs, order)):
-            bind.update(b)
-            matched.update(m)
-            matched[id(node)] = node
-            return True
-    return False
-
-
-def _sole_reader(consumers, outputs):
-    """`sole(node, op)`: the one reader of `node`'s result, if it is an `op` node and the
-    result is no graph output, else None."""
-    def sole(node: Node, op: str) -> Node | None:
-        readers = consumers.get(node.outputs[0], [])
-        if node.outputs[0] in outputs or len(readers) != 1 or readers[0].op != op:
-            return None
-        return readers[0]
-    return sole
 
 
 def _constant(graph: Graph, name: str) -> float | None:
@@ -272,3 +47,146 @@ def _constant(graph: Graph, name: str) -> float | None:
     if value is None or value.size != 1 or value.dtype != np.float32:
         return None
     return float(value.reshape(()))
+
+
+def _const(value: float | None = None) -> Pattern:
+    """A one-element float constant (of `value`, compared as float32)."""
+    def test(e: Editor, name: str) -> bool:
+        c = _constant(e.graph, name)
+        return c is not None and (value is None or np.float32(c) == np.float32(value))
+    return V(where=test)
+
+
+def _normalized(normalize: bool):
+    return lambda e, n: bool(n.attrs["normalize"]) == normalize
+
+
+def _keeps_x(e: Editor, node: Node) -> bool:
+    """A node whose result has the shape of its first input (no broadcast beyond it)."""
+    return e.types[node.outputs[0]].shape == e.types[node.inputs[0]].shape
+
+
+# y = div(d, pow(add(mean_reduce(pow(d, 2.0)), eps), 0.5)), d = sub(x, mean_reduce(x)):
+# one sub, or two computing x - mean alike (as `moments` text has)
+_MEAN = P("sum_reduce", V("x"), name="mean", where=_normalized(True))
+LAYER_NORM = P("div", P("sub", V("x"), _MEAN, where=_keeps_x),
+               P("pow", P("add", P("sum_reduce", P("pow", P("sub", V("x"), _MEAN, where=_keeps_x),
+                                                   _const(2.0)),
+                                   name="var", where=_normalized(True)),
+                          V("eps", where=lambda e, v: _constant(e.graph, v) is not None)),
+                 _const(0.5)))
+# y = div(e, sum_reduce(e)), e = exp(sub(x, max_reduce(x))): NNEF's softmax, expanded
+_EXP = P("exp", P("sub", V("x"), P("max_reduce", V("x"), name="peak"), where=_keeps_x),
+         name="e")
+SOFTMAX = P("div", _EXP, P("sum_reduce", _EXP, name="total", where=_normalized(False)))
+
+
+def _layer_norm(m: Match, e: Editor) -> Node | None:
+    axes = m["mean"].attrs["axes"]
+    if m["var"].attrs["axes"] != axes:
+        return None
+    return Node("layer_norm", (m["x"],), m.root.outputs,
+                {"axes": tuple(axes), "epsilon": _constant(e.graph, m["eps"])},
+                span=m.root.span)
+
+
+def softmax_axes(m: Match) -> tuple[int, ...] | None:
+    """The axes of a `SOFTMAX` match: its max and its sum reduce the same ones (else
+    None)."""
+    axes = tuple(m["peak"].attrs["axes"])
+    return axes if tuple(m["total"].attrs["axes"]) == axes else None
+
+
+def _softmax(m: Match, e: Editor) -> Node | None:
+    axes = softmax_axes(m)
+    return None if axes is None else \
+        Node("fused_softmax", (m["x"],), m.root.outputs, {"axes": axes}, span=m.root.span)
+
+
+def _template(t) -> Pattern:
+    """The pattern of a `cvmc.ops.transformer` template (add and mul either way round)."""
+    if t == "x":
+        return V("x")
+    if t[0] == "const":
+        return _const(t[1])
+    return P(t[0], *map(_template, t[1:]), commute=t[0] in ("add", "mul"))
+
+
+def _gelu(m: Match, e: Editor) -> Node | None:
+    if e.types[m["x"]].shape != e.types[m.root.outputs[0]].shape:
+        return None
+    return Node("gelu_erf", (m["x"],), m.root.outputs, {}, span=m.root.span)
+
+
+# ---- attention's scores: fused_softmax(add(mul(matmul(mul(q, a), mul(k, b)), c), mask)) --
+def _scalar(e: Editor, name: str) -> float | None:
+    """The value of a one-element float constant `name`, also through the unsqueeze or
+    reshape that exporters put on a scalar before fold-constants runs, else None."""
+    node = e.producers.get(name)
+    if node is not None and node.op in ("unsqueeze", "nnef.reshape"):
+        name = node.inputs[0]
+    return _constant(e.graph, name)
+
+
+def _scaled(inner: Pattern, scale: str, optional: bool) -> list[Pattern]:
+    """`inner` times a scalar bound to `scale` (either way round), and, if `optional`,
+    `inner` alone."""
+    mul = P("mul", inner, V(scale, where=lambda e, v: _scalar(e, v) is not None),
+            commute=True, name=f"{scale}_mul")
+    return [mul, inner] if optional else [mul]
+
+
+def _attention_patterns() -> list[Pattern]:
+    """Every form of the scores (each scale and the mask optional), most complete first."""
+    patterns = []
+    for mask, post, q, k in itertools.product(
+            (True, False), *([True, False],) * 3):
+        matmul = P("matmul", _scaled(V("q"), "a", True)[0 if q else 1],
+                   _scaled(V("k"), "b", True)[0 if k else 1], name="matmul",
+                   where=lambda e, n: not n.attrs["transposeA"])
+        scores = _scaled(matmul, "c", True)[0 if post else 1]
+        root = P("add", scores, V("mask"), commute=True, name="add") if mask else scores
+        patterns.append(P("fused_softmax", root, where=lambda e, n: tuple(n.attrs["axes"]) == (
+            e.types[n.inputs[0]].ndim - 1,)))
+    return patterns
+
+
+def _attention(m: Match, e: Editor) -> Node | None:
+    q, k, t = m["q"], m["k"], e.types
+    for x, scale in (("q", "a"), ("k", "b"), ("matmul", "c")):
+        mul = m.bound.get(f"{scale}_mul")
+        inner = m[x].outputs[0] if x == "matmul" else m[x]
+        if mul is not None and t[inner].shape != t[mul.outputs[0]].shape:
+            return None  # a scalar that broadcasts x to another shape
+    if "mask" in m.bound:
+        scores = next(i for i in m["add"].inputs if i != m["mask"])
+        mask = t[m["mask"]]
+        if t[scores].shape != t[m.root.inputs[0]].shape or mask.dtype != "float32" or \
+                mask.ndim != t[scores].ndim:
+            return None
+    shapes = [t[v].shape for v in (q, k)]
+    if len(shapes[0]) < 2 or shapes[0][:-2] != shapes[1][:-2] or t[q].dtype != "float32":
+        return None  # broadcast batches stay a matmul
+
+    def factor(scale: str) -> float:
+        return _scalar(e, m[scale]) if f"{scale}_mul" in m.bound else 1.0
+    attrs = {"q_scale": factor("a"), "k_scale": factor("b"), "scale": factor("c"),
+             "transposeB": bool(m["matmul"].attrs["transposeB"])}
+    inputs = (q, k, m["mask"]) if "mask" in m.bound else (q, k)
+    return Node("attention_scores", inputs, m.root.outputs, attrs, span=m.root.span)
+
+
+TRANSFORMER_RULES = [
+    Rule(LAYER_NORM, _layer_norm),
+    Rule(SOFTMAX, _softmax),
+    Rule(_template(GELU_ERF), _gelu),
+    *(Rule(p, _attention) for p in _attention_patterns()),
+]
+
+
+def fuse_transformer(graph: Graph, target: Target | None = None) -> Graph:
+    """Rewrite every matched layer-normalization chain into one `layer_norm` node, every
+    expanded softmax into one `fused_softmax`, every erf-form GELU into one `gelu_erf`,
+    and attention's scores with their softmax into one `attention_scores`
+    (`TRANSFORMER_RULES`); the pipeline runs it for llvm."""
+    return apply_rules(graph, TRANSFORMER_RULES, infer_node)
