@@ -122,11 +122,13 @@ class Editor:
         self.taken.add(name)
         return name
 
-    def add(self, node: Node, declared: Sequence[TensorType | None] = ()) -> Node:
-        """Type `node` and append it; `declared` gives its outputs' element types where
-        they are new values (as a loader declares them)."""
+    def add(self, node: Node, declared: Sequence[TensorType | None] = (),
+            at: int | None = None) -> Node:
+        """Type `node` and append it (or insert it at index `at`, before the nodes that
+        read it); `declared` gives its outputs' element types (a new name of a value that
+        stands for another: that one's type)."""
         self._type(node, declared)
-        self.nodes.append(node)
+        self.nodes.insert(len(self.nodes) if at is None else at, node)
         return node
 
     def match(self, pattern: Pattern, node: Node) -> Match | None:
@@ -214,11 +216,9 @@ class Editor:
 
     def result(self, **changes: Any) -> Graph:
         """The edited graph (frozen), with `changes` to its other fields."""
-        nodes = [n for n in self.nodes if id(n) not in self.dropped]
-        defined = {o for n in nodes for o in n.outputs}
-        gone = {o for n in self.nodes if id(n) in self.dropped for o in n.outputs} - defined
-        types = {k: t for k, t in self.types.items() if k not in gone}
-        return self.graph.replace(nodes=nodes, types=types, **changes)
+        graph = self.graph.replace(
+            nodes=[n for n in self.nodes if id(n) not in self.dropped], **changes)
+        return graph.replace(types={v: self.types[v] for v in graph.values()})
 
 
 def apply_rules(graph: Graph, rules: Sequence[Rule], infer: Infer) -> Graph:

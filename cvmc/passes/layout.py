@@ -32,8 +32,9 @@ from __future__ import annotations
 import numpy as np
 
 from cvmc.ir import Graph, Node
+from cvmc.ir.rewrite import Editor, Match, P, Rule, apply_rules
 from cvmc.ops import lookup
-from cvmc.ops.infer import retype
+from cvmc.ops.infer import infer_node
 from cvmc.ops.layout import (
     BLOCKED_LAYOUT,
     DEPTHWISE_WEIGHT_LAYOUT,
@@ -46,59 +47,67 @@ from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
 
-def _packable(graph: Graph, node: Node, target: Target) -> bool:
-    if not target.packs(node.op) or node.inputs[1] not in graph.constants:
-        return False
-    w = graph.types[node.inputs[1]].shape
-    groups = node.attrs.get("groups", 1)
-    # grouped: whole 16-channel output blocks per group (depthwise convs are not)
-    return (groups == 1 or w[0] % (groups * OC_BLOCK) == 0) and \
-        int(np.prod(w[1:], dtype=np.int64)) <= MAX_PACKED_REDUCTION
+def op_node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span=None) -> Node:
+    """`output = op(inputs, attrs)`, its attributes normalized (defaults filled in)."""
+    return Node(op, inputs, (output,), dict(lookup(op).normalize_attrs(attrs)), span=span)
+
+
+def _packable(target: Target):
+    """The test of a conv2d / dense the layout pass packs on `target`."""
+    def packable(e: Editor, node: Node) -> bool:
+        if not target.packs(node.op) or node.inputs[1] not in e.graph.constants:
+            return False
+        w = e.types[node.inputs[1]].shape
+        groups = node.attrs.get("groups", 1)
+        # grouped: whole 16-channel output blocks per group (depthwise convs are not)
+        return (groups == 1 or w[0] % (groups * OC_BLOCK) == 0) and \
+            int(np.prod(w[1:], dtype=np.int64)) <= MAX_PACKED_REDUCTION
+    return packable
+
+
+def _packed_conv(e: Editor, x: str, w: str, oc: int, bias: list[str], attrs: dict,
+                 out: str, span) -> Node:
+    """conv2d_packed computing `out` on `w` packed, with its compensation (inserted)."""
+    def add(op: str, inputs: tuple[str, ...], attrs: dict, stem: str) -> str:
+        return e.add(op_node(op, inputs, e.fresh(stem), attrs, span)).name
+    packed = add("layout_transform", (w,), {"src_layout": "OIHW", "dst_layout": WEIGHT_LAYOUT},
+                 f"{w}_packed")
+    sums = add("sum", (w,), {"axes": [1, 2, 3]}, f"{w}_sum")
+    # |128 * sum(w[o])| <= 128 * 127 * C*KH*KW < 2^31 (C*KH*KW <= MAX_PACKED_REDUCTION).
+    comp = add("cvm_left_shift", (sums,), {"shift_bit": 7, "precision": 32},
+               f"{w}_compensation")
+    return op_node("conv2d_packed", (x, packed, comp, *bias), out, {**attrs, "channels": oc},
+                   span)
+
+
+def _pack_conv(m: Match, e: Editor) -> Node:
+    node = m.root
+    (x, w, *bias), a = node.inputs, Attrs(node.attrs)
+    return _packed_conv(e, x, w, e.types[w].shape[0], bias,
+                        {"padding": a.padding, "stride": a.stride, "dilation": a.dilation,
+                         "groups": a.groups}, node.outputs[0], node.span)
+
+
+def _pack_dense(m: Match, e: Editor) -> Node:
+    """dense (M, K) x (N, K): the 1x1 conv of (M, K, 1, 1) data, between two reshapes."""
+    node = m.root
+    (x, w, *bias), out = node.inputs, node.outputs[0]
+    (rows, k), n = e.types[x].shape, e.types[w].shape[0]
+    x4 = e.add(op_node("reshape", (x,), e.fresh(f"{x}_nchw"), {"target_shape": [rows, k, 1, 1]},
+                       node.span)).name
+    w4 = e.add(op_node("reshape", (w,), e.fresh(f"{w}_oihw"), {"target_shape": [n, k, 1, 1]},
+                       node.span)).name
+    y4 = e.add(_packed_conv(e, x4, w4, n, bias, {}, e.fresh(f"{out}_nchw"), node.span)).name
+    return op_node("reshape", (y4,), out, {"target_shape": [rows, n]}, node.span)
 
 
 def pack_conv_weights(graph: Graph, target: Target) -> Graph:
     """Rewrite every packable conv2d into conv2d_packed on a packed weight; a dense
     (M, K) x (N, K) is the 1x1 conv of (M, K, 1, 1) data, between two reshapes (where
     `target` packs dense: llvm). The pipeline runs it for llvm and cuda."""
-    types, nodes = graph.types, []
-    taken = set(graph.values())
-
-    def add(op: str, inputs: tuple[str, ...], attrs: dict, output: str, span=None) -> str:
-        """Append `output = op(inputs, attrs)` (attributes normalized; typed by `retype`)."""
-        attrs = dict(lookup(op).normalize_attrs(attrs))
-        nodes.append(Node(op, inputs, (output,), attrs, span=span))
-        return output
-
-    def fresh(stem: str) -> str:
-        return _fresh(stem, taken)
-
-    def packed_conv(x: str, w: str, oc: int, bias: list[str], attrs: dict, out: str,
-                    span) -> None:
-        packed = add("layout_transform", (w,), {"src_layout": "OIHW",
-                                                 "dst_layout": WEIGHT_LAYOUT}, fresh(f"{w}_packed"))
-        sums = add("sum", (w,), {"axes": [1, 2, 3]}, fresh(f"{w}_sum"))
-        # |128 * sum(w[o])| <= 128 * 127 * C*KH*KW < 2^31 (C*KH*KW <= MAX_PACKED_REDUCTION).
-        comp = add("cvm_left_shift", (sums,), {"shift_bit": 7, "precision": 32},
-                   fresh(f"{w}_compensation"))
-        add("conv2d_packed", (x, packed, comp, *bias), {**attrs, "channels": oc}, out, span)
-
-    for node in graph.nodes:
-        if not _packable(graph, node, target):
-            nodes.append(node)
-            continue
-        (x, w, *bias), a, out = node.inputs, Attrs(node.attrs), node.outputs[0]
-        if node.op == "conv2d":
-            packed_conv(x, w, types[w].shape[0], bias, {"padding": a.padding, "stride": a.stride,
-                                     "dilation": a.dilation, "groups": a.groups}, out,
-                        node.span)
-            continue
-        (m, k), n = types[x].shape, types[w].shape[0]
-        x4 = add("reshape", (x,), {"target_shape": [m, k, 1, 1]}, fresh(f"{x}_nchw"))
-        w4 = add("reshape", (w,), {"target_shape": [n, k, 1, 1]}, fresh(f"{w}_oihw"))
-        y4 = fresh(f"{out}_nchw")
-        packed_conv(x4, w4, n, bias, {}, y4, node.span)
-        add("reshape", (y4,), {"target_shape": [m, n]}, out, node.span)
-    return retype(graph.replace(nodes=nodes))
+    packable = _packable(target)
+    return apply_rules(graph, [Rule(P("conv2d", where=packable), _pack_conv),
+                               Rule(P("dense", where=packable), _pack_dense)], infer_node)
 
 
 def _elementwise(node: Node, types) -> bool:
@@ -176,10 +185,10 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
         if readers and (value in blockable or value in seeds and any(
                 c.op != "conv2d_packed" for c in readers)):
             blocked.add(value)
-    taken = set(graph.values())
+    e = Editor(graph, infer_node)
     # The blocked version's name: a new one where the NCHW value stays too (seeds, values
     # with other readers or that are graph outputs).
-    name = {v: _fresh(f"{v}_{BLOCKED_LAYOUT.lower()}", taken)
+    name = {v: e.fresh(f"{v}_{BLOCKED_LAYOUT.lower()}")
             if v in seeds or v in outputs or not all(aware(c, v) for c in consumers[v]) else v
             for v in sorted(blocked)}
 
@@ -188,14 +197,22 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
         layouts = ("NCHW", BLOCKED_LAYOUT) if to_blocked else (BLOCKED_LAYOUT, "NCHW")
         return Node("layout_transform", (src,), (dst,),
                     {"src_layout": layouts[0], "dst_layout": layouts[1]}, span=span)
-    nodes = [transform(v, True) for v in graph.inputs if v in blocked]
-    weights = len(nodes)  # where the depthwise weights' transforms go
+
+    def add(node: Node, original: tuple[str, ...]) -> None:
+        """Insert `node`; a renamed output declares the element type of the value it
+        stands for (`original`)."""
+        e.add(node, [graph.types[o] for o in original])
+    for v in graph.inputs:
+        if v in blocked:
+            add(transform(v, True), (v,))
+    weights = len(e.nodes)  # where the depthwise weights' transforms go
     rewritten = False
     for node in graph.nodes:
         n = node  # what it becomes; `aware` asks about the node as it was
         if _through(graph, node, target) and node.outputs[0] in blocked:
-            n, weight = _blocked_form(node, taken)
-            nodes[weights:weights] = weight
+            n, weight = _blocked_form(node, e)
+            for t in weight:
+                e.add(t, at=weights)
             rewritten = True
         attrs = dict(n.attrs)
         if n.op == "conv2d_packed" and n.outputs[0] in blocked:
@@ -204,24 +221,23 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
             attrs["data_layout"] = BLOCKED_LAYOUT
         inputs = tuple(name[i] if i in blocked and aware(node, i) else i for i in n.inputs)
         outs = tuple(name[o] if o in blocked and o not in seeds else o for o in n.outputs)
-        nodes.append(Node(n.op, inputs, outs, attrs, span=n.span))
-        nodes += [transform(o, o in seeds, n.span) for o in n.outputs
-                  if o in blocked and name[o] != o]
-    # a renamed value's new name declares its element type; `retype` gives its shape
-    types = {**graph.types, **{name[v]: graph.types[v] for v in blocked}}
-    graph = retype(graph.replace(nodes=nodes, types=types))
+        add(Node(n.op, inputs, outs, attrs, span=n.span), n.outputs)
+        for o in n.outputs:
+            if o in blocked and name[o] != o:
+                add(transform(o, o in seeds, n.span), (o,))
+    graph = e.result()
     # the depthwise weights' transforms become weights, as `pack_conv_weights`'s do
     return eliminate_dead_code(fold_constants(graph)) if rewritten else graph
 
 
-def _blocked_form(node: Node, taken: set[str]) -> tuple[Node, list[Node]]:
+def _blocked_form(node: Node, e: Editor) -> tuple[Node, list[Node]]:
     """(the blocked op of a `_through` node, the transform of its weight into
     OIHW16o: none for a pool). The caller renames its data and output."""
     if node.op == "max_pool2d":
         attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
         return Node("max_pool2d_blocked", node.inputs, node.outputs, attrs, span=node.span), []
     x, w, *bias = node.inputs
-    packed = _fresh(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}", taken)
+    packed = e.fresh(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}")
     transform = Node("layout_transform", (w,), (packed,),
                      {"src_layout": "OIHW", "dst_layout": DEPTHWISE_WEIGHT_LAYOUT},
                      span=node.span)
@@ -230,12 +246,3 @@ def _blocked_form(node: Node, taken: set[str]) -> tuple[Node, list[Node]]:
     return Node("depthwise_conv2d_blocked", (x, packed, *bias), node.outputs, attrs,
                 span=node.span), [transform]
 
-
-def _fresh(stem: str, taken: set[str]) -> str:
-    """A value name not yet in `taken` (added to it)."""
-    name, k = stem, 0
-    while name in taken:
-        k += 1
-        name = f"{stem}_{k}"
-    taken.add(name)
-    return name

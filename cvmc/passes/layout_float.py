@@ -22,10 +22,11 @@ import dataclasses
 import math
 
 from cvmc.ir import Graph, Node
+from cvmc.ir.rewrite import Editor, Match, P, Rule, apply_rules
 from cvmc.ops import lookup
-from cvmc.ops.infer import retype
+from cvmc.ops.infer import infer_node
 from cvmc.ops.registry import Fusion
-from cvmc.passes.layout import _fresh
+from cvmc.passes.layout import op_node
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
@@ -38,53 +39,47 @@ def float_conv_block(target: Target) -> int:
     return _LANES_AVX512 if target.has(("avx512f",)) else _LANES
 
 
-def _packable(graph: Graph, node: Node, block: int) -> bool:
-    if node.op != "conv" or node.inputs[1] not in graph.constants or \
-            node.attrs["border"] != "constant":
-        return False
-    x, w = graph.types[node.inputs[0]].shape, graph.types[node.inputs[1]].shape
-    if len(x) != 4 or x[1] % w[1]:
-        return False
-    groups = x[1] // w[1]
-    return groups == 1 or (w[0] // groups) % block == 0
+def _packable(block: int):
+    """The test of a float conv the pass packs in blocks of `block` output channels."""
+    def packable(e: Editor, node: Node) -> bool:
+        if node.inputs[1] not in e.graph.constants or node.attrs["border"] != "constant":
+            return False
+        x, w = e.types[node.inputs[0]].shape, e.types[node.inputs[1]].shape
+        if len(x) != 4 or x[1] % w[1]:
+            return False
+        groups = x[1] // w[1]
+        return groups == 1 or (w[0] // groups) % block == 0
+    return packable
 
 
 def pack_float_convs(graph: Graph, target: Target) -> Graph:
     """Rewrite every packable float conv into conv_packed on a packed filter (llvm)."""
     block = float_conv_block(target)
-    taken, nodes = set(graph.values()), []
-    for node in graph.nodes:
-        if not _packable(graph, node, block):
-            nodes.append(node)
-            continue
-        (x, w, *bias), a = node.inputs, node.attrs
-        oc = graph.types[w].shape[0]
-        value = _pack_filter(graph, w, block, taken, nodes, node.span)
-        nodes.append(_node("conv_packed", (x, value, *bias), node.outputs[0],
-                           {**_window(a), "channels": oc}, node.span))
-    return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph
+
+    def pack(m: Match, e: Editor) -> Node:
+        (x, w, *bias), node = m.root.inputs, m.root
+        value = _pack_filter(e, w, block, node.span)
+        return op_node("conv_packed", (x, value, *bias), node.outputs[0],
+                       {**_window(node.attrs), "channels": e.types[w].shape[0]}, node.span)
+    return apply_rules(graph, [Rule(P("conv", where=_packable(block)), pack)], infer_node)
 
 
-def _pack_filter(graph: Graph, w: str, block: int, taken: set[str], nodes: list[Node],
-                 span) -> str:
-    """Append the nodes packing OIHW filter `w` as OIHW{block}o; the packed value's name."""
-    oc, *rest = graph.types[w].shape
+def _pack_filter(e: Editor, w: str, block: int, span) -> str:
+    """Insert the nodes packing OIHW filter `w` as OIHW{block}o; the packed value's name."""
+    oc, *rest = e.types[w].shape
     steps = ([("pad", {"padding": [(0, -oc % block), (0, 0), (0, 0), (0, 0)]})]
              if oc % block else []) + \
         [("nnef.reshape", {"shape": [-(-oc // block), block, *rest]}),
          ("nnef.transpose", {"axes": [0, 2, 3, 4, 1]})]
-    return append_chain(w, steps, taken, nodes, span)
+    return append_chain(e, w, steps, span)
 
 
-def append_chain(value: str, steps: list[tuple[str, dict]], taken: set[str],
-                 nodes: list[Node], span) -> str:
-    """Append one node per (op, attrs) of `steps`, each applied to the one before, starting
+def append_chain(e: Editor, value: str, steps: list[tuple[str, dict]], span) -> str:
+    """Insert one node per (op, attrs) of `steps`, each applied to the one before, starting
     from `value` (a compile-time packing that constant folding evaluates); the last name."""
     source = value
     for op, attrs in steps:
-        out = _fresh(f"{source}_packed", taken)
-        nodes.append(_node(op, (value,), out, attrs, span))
-        value = out
+        value = e.add(op_node(op, (value,), e.fresh(f"{source}_packed"), attrs, span)).name
     return value
 
 
@@ -92,11 +87,6 @@ def _window(a) -> dict:
     """A conv's window attributes (border, padding, stride, dilation), for the op it
     becomes."""
     return {k: a[k] for k in ("border", "padding", "stride", "dilation")}
-
-
-def _node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span) -> Node:
-    """`output = op(inputs, attrs)`, its attributes normalized."""
-    return Node(op, inputs, (output,), dict(lookup(op).normalize_attrs(attrs)), span=span)
 
 
 # ---- block-float-activations ----------------------------------------------------------
@@ -206,11 +196,11 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
     if not blocked:
         return graph
     consumers, outputs, types = graph.consumers(), set(graph.outputs), graph.types
-    taken, nodes = set(graph.values()), []
+    e = Editor(graph, infer_node)
     layout = f"NCHW{block}c"
     name = {v: v if v not in outputs and all(_reads_blocked(graph, c, v, blocked)
                                              for c in consumers.get(v, []))
-            else _fresh(f"{v}_{layout.lower()}", taken) for v in sorted(blocked)}
+            else e.fresh(f"{v}_{layout.lower()}") for v in sorted(blocked)}
     brought: dict[str, str] = {}  # an NCHW operand -> its blocked copy
 
     def bring(value: str, shape: tuple[int, ...], span) -> str:
@@ -222,19 +212,20 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
             return value
         if value not in brought:
             padded = [*operand, *(1,) * (4 - len(operand))]
+            # the blocked copy declares its element type: the operand's
             if padded[1] == 1:  # the same for every channel: lanes of 1
-                out = _fresh(f"{value}_{layout.lower()}", taken)
-                nodes.append(_node("nnef.reshape", (value,), out,
-                                   {"shape": [*padded, 1]}, span))
+                out = e.fresh(f"{value}_{layout.lower()}")
+                e.add(op_node("nnef.reshape", (value,), out, {"shape": [*padded, 1]}, span),
+                      [types[value]])
             else:
                 source = value
                 if len(operand) < 4:
-                    source = _fresh(f"{value}_nchw", taken)
-                    nodes.append(_node("nnef.reshape", (value,), source, {"shape": padded},
-                                       span))
-                out = _fresh(f"{value}_{layout.lower()}", taken)
-                nodes.append(_node("float_layout_transform", (source,), out,
-                                   {"src_layout": "NCHW", "dst_layout": layout}, span))
+                    source = e.add(op_node("nnef.reshape", (value,), e.fresh(f"{value}_nchw"),
+                                           {"shape": padded}, span)).name
+                out = e.fresh(f"{value}_{layout.lower()}")
+                e.add(op_node("float_layout_transform", (source,), out,
+                              {"src_layout": "NCHW", "dst_layout": layout}, span),
+                      [types[value]])
             brought[value] = out
         return brought[value]
 
@@ -247,30 +238,26 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
             if data or computes:
                 attrs = {**node.attrs, "data_layout": layout if data else "NCHW",
                          "out_layout": layout if computes else "NCHW"}
-                node = _node("conv_packed_blocked", (name[x] if data else x, *rest), out,
+                node = op_node("conv_packed_blocked", (name[x] if data else x, *rest), out,
                              attrs, node.span)
         elif computes and node.op == "conv":
             (x, w, *bias), a = node.inputs, node.attrs
-            packed = _pack_filter(graph, w, block, taken, nodes, node.span)
-            node = _node("depthwise_conv_blocked", (name[x], packed, *bias), out, _window(a),
+            packed = _pack_filter(e, w, block, node.span)
+            node = op_node("depthwise_conv_blocked", (name[x], packed, *bias), out, _window(a),
                          node.span)
         elif computes and node.op in _POOLS:
             # () (the defaults: 1s, NNEF's automatic padding) means the same on any rank
             attrs = {**node.attrs, **{k: (*node.attrs[k], v) for k, v in _LANE_WINDOW.items()
                                       if node.attrs[k] != ()}}
-            node = _node(node.op, (name[node.inputs[0]],), out, attrs, node.span)
+            node = op_node(node.op, (name[node.inputs[0]],), out, attrs, node.span)
         elif computes:
             shape = types[out].shape
             node = dataclasses.replace(node, inputs=tuple(bring(i, shape, node.span)
                                                           for i in node.inputs))
-        if computes:
+        if computes:  # its new name declares the element type of the value it stands for
             node = dataclasses.replace(node, outputs=(name[out],))
-        nodes.append(node)
+        e.add(node, [types[out]])
         if computes and name[out] != out:
-            nodes.append(_node("float_layout_transform", (name[out],), out,
-                               {"src_layout": layout, "dst_layout": "NCHW"}, node.span))
-    # a new name declares its element type; `retype` gives its shape
-    types = {**types, **{name[v]: types[v] for v in blocked},
-             **{v: types[k] for k, v in brought.items()}}
-    graph = retype(graph.replace(nodes=nodes, types=types))
-    return eliminate_dead_code(fold_constants(graph))
+            e.add(op_node("float_layout_transform", (name[out],), out,
+                          {"src_layout": layout, "dst_layout": "NCHW"}, node.span))
+    return eliminate_dead_code(fold_constants(e.result()))

@@ -27,34 +27,30 @@ in the same order.
 from __future__ import annotations
 
 from cvmc.ir import Graph, Node
-from cvmc.ops import lookup
-from cvmc.ops.infer import retype
-from cvmc.passes.layout import _fresh
-from cvmc.passes.layout_float import _node, append_chain, float_conv_block
+from cvmc.ir.rewrite import Editor, Match, P, Rule, V, apply_rules
+from cvmc.ops.infer import infer_node
+from cvmc.passes.layout import op_node
+from cvmc.passes.layout_float import append_chain, float_conv_block
 from cvmc.passes.target import Target
+
+
+def _untranspose(m: Match, e: Editor) -> Node:
+    b = m["b"]
+    rank = e.types[b].ndim
+    wt = e.add(op_node("nnef.transpose", (b,), e.fresh(f"{b}_t"),
+                       {"axes": [*range(rank - 2), rank - 1, rank - 2]}, m.root.span)).name
+    return Node("matmul", (m["a"], wt), m.root.outputs,
+                {**m.root.attrs, "transposeB": False}, span=m.root.span)
+
+
+UNTRANSPOSE_RULES = [Rule(P("matmul", V("a"), V("b", where=lambda e, v: v in e.graph.constants),
+                            where=lambda e, n: n.attrs["transposeB"]), _untranspose)]
 
 
 def untranspose_matmul_weights(graph: Graph, target: Target | None = None) -> Graph:
     """Rewrite every matmul with a constant transposed B into one on B's transpose (a new
     node that constant folding evaluates); the pipeline runs it for llvm."""
-    nodes: list[Node] = []
-    taken = set(graph.values())
-    changed = False
-    for node in graph.nodes:
-        b = node.inputs[1] if node.op == "matmul" else None
-        if b is None or not node.attrs["transposeB"] or b not in graph.constants:
-            nodes.append(node)
-            continue
-        rank = graph.types[b].ndim
-        axes = [*range(rank - 2), rank - 1, rank - 2]
-        wt = _fresh(f"{b}_t", taken)
-        nodes.append(Node("nnef.transpose", (b,), (wt,),
-                          dict(lookup("nnef.transpose").normalize_attrs({"axes": axes})),
-                          span=node.span))
-        nodes.append(Node("matmul", (node.inputs[0], wt), node.outputs,
-                          {**node.attrs, "transposeB": False}, span=node.span))
-        changed = True
-    return retype(graph.replace(nodes=nodes)) if changed else graph
+    return apply_rules(graph, UNTRANSPOSE_RULES, infer_node)
 
 
 def matmul_panel_columns(target: Target) -> int:
@@ -62,28 +58,31 @@ def matmul_panel_columns(target: Target) -> int:
     return 2 * float_conv_block(target)
 
 
+def _computed_from_weights(e: Editor, value: str) -> bool:
+    """A weight, or a value computed from weights only (folded at compile time)."""
+    if value in e.graph.constants:
+        return True
+    node = e.producers.get(value)
+    return node is not None and all(_computed_from_weights(e, i) for i in node.inputs)
+
+
 def pack_matmul_weights(graph: Graph, target: Target) -> Graph:
     """Rewrite every matmul of a constant B (a weight, or computed from weights only:
     folded below), neither operand transposed, into matmul_packed on B packed into column
     panels (llvm)."""
     cols = matmul_panel_columns(target)
-    taken, nodes = set(graph.values()), []
-    constant = set(graph.constants)
-    for node in graph.nodes:
-        if all(i in constant for i in node.inputs):
-            constant.update(node.outputs)
-        if node.op != "matmul" or node.attrs["transposeA"] or node.attrs["transposeB"] or \
-                node.inputs[1] not in constant:
-            nodes.append(node)
-            continue
-        a, w = node.inputs
-        *batch, k, n = graph.types[w].shape
+
+    def pack(m: Match, e: Editor) -> Node:
+        w = m["w"]
+        *batch, k, n = e.types[w].shape
         rank = len(batch) + 2
         steps = ([("pad", {"padding": [(0, 0)] * (rank - 1) + [(0, -n % cols)]})]
                  if n % cols else []) + \
             [("nnef.reshape", {"shape": [*batch, k, -(-n // cols), cols]}),
              ("nnef.transpose", {"axes": [*range(rank - 2), rank - 1, rank - 2, rank]})]
-        value = append_chain(w, steps, taken, nodes, node.span)
-        nodes.append(_node("matmul_packed", (a, value), node.outputs[0], {"columns": n},
-                           node.span))
-    return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph
+        value = append_chain(e, w, steps, m.root.span)
+        return op_node("matmul_packed", (m["a"], value), m.root.outputs[0], {"columns": n},
+                       m.root.span)
+    pattern = P("matmul", V("a"), V("w", where=_computed_from_weights),
+                where=lambda e, n: not n.attrs["transposeA"] and not n.attrs["transposeB"])
+    return apply_rules(graph, [Rule(pattern, pack)], infer_node)
