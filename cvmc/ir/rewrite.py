@@ -104,7 +104,7 @@ class Editor:
         self.graph, self.infer = graph, infer
         self.types = dict(graph.types)
         self.nodes: list[Node] = []
-        self.producers: dict[str, Node] = {}
+        self.producers = graph.producers()  # each replacement takes its values over
         self.readers: dict[str, list[Node]] = {}
         for node in graph.nodes:
             self._read(node, +1)
@@ -173,8 +173,6 @@ class Editor:
         """Append `node`, or what the first rule that matches it makes of it (tried again)."""
         if self.changed.intersection(node.inputs):
             self._type(node, ())
-        else:
-            self.producers.update((o, node) for o in node.outputs)
         while True:
             for rule in rules:
                 m = self.match(rule.pattern, node)
@@ -219,6 +217,13 @@ class Editor:
         graph = self.graph.replace(
             nodes=[n for n in self.nodes if id(n) not in self.dropped], **changes)
         return graph.replace(types={v: self.types[v] for v in graph.values()})
+
+
+def match(graph: Graph, pattern: Pattern, node: Node) -> Match | None:
+    """The match of `pattern` rooted at `node` of `graph`, or None (no rewrite)."""
+    def untyped(node: Node, types: dict, producers: dict) -> None:
+        raise TypeError("match() inserts nothing")
+    return Editor(graph, untyped).match(pattern, node)
 
 
 def apply_rules(graph: Graph, rules: Sequence[Rule], infer: Infer) -> Graph:

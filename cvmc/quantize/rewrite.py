@@ -1,4 +1,5 @@
-"""The quantize pass: each float layer becomes CVM integer ops (built with GraphBuilder).
+"""The quantize pass: each float layer becomes CVM integer ops (built with GraphBuilder), by
+the first entry of `LAYER_RULES`, a table of (match, rewrite), that matches it.
 
 Every integer tensor t stands for the real t / scale (symmetric, per tensor); a layer's
 result is requantized to its calibrated scale at the activation bits. The rules:
@@ -26,6 +27,7 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,10 +36,12 @@ from cvmc_runtime import quantize
 from cvmc.builder import GraphBuilder, Var
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node
+from cvmc.ir.rewrite import match
 from cvmc.ops import lookup
 from cvmc.ops.common import bitlen, prec_max
 from cvmc.ops.nnef_std import slice_starts
 from cvmc.ops.registry import Attrs
+from cvmc.passes.transformer import SOFTMAX, softmax_axes
 from cvmc.quantize.fixedpoint import FixedPointError, plan_requant
 from cvmc.quantize.layers import Layers, apply_elementwise, is_elementwise, unsupported
 
@@ -507,16 +511,16 @@ class Rewriter:
         """Quantize one layer by its rule (`rule_of`)."""
         rule = rule_of(self.layers, node)
         if rule is None:
-            body = [n.op for n in self.layers.bodies.get(node.name, [node])]
+            body = _primitives(self.layers, node)
             raise unsupported(node, f"no quantization rule for it (its primitives: "
                                     f"{', '.join(body)}); see docs/quantize.md")
-        if rule != "elementwise":  # a table computes f, and checks it, on the grid
+        if rule.checks_weights:
             bad = [w for w in self.layers.weights_of(node)
                    if not np.isfinite(self.g.constants[w]).all()]
             if bad:
                 raise unsupported(node, f"weight '{bad[0]}' holds a value that is not finite")
         try:
-            getattr(self, rule)(node)
+            rule.rewrite(self, node)
         except FixedPointError as e:  # named, and still a FixedPointError (quantize_graph)
             named = unsupported(node, e.message)
             raise FixedPointError(named.message, named.span) from None
@@ -567,26 +571,66 @@ def rename(graph: Graph, names: dict[str, str]) -> Graph:
                          types={m(k): v for k, v in graph.types.items()})
 
 
-_RULES = {("conv",): "conv", ("matmul",): "matmul", ("matmul", "add"): "linear",
-          ("concat",): "concat", ("deconv",): "deconv", ("box",): "avg_pool", ("sum_reduce",): "sum_reduce",
-          ("argmax_pool", "sample"): "max_pool", ("nnef.reshape",): "movement",
-          ("nnef.squeeze",): "movement", ("unsqueeze",): "movement",
-          ("nnef.transpose",): "movement", ("nnef.slice",): "movement",
-          ("debox",): "movement", ("split",): "split",
-          ("multilinear_upsample",): "upsample",
-          ("max_reduce", "sub", "exp", "sum_reduce", "div"): "softmax"}
+@dataclass(frozen=True)
+class LayerRule:
+    """One entry of the quantizer's table (`LAYER_RULES`): where `match(layers, node)`
+    holds, `rewrite(rewriter, node)` builds the layer's integer ops. `checks_weights`:
+    the layer's weights must be finite first (a table of a function computes it, and
+    checks it, on the grid itself)."""
+
+    match: Callable[[Layers, Node], bool]
+    rewrite: Callable[[Rewriter, Node], None]
+    checks_weights: bool = True
 
 
-def rule_of(layers: Layers, node: Node) -> str | None:
-    """The Rewriter method that quantizes a layer, by the primitives it is made of."""
-    body = tuple(n.op for n in layers.bodies.get(node.name, [node]))
-    if body in _RULES:
-        return _RULES[body]
-    if is_elementwise(layers, node):
-        return "elementwise"
-    if body in (("add",), ("sub",), ("mul",)) and layers.activations_of(node):
-        return "binary"
-    return None
+def _primitives(layers: Layers, node: Node) -> tuple[str, ...]:
+    """The ops a layer is made of, in order (a primitive layer: its own op)."""
+    return tuple(n.op for n in layers.bodies.get(node.name, [node]))
+
+
+def _made_of(*ops: str) -> Callable[[Layers, Node], bool]:
+    """A layer made of `ops`, in order."""
+    return lambda layers, node: _primitives(layers, node) == ops
+
+
+def _softmax(layers: Layers, node: Node) -> bool:
+    """NNEF's softmax fragment, expanded: the fuse-transformer pass's `SOFTMAX` pattern."""
+    body = layers.bodies.get(node.name)
+    if body is None:
+        return False
+    m = match(layers.graph.replace(nodes=body, outputs=list(node.outputs)), SOFTMAX,
+              body[-1])
+    return m is not None and len(m.nodes) == len(body) and softmax_axes(m) is not None
+
+
+def _binary(layers: Layers, node: Node) -> bool:
+    """add / sub / mul with an activation operand."""
+    return _primitives(layers, node) in (("add",), ("sub",), ("mul",)) and \
+        bool(layers.activations_of(node))
+
+
+LAYER_RULES = [
+    LayerRule(_made_of("conv"), Rewriter.conv),
+    LayerRule(_made_of("matmul"), Rewriter.matmul),
+    LayerRule(_made_of("matmul", "add"), Rewriter.linear),
+    LayerRule(_made_of("concat"), Rewriter.concat),
+    LayerRule(_made_of("deconv"), Rewriter.deconv),
+    LayerRule(_made_of("box"), Rewriter.avg_pool),
+    LayerRule(_made_of("sum_reduce"), Rewriter.sum_reduce),
+    LayerRule(_made_of("argmax_pool", "sample"), Rewriter.max_pool),
+    *(LayerRule(_made_of(op), Rewriter.movement) for op in (
+        "nnef.reshape", "nnef.squeeze", "unsqueeze", "nnef.transpose", "nnef.slice", "debox")),
+    LayerRule(_made_of("split"), Rewriter.split),
+    LayerRule(_made_of("multilinear_upsample"), Rewriter.upsample),
+    LayerRule(_softmax, Rewriter.softmax),
+    LayerRule(is_elementwise, Rewriter.elementwise, checks_weights=False),
+    LayerRule(_binary, Rewriter.binary),
+]
+
+
+def rule_of(layers: Layers, node: Node) -> LayerRule | None:
+    """The first rule of `LAYER_RULES` that matches a layer, or None."""
+    return next((r for r in LAYER_RULES if r.match(layers, node)), None)
 
 
 def split_unruled(layers: Layers) -> Layers:

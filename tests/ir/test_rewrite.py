@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from cvmc.ir import Graph, Node, TensorType
-from cvmc.ir.rewrite import Editor, P, Rule, V, apply_rules
+from cvmc.ir.rewrite import Editor, P, Rule, V, apply_rules, match
 from cvmc.ops.infer import infer_node, retype, verify
 
 I8 = TensorType((4,), "int8", 8)
@@ -24,10 +24,7 @@ def _graph(nodes: list[Node], outputs: list[str]) -> Graph:
 
 
 def _found(graph: Graph, pattern, node_name: str):
-    editor = Editor(graph, infer_node)
-    for n in graph.nodes:
-        editor.visit(n, ())
-    return editor.match(pattern, graph.producers()[node_name])
+    return match(graph, pattern, graph.producers()[node_name])
 
 
 def test_a_pattern_binds_nodes_and_values_either_way_round_with_commute():
