@@ -66,6 +66,7 @@ class Scope:
     dests: dict[str, Any] = field(default_factory=dict)  # fragment result -> destination
     site: Any = None  # call site in the user's document while expanding the stdlib
     label: str = ""  # "softmax 'y'": the user-visible op being expanded
+    origin: str | None = None  # the stdlib fragment the document calls (Node.origin)
 
     def where(self, meta: Any) -> Any:
         """The location to report for `meta` (the call site inside stdlib expansions)."""
@@ -243,7 +244,7 @@ class GraphBuilder(TensorFactory):
         out = []
         for items in zip(*seqs):
             inner = Scope(dict(scope.names), scope.fragment, scope.dests, scope.site,
-                          scope.label)
+                          scope.label, scope.origin)
             inner.names.update({str(it.children[0]): v for it, v in zip(iters, items)})
             if cond is not None and self.eval(cond, inner) is not True:
                 continue
@@ -453,7 +454,7 @@ class GraphBuilder(TensorFactory):
             self.check_shape(out, shape, where)
             self.types[out] = TensorType(shape, dtype)
         self.nodes.append(Node(opdef.name, tuple(names), tuple(outs), dict(attrs),
-                               self.span(where)))
+                               self.span(where), scope.origin))
         tensors = [Tensor(o, dtype) for o in outs]
         if opdef.variadic_outputs:
             return tensors
@@ -559,7 +560,8 @@ class GraphBuilder(TensorFactory):
         is_std = frag.source is not self.source
         label = scope.label or (f"{frag.name} '{_first_name(dest) or self.hint}'"
                                 if is_std else "")
-        inner = Scope(values, frag, dests, where if is_std else scope.site, label)
+        inner = Scope(values, frag, dests, where if is_std else scope.site, label,
+                      scope.origin or (frag.name if is_std else None))
         self.depth += 1
         try:
             for stmt in frag.body.children[:-1]:

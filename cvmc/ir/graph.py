@@ -70,6 +70,9 @@ class Node:
 
     `inputs` holds value names; an absent optional (trailing) input is simply left out.
     `attrs` holds every attribute of the op, defaults filled in, canonical spellings.
+    `origin` is the compound fragment of the NNEF stdlib (`softmax`, `linear`, ...) whose
+    call in the document expanded into this node (the call is at `span`); None for an op
+    the document calls itself, and for nodes a pass or a Python builder makes.
     """
 
     op: str
@@ -77,6 +80,7 @@ class Node:
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any] = field(default_factory=dict)
     span: SourceSpan | None = None
+    origin: str | None = None
 
     @property
     def name(self) -> str:

@@ -3,7 +3,7 @@
 The frontend expands NNEF's compound fragments (`relu`, `sigmoid`, `batch_normalization`,
 `linear`, `max_pool`, `softmax`, ...) into primitives; every primitive of one call keeps
 the call's source position. `group_layers` folds each such run back into one *layer*
-node named after the fragment (read at that position), keeping its primitives as the
+node named after the fragment (`Node.origin`), keeping its primitives as the
 layer's body, so that the quantizer's rules see `sigmoid` rather than neg/exp/add/div.
 `fold_batch_norm` then folds a per-channel affine layer (BatchNorm) into the conv before
 it, and `fuse_elementwise` makes one layer of element-wise layers that compute from one
@@ -11,9 +11,7 @@ tensor. Each is a Graph -> Graph pass; `--dump-ir` prints the graphs between the
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -23,8 +21,6 @@ from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs, Fusion
 from cvmc.passes.simplify import fold_constants
 from cvmc.reference import evaluate, stored
-
-_CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 @dataclass
@@ -43,23 +39,6 @@ class Layers:
         return [i for i in node.inputs if i not in self.graph.constants]
 
 
-def _call_name(node: Node, lines: dict[str, list[str]]) -> str | None:
-    """The fragment called at `node`'s source position, read from the source text."""
-    span = node.span
-    if span is None:
-        return None
-    if span.file not in lines:
-        try:
-            lines[span.file] = Path(span.file).read_text().splitlines()
-        except (OSError, UnicodeDecodeError):
-            lines[span.file] = []
-    text = lines[span.file]
-    if not 0 < span.line <= len(text):
-        return None
-    match = _CALL.match(text[span.line - 1], span.col - 1)
-    return match.group(0) if match else None
-
-
 def group_layers(graph: Graph) -> Layers:
     """Fold each run of primitives expanded from one fragment call into a layer node (after
     evaluating what depends on weights only: a reshaped weight, BatchNorm's sqrt(var + eps))."""
@@ -70,7 +49,7 @@ def group_layers(graph: Graph) -> Layers:
             runs[-1].append(node)
         else:
             runs.append([node])
-    nodes, bodies, lines = [], {}, {}
+    nodes, bodies = [], {}
     for run in runs:
         if len(run) == 1:
             nodes.append(run[0])
@@ -78,8 +57,7 @@ def group_layers(graph: Graph) -> Layers:
         made = {o for n in run for o in n.outputs}
         ins = list(dict.fromkeys(i for n in run for i in n.inputs if i not in made))
         out = run[-1].outputs
-        op = _call_name(run[-1], lines) or run[-1].op
-        layer = Node(op, tuple(ins), out, {}, run[-1].span)
+        layer = Node(run[-1].origin or run[-1].op, tuple(ins), out, {}, run[-1].span)
         nodes.append(layer)
         bodies[layer.name] = run
     return Layers(graph.replace(nodes=nodes), bodies)
