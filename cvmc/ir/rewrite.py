@@ -179,6 +179,9 @@ class Editor:
                 count = len(self.nodes)
                 new = None if m is None else rule.rewrite(m, self)
                 if new is not None:
+                    if new.outputs != node.outputs:
+                        raise ValueError(f"a rule replaced node '{node.name}' by one that "
+                                         f"computes {new.outputs}, not {node.outputs}")
                     break
                 if len(self.nodes) != count:
                     raise ValueError(f"a rule declined node '{node.name}' after inserting")

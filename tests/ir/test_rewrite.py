@@ -111,7 +111,7 @@ def test_the_result_is_frozen():
     assert out == g and out is not g
 
 
-def test_a_rule_that_declines_after_inserting_is_refused():
+def test_a_rule_that_declines_after_inserting_or_renames_the_root_is_refused():
     g = _graph([Node("relu", ("x",), ("y",))], ["y"])
 
     def sloppy(m, e: Editor) -> None:
@@ -119,6 +119,9 @@ def test_a_rule_that_declines_after_inserting_is_refused():
 
     with pytest.raises(ValueError, match="declined node 'y' after inserting"):
         apply_rules(g, [Rule(P("relu", V()), sloppy)], infer_node)
+    with pytest.raises(ValueError, match=r"computes \('w',\), not \('y',\)"):
+        apply_rules(g, [Rule(P("relu", V("x")), lambda m, e: Node("negative", ("x",), ("w",)))],
+                    infer_node)
 
 
 def test_graph_verify_raises_under_python_O():
