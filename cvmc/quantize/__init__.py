@@ -3,8 +3,9 @@
 The passes, in order (each one's graph is what `--dump-ir` writes):
 group-layers (compound fragments back to layers, those no rule covers split again), fold-batch-norm, fuse-elementwise, then
 a dry run of the quantize pass at unit thresholds (every refusal before any sample runs), then
-calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`), then infer-precision (the
-proof that int32 never overflows).
+calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`, each typed as
+it is built: the proof that int32 never overflows), then infer-precision (the compile
+pipeline's check that the graph is typed).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cvmc.ir import Graph
-from cvmc.ops.infer import retype
+from cvmc.ops.infer import require_typed
 from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
 from cvmc.quantize.fixedpoint import FixedPointError
 from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
@@ -73,6 +74,6 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
         thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
     int_graph, scales, inputs = rewriter(layers, thresholds, options).run()
     dump(3, "quantize", int_graph)
-    int_graph = retype(int_graph)
+    int_graph = require_typed(int_graph)  # GraphBuilder typed every node as it was made
     dump(4, "infer-precision", int_graph)
     return Quantized(int_graph, source, layers, scales, inputs)
