@@ -21,7 +21,7 @@ by the nodes that compute its inputs:
 having inserted any nodes it reads first (`Editor.add`), or None to leave the root as it
 is (inserting nothing). The driver, `apply_rules`, visits the nodes in order, tries the
 rules on each (a replacement is tried again: select -> select_max -> select_clamp) and
-hands back a new Graph (a Graph is frozen).
+hands back a new Graph (a Graph is frozen); `match` finds one pattern's match alone.
 
 The editor types each node as it is inserted, by the op rules it is given (`infer`:
 `cvmc.ops.infer.infer_node`, which lies above this layer); where a replacement gives a
@@ -85,6 +85,7 @@ class Match:
         return self.bound[name]
 
     def copy(self) -> Match:
+        """A match to extend on trial (dropped if the trial fails)."""
         m = Match(self.root)
         m.bound, m.nodes = dict(self.bound), dict(self.nodes)
         return m
@@ -98,7 +99,9 @@ class Match:
 
 
 class Editor:
-    """A graph under edit: nodes appended in order, each typed as it is inserted."""
+    """A graph under edit: nodes appended in order, each typed as it is inserted. `graph`
+    is the graph being rewritten (its weights), `types` every value's type so far and
+    `producers` the node that now computes each value."""
 
     def __init__(self, graph: Graph, infer: Infer):
         self.graph, self.infer = graph, infer
@@ -153,6 +156,7 @@ class Editor:
         return node is not None and self._node(pattern, node, m)
 
     def _node(self, p: Pattern, node: Node, m: Match) -> bool:
+        """Whether `node` matches node pattern `p`, extending `m` (as it was if not)."""
         if node.op not in p.ops or p.where is not None and not p.where(self, node):
             return False
         if p.inputs is not None and len(p.inputs) != len(node.inputs):
@@ -198,6 +202,7 @@ class Editor:
         self.nodes.append(node)
 
     def _read(self, node: Node, sign: int) -> None:
+        """Count `node` among the readers of its inputs (+1), or no longer (-1)."""
         for i in dict.fromkeys(node.inputs):
             if sign > 0:
                 self.readers.setdefault(i, []).append(node)
@@ -205,6 +210,7 @@ class Editor:
                 self.readers[i] = [r for r in self.readers[i] if r is not node]
 
     def _type(self, node: Node, declared: Sequence[TensorType | None]) -> None:
+        """Type `node`'s outputs by the op rules; note those whose type changed."""
         for o, t in zip(node.outputs, declared):
             if t is not None:
                 self.types[o] = t
