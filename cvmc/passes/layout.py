@@ -123,33 +123,61 @@ def _whole_blocks(shape: tuple[int, ...]) -> bool:
     return len(shape) == 4 and shape[1] % OC_BLOCK == 0
 
 
-def _through(graph: Graph, node: Node, target: Target | None) -> bool:
-    """A node with a blocked form on `target` (llvm): a depthwise conv2d on a constant
-    weight (-> depthwise_conv2d_blocked) or a max_pool2d (-> max_pool2d_blocked). CUDA
-    keeps them as they are (its depthwise rule and dlight schedule the NCHW ops)."""
-    if target is None or target.kind != "llvm":
-        return False
-    if node.op == "max_pool2d":
-        return True
-    if node.op != "conv2d" or node.inputs[1] not in graph.constants:
+def _depthwise(e: Editor, node: Node) -> bool:
+    """A depth-wise conv2d (one input channel per group) on a constant weight (of the
+    graph as it was: the pass renames values as it blocks them)."""
+    graph = e.graph
+    if node.inputs[1] not in graph.constants:
         return False
     oc, ic = graph.types[node.inputs[1]].shape[:2]
     return ic == 1 and node.attrs["groups"] == oc == graph.types[node.inputs[0]].shape[1]
 
 
-def _blockable(graph: Graph, target: Target | None) -> tuple[set[str], set[str]]:
+def _blocked_pool(e: Editor, node: Node) -> tuple[Node, list[Node]]:
+    attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
+    return Node("max_pool2d_blocked", node.inputs, node.outputs, attrs, span=node.span), []
+
+
+def _blocked_depthwise(e: Editor, node: Node) -> tuple[Node, list[Node]]:
+    x, w, *bias = node.inputs
+    packed = e.fresh(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}")
+    transform = Node("layout_transform", (w,), (packed,),
+                     {"src_layout": "OIHW", "dst_layout": DEPTHWISE_WEIGHT_LAYOUT},
+                     span=node.span)
+    a = node.attrs
+    attrs = {"padding": a["padding"], "stride": a["stride"], "dilation": a["dilation"]}
+    return Node("depthwise_conv2d_blocked", (x, packed, *bias), node.outputs, attrs,
+                span=node.span), [transform]
+
+
+# The nodes with a blocked form on llvm, and what makes it: (the blocked op, the transform
+# of its weight into OIHW16o: none for a pool); the caller renames its data and output.
+_BLOCKED_FORMS = ((P("max_pool2d"), _blocked_pool),
+                  (P("conv2d", where=_depthwise), _blocked_depthwise))
+
+
+def _through(e: Editor, node: Node, target: Target | None) -> bool:
+    """A node with a blocked form on `target` (llvm): a depthwise conv2d on a constant
+    weight (-> depthwise_conv2d_blocked) or a max_pool2d (-> max_pool2d_blocked). CUDA
+    keeps them as they are (its depthwise rule and dlight schedule the NCHW ops)."""
+    return target is not None and target.kind == "llvm" and \
+        any(e.match(p, node) for p, _ in _BLOCKED_FORMS)
+
+
+def _blockable(e: Editor, target: Target | None) -> tuple[set[str], set[str]]:
     """(values that can be computed blocked, seeds). A conv2d_packed result can, so can a
     depthwise conv's or a max pool's whose data can (`_through`), and an element-wise
     node's when one of its inputs can: its other inputs (a ResNet join's shortcut) are the
     seeds, blocked by a layout_transform. Only whole blocks: a blocked tensor then holds
     no padding channel, so every op computes exactly the values it computed on NCHW."""
+    graph = e.graph
     types, blockable, seeds = graph.types, set(), set()
     for node in graph.nodes:
         out = node.outputs[0]
         if not _whole_blocks(types[out].shape):
             continue
         if node.op == "conv2d_packed" and node.attrs["out_layout"] == "NCHW" or \
-                _through(graph, node, target) and node.inputs[0] in blockable:
+                _through(e, node, target) and node.inputs[0] in blockable:
             blockable.add(out)
         elif _elementwise(node, types) and any(i in blockable for i in node.inputs):
             others = [i for i in node.inputs if i not in blockable]
@@ -165,7 +193,8 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     conv2d_packed as its data, or an element-wise node, depthwise conv or max pool
     computing blocked (those two then become their blocked ops, on llvm). Any other
     reader, and a graph output, reads an NCHW copy under the value's name."""
-    blockable, seeds = _blockable(graph, target)
+    e = Editor(graph, infer_node)
+    blockable, seeds = _blockable(e, target)
     consumers, outputs = graph.consumers(), set(graph.outputs)
     blocked: set[str] = set()
 
@@ -175,7 +204,7 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
             return node.inputs[0] == value and node.attrs["data_layout"] == "NCHW" and \
                 node.attrs["groups"] == 1
         return node.outputs[0] in blocked and (
-            _elementwise(node, graph.types) or _through(graph, node, target) and
+            _elementwise(node, graph.types) or _through(e, node, target) and
             node.inputs[0] == value)
 
     for value in reversed(list(graph.values())):  # readers are decided before their inputs
@@ -185,7 +214,6 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
         if readers and (value in blockable or value in seeds and any(
                 c.op != "conv2d_packed" for c in readers)):
             blocked.add(value)
-    e = Editor(graph, infer_node)
     # The blocked version's name: a new one where the NCHW value stays too (seeds, values
     # with other readers or that are graph outputs).
     name = {v: e.fresh(f"{v}_{BLOCKED_LAYOUT.lower()}")
@@ -209,8 +237,8 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     rewritten = False
     for node in graph.nodes:
         n = node  # what it becomes; `aware` asks about the node as it was
-        if _through(graph, node, target) and node.outputs[0] in blocked:
-            n, weight = _blocked_form(node, e)
+        if _through(e, node, target) and node.outputs[0] in blocked:
+            n, weight = next(f for p, f in _BLOCKED_FORMS if e.match(p, node))(e, node)
             for t in weight:
                 e.add(t, at=weights)
             rewritten = True
@@ -228,21 +256,4 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     graph = e.result()
     # the depthwise weights' transforms become weights, as `pack_conv_weights`'s do
     return eliminate_dead_code(fold_constants(graph)) if rewritten else graph
-
-
-def _blocked_form(node: Node, e: Editor) -> tuple[Node, list[Node]]:
-    """(the blocked op of a `_through` node, the transform of its weight into
-    OIHW16o: none for a pool). The caller renames its data and output."""
-    if node.op == "max_pool2d":
-        attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
-        return Node("max_pool2d_blocked", node.inputs, node.outputs, attrs, span=node.span), []
-    x, w, *bias = node.inputs
-    packed = e.fresh(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}")
-    transform = Node("layout_transform", (w,), (packed,),
-                     {"src_layout": "OIHW", "dst_layout": DEPTHWISE_WEIGHT_LAYOUT},
-                     span=node.span)
-    a = node.attrs
-    attrs = {"padding": a["padding"], "stride": a["stride"], "dilation": a["dilation"]}
-    return Node("depthwise_conv2d_blocked", (x, packed, *bias), node.outputs, attrs,
-                span=node.span), [transform]
 
