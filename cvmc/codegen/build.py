@@ -182,7 +182,7 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
     from cvmc_runtime import signature_json
     from tvm.support.cc import create_shared
 
-    features = needed_features(target.mcpu, target.mtriple)
+    features = needed_features(target)
     if not target.mtriple:
         warn_if_not_host(target.mcpu, host_cpu(), features)
     built_for = {**target.describe(), "features": features}
@@ -417,7 +417,7 @@ def cuda_translation_unit(mod, target: Target,
 
     from cvmc.codegen.shim import CUDA_DEVICE_HELPERS_CU, CUDA_HELPERS_CU
 
-    device = tvm.target.Target(cuda_target(target.arch), host={"kind": "cuda_host"})
+    device = cuda_target(target, host={"kind": "cuda_host"})
     scheduled, ex, rules = schedule_and_build(mod, target,
                                               lambda m: tvm.compile(m, target=device))
     # A function left without thread bindings compiles to host-only code: catch it here.
@@ -450,23 +450,24 @@ def without_restrict(source: str, symbols: list[str]) -> str:
                    for line in source.splitlines(keepends=True))
 
 
-def nvcc_shared(source: str, arch: str, output: Path) -> None:
-    """Compile a .cu translation unit ahead of time into a shared library."""
+def nvcc_shared(source: str, target: Target, output: Path) -> None:
+    """Compile a .cu translation unit ahead of time into a shared library for the GPU of
+    `target`."""
     import tvm_ffi
 
-    cu = output.with_suffix(".cu")
+    cu, cc = output.with_suffix(".cu"), target.cuda_arch
     cu.write_text(source)
     include = tvm_ffi.libinfo.find_include_path()
     libdir = Path(tvm_ffi.__file__).parent / "lib"
     # -diag-suppress 174: the generated host code has expression statements like "0;".
     cmd = [find_nvcc(), "-shared", "-O2", "-std=c++17", "-Xcompiler", "-fPIC",
            "-diag-suppress", "174",
-           f"-gencode=arch=compute_{arch[3:]},code=[sm_{arch[3:]},compute_{arch[3:]}]",
+           f"-gencode=arch=compute_{cc},code=[sm_{cc},compute_{cc}]",
            f"-I{include}", f"-I{Path(include) / 'dlpack'}", f"-L{libdir}", "-ltvm_ffi",
            "-o", str(output), str(cu)]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise CvmcError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
+        raise CvmcError(f"nvcc failed for {target.arch}:\n{proc.stderr[-4000:]}")
 
 
 def check_cuda_arch(target: Target) -> None:
@@ -478,7 +479,7 @@ def check_cuda_arch(target: Target) -> None:
                             text=True)
     known = listed.stdout.split()
     # An nvcc too old to list its archs is left to say so itself when it compiles.
-    if listed.returncode == 0 and known and f"compute_{arch[3:]}" not in known:
+    if listed.returncode == 0 and known and f"compute_{target.cuda_arch}" not in known:
         archs = ", ".join(k.replace("compute_", "sm_") for k in known)
         raise CvmcError(f"--arch {arch}: {nvcc} cannot build for it; it builds for {archs}")
 
@@ -504,6 +505,6 @@ def build_cuda(mod, target: Target, on_kernel: Callable[[str], None] | None = No
                                                   kernel_signatures(mod, plan)))
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         lib = Path(tmp) / "kernels.so"
-        nvcc_shared(source, arch, lib)
+        nvcc_shared(source, target, lib)
         tir = scheduled.script()
         return Built(lib.read_bytes(), target.describe(), "cu", rules, lambda: (tir, source))

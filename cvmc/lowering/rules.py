@@ -143,13 +143,12 @@ CUDA_TABLE: list[ScheduleRule] = [
 
 def schedule_cuda_module(mod, target: Target):
     """(scheduled module, {kernel symbol: rule name}) for the GPU of `target`."""
-    import tvm
 
     mod, chosen = _apply_rows(mod, lambda anchor: [r for r in CUDA_TABLE if r.anchor == anchor])
     # dlight leaves alone the functions marked scheduled
     mod = type(mod)({gv: f.with_attr("tirx.is_scheduled", True) if gv.name_hint in chosen
                      else f for gv, f in mod.functions.items()})
-    mod = schedule_cuda(mod, tvm.target.Target(cuda_target(target.arch)))
+    mod = schedule_cuda(mod, cuda_target(target))
     return mod, {gv.name_hint: chosen.get(gv.name_hint, "cuda-dlight") for gv in mod.functions}
 
 
@@ -191,7 +190,7 @@ def _reschedule_rejected_cuda(mod, scheduled, target: Target, build: Callable):
             funcs[gv] = func
         except Exception:  # noqa: BLE001 (TVM surfaces lowering failures as assorted types)
             alone = tvm.IRModule({gv: mod[gv.name_hint]})
-            funcs[gv] = schedule_cuda(alone, tvm.target.Target(cuda_target(target.arch)),
+            funcs[gv] = schedule_cuda(alone, cuda_target(target),
                                       reductions=False)[gv.name_hint]
             rejected.append(gv.name_hint)
     return tvm.IRModule(funcs), rejected

@@ -10,6 +10,7 @@ from cvmc.codegen import build, compile_model
 from cvmc.errors import CvmcError
 from cvmc.lowering import lower, rules
 from cvmc.passes import pipeline
+from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.target import Target
 from tests.lowering.test_fusion_and_plan import diamond
 from tests.lowering.test_packed_conv import GEOMETRIES, conv_graph
@@ -46,6 +47,20 @@ def test_the_targets_kind_decides_packing_and_epilogues():
     assert llvm.epilogue_anchors is None
     assert cuda.epilogue_anchors == {"conv2d", "conv2d_packed", "dense"}
     assert cuda.features == frozenset() and cuda.arch == "sm_80"
+
+
+def test_make_computes_the_targets_facts_once():
+    # the register files as the ISA manuals give them: AVX-512 32 zmm of 512 bits, AVX2 16
+    # ymm of 256, SSE2 16 xmm of 128, AArch64's NEON 32 of 128
+    zen4, haswell, base = (Target.make("llvm", cpu) for cpu in ("znver4", "haswell", "x86-64"))
+    arm = Target.make("llvm", "neoverse-v2", mtriple="aarch64-linux-gnu")
+    assert [(t.vector_bits, t.registers) for t in (zen4, haswell, base, arm)] == \
+        [(512, 32), (256, 16), (128, 16), (128, 32)]
+    assert zen4.x86 and zen4.triple.startswith("x86_64") and "avx512vnni" in zen4.features
+    assert not arm.x86 and arm.triple == "aarch64-linux-gnu" and {"neon", "i8mm"} <= arm.features
+    assert zen4.polynomial_exp and arm.polynomial_exp  # the CPU's vectorising exp
+    cuda = Target.make("cuda", arch="sm_90")
+    assert cuda.cuda_arch == 90 and not cuda.polynomial_exp and Target.make("cuda").cuda_arch == 80
 
 
 def test_make_checks_the_names_and_fills_the_defaults():
@@ -111,13 +126,13 @@ def test_the_cuda_probe_and_schedules_use_the_targets_arch(monkeypatch, arch):
     for module in (rules, build):
         real = module.cuda_target
         monkeypatch.setattr(module, "cuda_target",
-                            lambda a, real=real: archs.append(a) or real(a))
+                            lambda t, real=real, **host: archs.append(t.arch) or real(t, **host))
     probed = []
     real_probe = lower.needs_global_memory
     monkeypatch.setattr(lower, "needs_global_memory",
                         lambda f, t: probed.append(t.arch) or real_probe(f, t))
     target = Target.make("cuda", arch=arch)
-    mod, _, _ = lower.lower_graph(diamond(), target)
+    mod, _, _ = lower.lower_graph(fuse_kernels(diamond(), target), target)
     assert probed and set(probed) == {arch} and set(archs) == {arch}
     build.cuda_translation_unit(mod, target)
     assert set(archs) == {arch} and len(archs) > len(probed)

@@ -259,14 +259,12 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
         pytest.skip(e.message)
     with tempfile.TemporaryDirectory() as tmp:
         for rule, source in sources.items():
-            nvcc_shared(source, "sm_80", Path(tmp) / f"{rule}.so")
+            nvcc_shared(source, cuda, Path(tmp) / f"{rule}.so")
 
 
 def test_dlight_schedules_a_one_pixel_packed_conv():
     """A kernel the CUDA rows leave goes to dlight, whose GEMV rule raises ValueError on a
     packed conv with one output pixel (its epilogue has one loop): the rule is skipped."""
-    import tvm
-
     from cvmc.lowering.lower import lower_graph
     from cvmc.lowering.schedule import cuda_target, has_thread_binding, schedule_cuda
     from cvmc.passes.pipeline import run_pipeline
@@ -276,5 +274,5 @@ def test_dlight_schedules_a_one_pixel_packed_conv():
     graph = run_pipeline(conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2),
                          target=cuda)
     mod, _, _ = lower_graph(graph, cuda)
-    scheduled = schedule_cuda(mod, tvm.target.Target(cuda_target("sm_80")))
+    scheduled = schedule_cuda(mod, cuda_target(cuda))
     assert all(has_thread_binding(f) for f in scheduled.functions.values())
