@@ -190,6 +190,6 @@ def test_tvm_errors_of_the_cuda_build_are_one_clear_error(monkeypatch):
         raise ValueError("The arch is not expected sm_80")
     monkeypatch.setattr(build, "cuda_translation_unit", fail)
     with pytest.raises(CvmcError) as error:
-        build.build_cuda(None, Target.make("cuda"))
+        build.build_cuda(None, Target.make("cuda"), ())
     assert error.value.message == ("--arch sm_80: TVM could not generate CUDA code (The arch "
                                    "is not expected sm_80)")

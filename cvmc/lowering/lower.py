@@ -92,9 +92,9 @@ def with_polynomial_exp(func):
     return tvm_ffi.structural_mutate(func, [(tvm.ir.expr.Call, call)])
 
 
-def needs_global_memory(func, target: Target) -> bool:
-    """True if `func`, scheduled for the GPU of `target` (the CUDA rows of the schedule
-    table, then dlight), still allocates a global intermediate buffer, or if one of its
+def needs_global_memory(func, target: Target, table: Sequence) -> bool:
+    """True if `func`, scheduled for the GPU of `target` (the rows of the schedule table
+    `table`, then dlight), still allocates a global intermediate buffer, or if one of its
     reductions reads another's result (argmax: the maximum, then its index): dlight cannot
     keep that on chip, and TVM's fallback then needs a global workspace, which CUDA kernels
     built for `cuda_host` cannot allocate."""
@@ -103,7 +103,7 @@ def needs_global_memory(func, target: Target) -> bool:
 
     from cvmc.lowering.rules import schedule_cuda_module
 
-    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}), target)
+    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}), target, table)
     allocs = [line for line in mod.script().splitlines() if "alloc_buffer(" in line]
     if any("scope=" not in line or 'scope="global"' in line for line in allocs):
         return True
@@ -151,14 +151,16 @@ def nbytes(t: TensorType) -> int:
     return t.size * np.dtype(t.dtype).itemsize
 
 
-def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
+def lower_graph(graph: Graph, target: Target, prefix: str = "k", table: Sequence = ()):
     """(IRModule of one PrimFunc per fused group, groups, execution plan dict) of `graph`
     for `target`. The groups are the partition the graph carries (the fuse-kernels pass,
     the last of every target's passes); a graph without one is a CvmcError.
 
     Kernel symbols are `<prefix><index>_<ops>`; a kernel that computes what an earlier one
     does, on buffers of the same shapes, calls that one's function (`share_identical`).
-    For cuda, non-inlinable intermediate stages become scratch buffers the runtime allocates.
+    For cuda, a kernel whose non-inlinable intermediate stages its schedule (the rows of
+    the backend's schedule table `table`, then dlight) would keep in global memory takes
+    them as scratch buffers the runtime allocates (`needs_global_memory`).
     """
     import tvm
 
@@ -178,7 +180,7 @@ def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
         symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
         funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
                                             graph.types, symbol, target)
-        if cuda and needs_global_memory(funcs[symbol], target):
+        if cuda and needs_global_memory(funcs[symbol], target, table):
             funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
                                                 graph.types, symbol, target, scratch=True)
         scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),

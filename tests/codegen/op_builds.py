@@ -81,6 +81,7 @@ class OpCaseBuilds:
         if index not in self._libraries:
             from cvmc.codegen.build import build_llvm
             from cvmc.codegen.cache import KernelCache, cache_folder
+            from cvmc.codegen.targets import backend
             from cvmc.lowering.lower import lower_graph
             from cvmc.passes.fusion import fuse_kernels
             from cvmc.passes.target import Target
@@ -88,7 +89,8 @@ class OpCaseBuilds:
             g, xs = self.graph(index), [arr for arr, _ in self.case(index).inputs]
             mod, _, plan = lower_graph(fuse_kernels(g, Target.make()), Target.make())
             folder = cache_folder()
-            built = build_llvm(mod, Target.make(), cache=KernelCache(folder) if folder else None)
+            built = build_llvm(mod, Target.make(), backend(Target.make()).schedules,
+                               cache=KernelCache(folder) if folder else None)
             path = self.folder / f"case{index}.so"
             path.write_bytes(built.library)
             values = {**{n: xs[int(n[1:])] for n in g.inputs}, **g.constants}

@@ -43,14 +43,14 @@ def cuda_module_of_cases():
     """(IRModule with every case lowered for CUDA, {case index: plan})."""
     import tvm
 
-    from cvmc.lowering.lower import lower_graph
+    from cvmc.codegen.targets.cuda import BACKEND
 
     funcs, plans, cuda = {}, {}, Target.make("cuda")
     for index, case in enumerate(CASES):
         if "cuda" not in lookup(case.op).backends:
             continue
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, plans[index] = lower_graph(fuse_kernels(g, cuda), cuda, prefix=f"c{index}_")
+        mod, _, plans[index] = BACKEND.lower(fuse_kernels(g, cuda), cuda, prefix=f"c{index}_")
         funcs.update({gv.name_hint: f for gv, f in mod.functions.items()})
     return tvm.IRModule(funcs), plans
 
@@ -73,6 +73,7 @@ def test_cuda_refuses_the_llvm_backends_layouts():
 def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     """Every case in one module, scheduled for CUDA, compiled ahead of time by one nvcc run."""
     from cvmc.codegen.build import cuda_translation_unit, find_nvcc
+    from cvmc.codegen.targets.cuda import ROWS
     from tests.codegen.op_builds import nvcc_cached
 
     try:
@@ -81,7 +82,7 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
         pytest.skip(e.message)
     mod, plans = cuda_module_of_cases()
     cuda = Target.make("cuda")
-    _, source, _ = cuda_translation_unit(mod, cuda)
+    _, source, _ = cuda_translation_unit(mod, cuda, ROWS)
     symbols = [k["symbol"] for p in plans.values() for k in p["kernels"]]
     for symbol in symbols:
         assert f"{symbol}_kernel" in source, f"{symbol}: no device kernel generated"
@@ -129,14 +130,14 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
     `__restrict__` (stale read-only-cache loads; wrong answers on an H100): such kernels are
     emitted without it, every other kernel keeps it."""
     from cvmc.codegen.build import cuda_translation_unit
-    from cvmc.lowering.lower import lower_graph
+    from cvmc.codegen.targets.cuda import BACKEND
 
     for op, restrict in (("min_reduce", False), ("broadcast_add", True)):
         case = next(c for c in CASES if c.op == op)
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
         cuda = Target.make("cuda")
-        mod, _, _ = lower_graph(fuse_kernels(g, cuda), cuda)
-        _, source, _ = cuda_translation_unit(mod, cuda)
+        mod, _, _ = BACKEND.lower(fuse_kernels(g, cuda), cuda)
+        _, source, _ = cuda_translation_unit(mod, cuda, BACKEND.schedules)
         kernels = [line for line in source.splitlines() if "__global__" in line]
         assert kernels and all(("__restrict__" in k) == restrict for k in kernels), kernels
 
@@ -144,14 +145,13 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
 def test_every_cuda_conv2d_kernel_gets_the_register_tile_rule():
     """cvmc's CUDA conv schedule takes every conv2d case (strided, dilated, grouped, with
     bias): none is left to dlight's one-output-per-thread fallback."""
-    from cvmc.lowering.lower import lower_graph
-    from cvmc.lowering.rules import schedule_cuda_module
+    from cvmc.codegen.targets.cuda import BACKEND
 
     cases = [c for c in CASES if c.op == "conv2d"]
     assert len(cases) >= 4
     for case in cases:
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
         cuda = Target.make("cuda")
-        mod, _, _ = lower_graph(fuse_kernels(g, cuda), cuda)
-        _, rules = schedule_cuda_module(mod, cuda)
+        mod, _, _ = BACKEND.lower(fuse_kernels(g, cuda), cuda)
+        _, rules = BACKEND.schedule(mod, cuda)
         assert set(rules.values()) == {"cuda-conv-register-tile"}, (case.attrs, rules)

@@ -7,6 +7,8 @@ import pytest
 
 from cvmc.cli import main
 from cvmc.codegen import build, compile_model
+from cvmc.codegen.targets import backend, cuda
+from cvmc.codegen.targets.cpu import CpuBackend
 from cvmc.errors import CvmcError
 from cvmc.lowering import lower, rules
 from cvmc.passes import pipeline
@@ -21,7 +23,7 @@ def _conv_rule(target: Target) -> str:
     """The schedule row the packed 3x3 conv kernel gets on `target`'s CPU."""
     graph = pipeline.run_pipeline(conv_graph(*GEOMETRIES["3x3 pad 1"]), target=target)
     mod, _, _ = lower.lower_graph(graph, target)
-    _, chosen = rules.schedule_llvm(mod, target)
+    _, chosen = backend(target).schedule(mod, target)
     (rule,) = (r for symbol, r in chosen.items() if "conv2d_packed" in symbol)
     return rule
 
@@ -78,15 +80,15 @@ def test_make_checks_the_names_and_fills_the_defaults():
         assert error.value.message.startswith(message)
 
 
-def _spy(monkeypatch, module, name: str, seen: list) -> None:
-    """Record the Target each call of `module.name` gets (its second argument or
-    `target=`), then call it."""
-    real = getattr(module, name)
+def _spy(monkeypatch, name: str, seen: list) -> None:
+    """Record the Target each call of the CPU backends' step `name` gets (the argument
+    after the graph or module), then run it."""
+    real = getattr(CpuBackend, name)
 
-    def spy(*args, **kwargs):
-        seen.append((name, kwargs.get("target", args[1] if len(args) > 1 else None)))
-        return real(*args, **kwargs)
-    monkeypatch.setattr(module, name, spy)
+    def spy(self, first, target, *args, **kwargs):
+        seen.append((name, target))
+        return real(self, first, target, *args, **kwargs)
+    monkeypatch.setattr(CpuBackend, name, spy)
 
 
 def test_one_target_is_built_and_reaches_passes_lowering_and_codegen(monkeypatch, tmp_path):
@@ -94,23 +96,23 @@ def test_one_target_is_built_and_reaches_passes_lowering_and_codegen(monkeypatch
     real_make = Target.make.__func__
     monkeypatch.setattr(Target, "make", classmethod(
         lambda cls, *a, **k: made.append(real_make(cls, *a, **k)) or made[-1]))
-    _spy(monkeypatch, pipeline, "run_pipeline", seen)
-    _spy(monkeypatch, lower, "lower_graph", seen)
-    _spy(monkeypatch, build, "build_llvm", seen)
+    for step in ("run_passes", "lower", "build"):
+        _spy(monkeypatch, step, seen)
     result = compile_model(diamond(), tmp_path / "m.cvmx", "llvm", mcpu="haswell")
     assert len(made) == 1 and made[0].mcpu == "haswell"
-    assert [name for name, _ in seen] == ["run_pipeline", "lower_graph", "build_llvm"]
+    assert [name for name, _ in seen] == ["run_passes", "lower", "build"]
     assert all(target is made[0] for _, target in seen)
     assert result.plan["target"]["mcpu"] == "haswell"
-    # The command line builds it once too, for the dumped passes and the compile.
+    # The command line builds it once too, and runs the passes once, dumping each one's
+    # graph on the way.
     made.clear()
     seen.clear()
     assert main(["compile", str(EXAMPLE), "--mcpu", "haswell", "-o", str(tmp_path / "e.cvmx"),
                  "--dump-ir", str(tmp_path / "ir")]) == 0
     assert len(made) == 1
-    assert [name for name, _ in seen] == ["run_pipeline", "run_pipeline", "lower_graph",
-                                          "build_llvm"]
+    assert [name for name, _ in seen] == ["run_passes", "lower", "build"]
     assert all(target is made[0] for _, target in seen)
+    assert len(list((tmp_path / "ir").glob("*.nnef"))) == len(backend(made[0]).passes)
 
 
 def test_a_target_is_not_given_with_loose_names(tmp_path):
@@ -130,11 +132,11 @@ def test_the_cuda_probe_and_schedules_use_the_targets_arch(monkeypatch, arch):
     probed = []
     real_probe = lower.needs_global_memory
     monkeypatch.setattr(lower, "needs_global_memory",
-                        lambda f, t: probed.append(t.arch) or real_probe(f, t))
+                        lambda f, t, table: probed.append(t.arch) or real_probe(f, t, table))
     target = Target.make("cuda", arch=arch)
-    mod, _, _ = lower.lower_graph(fuse_kernels(diamond(), target), target)
+    mod, _, _ = cuda.BACKEND.lower(fuse_kernels(diamond(), target), target)
     assert probed and set(probed) == {arch} and set(archs) == {arch}
-    build.cuda_translation_unit(mod, target)
+    build.cuda_translation_unit(mod, target, cuda.ROWS)
     assert set(archs) == {arch} and len(archs) > len(probed)
 
 

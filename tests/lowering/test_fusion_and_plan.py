@@ -67,7 +67,7 @@ def test_conv_absorbs_its_elementwise_epilogue():
 
 
 def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
-    """On CUDA conv2d and dense (cvmc's own schedules, `CUDA_TABLE`) take their epilogues;
+    """On CUDA conv2d and dense (cvmc's own schedules, the CUDA backend's rows) take their epilogues;
     other kernels (dlight's) do not."""
     assert [len(k) for k in fuse_kernels(cnn(), Target.make("cuda")).kernels] == [4, 1, 1, 1]
     fc = graph({"x": ((1, 27), 8)}, [
@@ -81,9 +81,9 @@ def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
 def test_cuda_epilogue_anchors_are_the_cuda_tables_anchors():
     """The fusion pass knows which CUDA kernels take an epilogue without importing the
     schedule table (passes sit below lowering); the two must name the same ops."""
-    from cvmc.lowering.rules import CUDA_TABLE
+    from cvmc.codegen.targets import cuda
 
-    assert Target.make("cuda").epilogue_anchors == {rule.anchor for rule in CUDA_TABLE}
+    assert Target.make("cuda").epilogue_anchors == {rule.anchor for rule in cuda.ROWS}
 
 
 def test_shared_values_outputs_and_reductions_end_groups():

@@ -239,8 +239,7 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
     tests/gpu runs them on a GPU (tests/gpu/prebuilt.py: dp4a_cases). Here: each takes its
     rule, and one conv and one dense of each rule compile with nvcc."""
     from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
-    from cvmc.lowering.lower import lower_graph
-    from cvmc.passes.pipeline import run_pipeline
+    from cvmc.codegen.targets.cuda import BACKEND
     from tests.gpu.prebuilt import dp4a_cases
 
     cuda = Target.make("cuda")
@@ -248,8 +247,8 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
              "cuda-dlight": None}
     sources = {}
     for name, (graph, rule) in dp4a_cases().items():
-        mod, _, _ = lower_graph(run_pipeline(graph, target=cuda), cuda)
-        _, sources[rule], rules = cuda_translation_unit(mod, cuda)
+        mod, _, _ = BACKEND.lower(BACKEND.run_passes(graph, cuda), cuda)
+        _, sources[rule], rules = cuda_translation_unit(mod, cuda, BACKEND.schedules)
         assert list(rules.values()) == [rule], name
         kernels = sources[rule].split("extern \"C\" __global__", 1)[1]
         assert calls[rule] is None or calls[rule] in kernels, name

@@ -14,9 +14,9 @@ import numpy as np
 import tvm_ffi
 
 import cvmc
+from cvmc.codegen.targets import backend
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.lowering.lower import lower_graph, lower_node
-from cvmc.lowering.rules import schedule_llvm
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.oputil import ulp_distance
@@ -100,6 +100,6 @@ def test_a_kernel_lowered_alone_gets_its_targets_exp():
 def test_exp_kernel_is_vectorised():
     target = Target.make("llvm", "znver3")
     graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
-    mod, chosen = schedule_llvm(lower_graph(graph, target)[0], target)
+    mod, chosen = backend(target).schedule(lower_graph(graph, target)[0], target)
     assert set(chosen.values()) == {"cpu-default"}
     assert "T.vectorized" in mod.script()

@@ -243,6 +243,7 @@ def test_damaged_signatures_are_refused(text, words):
 def test_a_library_without_signature_is_refused(artifact, tmp_path):
     """A library built without the signature (as by an older cvmc): recompile."""
     from cvmc.codegen.build import build_llvm
+    from cvmc.codegen.targets import backend
     from cvmc.frontend import load_graph
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
@@ -250,7 +251,7 @@ def test_a_library_without_signature_is_refused(artifact, tmp_path):
 
     target = Target.make()
     mod, _, _ = lower_graph(run_pipeline(load_graph(str(EXAMPLE)), target=target), target)
-    library = build_llvm(mod, target).library
+    library = build_llvm(mod, target, backend(target).schedules).library
     with zipfile.ZipFile(artifact) as z:
         members = {n: z.read(n) for n in z.namelist()}
     members["kernels.so"] = library
