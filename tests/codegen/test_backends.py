@@ -18,8 +18,7 @@ def test_each_backend_runs_its_kinds_passes_in_the_pipelines_order():
     """What `run_pipeline(graph, target=...)` runs (the passes for the target's kind) is
     the backend's list, which ends with the kernel partition lowering builds."""
     for b in BACKENDS.values():
-        kind = "cuda" if b.name == "cuda" else "llvm"
-        assert list(b.passes) == [p for p in PASSES if not p.targets or kind in p.targets]
+        assert list(b.passes) == [p for p in PASSES if not p.targets or b.kind in p.targets]
         assert b.passes[-1] is FUSE_KERNELS
 
 

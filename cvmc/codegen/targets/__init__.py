@@ -14,12 +14,9 @@ BACKENDS = {b.name: b for b in (x86.BACKEND, aarch64.BACKEND, cuda.BACKEND)}
 
 
 def backend(target: Target) -> Backend:
-    """The backend that compiles for `target`: cuda's, or the CPU's of its triple."""
-    if target.kind == "cuda":
-        return BACKENDS["cuda"]
-    if target.x86:
-        return BACKENDS["x86"]
-    if target.triple.startswith("aarch64"):
-        return BACKENDS["aarch64"]
-    raise CvmcError(f"no CPU backend for the triple {target.triple}: cvmc compiles for "
-                    f"x86-64 and AArch64")
+    """The backend that compiles for `target` (its kind and triple)."""
+    found = [b for b in BACKENDS.values() if b.compiles(target)]
+    if not found:
+        raise CvmcError(f"--target {target.kind}: no backend compiles for the triple "
+                        f"{target.triple}; cvmc's: {', '.join(BACKENDS)}")
+    return found[0]

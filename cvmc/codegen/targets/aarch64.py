@@ -18,4 +18,4 @@ ROWS = (
                  functools.partial(schedule_conv_dot, i8mm=False)),
 )
 
-BACKEND = CpuBackend("aarch64", CPU_PASSES, (*ROWS, *CPU_ROWS))
+BACKEND = CpuBackend("aarch64", "llvm", ("aarch64",), CPU_PASSES, (*ROWS, *CPU_ROWS))

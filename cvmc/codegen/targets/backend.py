@@ -18,12 +18,19 @@ from cvmc.passes.target import Target
 
 @dataclass(frozen=True)
 class Backend:
-    """`name`, the `passes` a graph takes, in order, and the `schedules` table. A
+    """`name`; the targets it compiles for: their `kind` and, for llvm, the LLVM `triples`
+    (prefixes); the `passes` a graph takes, in order, and the `schedules` table. A
     subclass builds (`schedule`, `build`)."""
 
     name: str
+    kind: str
+    triples: tuple[str, ...]
     passes: tuple[Pass, ...]
     schedules: tuple[ScheduleRule, ...]
+
+    def compiles(self, target: Target) -> bool:
+        """True if this backend compiles for `target`."""
+        return target.kind == self.kind and target.triple.startswith(self.triples)
 
     def check(self, target: Target) -> None:
         """Raise a CvmcError now if this machine cannot build for `target`."""

@@ -45,4 +45,4 @@ class CudaBackend(Backend):
         return build_cuda(mod, target, self.schedules, on_kernel, plan)
 
 
-BACKEND = CudaBackend("cuda", PASSES, ROWS)
+BACKEND = CudaBackend("cuda", "cuda", ("",), PASSES, ROWS)

@@ -10,6 +10,7 @@ from cvmc.lowering.rules import ScheduleRule
 from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
 from cvmc.lowering.x86_float import schedule_conv_float
 from cvmc.lowering.x86_matmul import schedule_matmul, schedule_matmul_packed
+from cvmc.passes.target import X86_TRIPLES
 
 ROWS = (
     ScheduleRule("x86-avx512-vnni", "conv2d_packed", ("avx512vnni",),
@@ -34,4 +35,4 @@ ROWS = (
                  schedule_conv_float),
 )
 
-BACKEND = CpuBackend("x86", CPU_PASSES, (*ROWS, *CPU_ROWS))
+BACKEND = CpuBackend("x86", "llvm", X86_TRIPLES, CPU_PASSES, (*ROWS, *CPU_ROWS))
