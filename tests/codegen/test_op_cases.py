@@ -146,6 +146,7 @@ def test_every_cuda_conv2d_kernel_gets_the_register_tile_rule():
     """cvmc's CUDA conv schedule takes every conv2d case (strided, dilated, grouped, with
     bias): none is left to dlight's one-output-per-thread fallback."""
     from cvmc.codegen.targets.cuda import BACKEND
+    from cvmc.lowering.rules import schedule_cuda_module
 
     cases = [c for c in CASES if c.op == "conv2d"]
     assert len(cases) >= 4
@@ -153,5 +154,5 @@ def test_every_cuda_conv2d_kernel_gets_the_register_tile_rule():
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
         cuda = Target.make("cuda")
         mod, _, _ = BACKEND.lower(fuse_kernels(g, cuda), cuda)
-        _, rules = BACKEND.schedule(mod, cuda)
+        _, rules = schedule_cuda_module(mod, cuda, BACKEND.schedules)
         assert set(rules.values()) == {"cuda-conv-register-tile"}, (case.attrs, rules)
