@@ -1,9 +1,8 @@
-"""Build an IRModule of PrimFuncs into one shared library for llvm (host CPU) or cuda.
-
-llvm: TVM's LLVM backend, linked with the backend shim (cvmc.codegen.shim) so the library
-runs with apache-tvm-ffi alone. cuda: the `cuda_host` route: device kernels and their
-host wrappers become one .cu translation unit that nvcc compiles ahead of time, with the
-small device-memory helpers the runtime needs (cvmc_empty / cvmc_copy).
+"""Build an IRModule of PrimFuncs into one shared library for the CPU: TVM's LLVM backend,
+one object per kernel (in worker processes, through the kernel cache), linked with the
+backend shim (cvmc.codegen.shim) so the library runs with apache-tvm-ffi alone. The CUDA
+build is the CUDA backend's own (cvmc/codegen/targets/cuda.py); `Built` and
+`kernel_signatures` serve both.
 """
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,10 +29,8 @@ from cvmc.codegen.lifeline import PARENT_ENV, die_with_server
 from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
 from cvmc.lowering.rules import SCALAR_RULE, ScheduleRule, schedule_and_build, schedule_llvm
-from cvmc.lowering.schedule import cuda_target, reads_own_output
 from cvmc.passes.target import Target, host_cpu
 
-NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 KERNELS_PER_WORKER = 6
 # The backend shim's cache entry: its "rule" and the global symbols its object defines (shim.py: the function it exports and the
 # native runtime's pool functions, hidden in the library but global in the object; a cached
@@ -399,116 +394,3 @@ def _emit_llvm(mod, target: Target, table: Sequence[ScheduleRule],
     scheduled = tvm.IRModule(funcs)
     source = tvm.compile(scheduled, target=target.describe()).mod.inspect_source("ll")
     return scheduled.script(), source
-
-
-def find_nvcc() -> str:
-    """Path of nvcc, or a CvmcError saying how to get one."""
-    for candidate in NVCC_CANDIDATES:
-        found = shutil.which(candidate)
-        if found:
-            return found
-    raise CvmcError("--target cuda needs nvcc (CUDA toolkit) on the compiling machine; "
-                    "none found at /usr/local/cuda/bin/nvcc or on PATH")
-
-
-def cuda_translation_unit(mod, target: Target, table: Sequence[ScheduleRule],
-                          on_kernel: Callable[[str], None] | None = None):
-    """(scheduled module, one .cu source with kernels, host wrappers and memory helpers,
-    {kernel: schedule rule}) for the GPU of `target`, scheduled by the rows of `table`
-    (then dlight)."""
-    import tvm
-    import tvm.backend.cuda
-
-    from cvmc.codegen.shim import CUDA_DEVICE_HELPERS_CU, CUDA_HELPERS_CU
-
-    device = cuda_target(target, host={"kind": "cuda_host"})
-    scheduled, ex, rules = schedule_and_build(mod, target, table,
-                                              lambda m: tvm.compile(m, target=device))
-    # A function left without thread bindings compiles to host-only code: catch it here.
-    if len(ex.mod.imports) == 0:
-        raise CvmcError("cuda build produced no device code")
-    for gv in scheduled.functions:
-        if on_kernel:
-            on_kernel(gv.name_hint)
-    source = CUDA_DEVICE_HELPERS_CU + tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
-    return scheduled, without_restrict(source, [gv.name_hint for gv, f in
-                                                scheduled.functions.items()
-                                                if reads_own_output(f)]), rules
-
-
-def without_restrict(source: str, symbols: list[str]) -> str:
-    """`source` with `__restrict__` dropped from the device kernels of `symbols`.
-
-    nvcc 13.0 miscompiles a kernel that accumulates in its output buffer when its
-    pointers are `__restrict__` (as TVM always declares them): a float min_reduce's
-    `acc = v < acc ? x[i] : out[j]` became one load through a selected pointer, issued
-    through the read-only cache (LDG.CONSTANT) and so reading a stale accumulator; on an
-    H100 it returned the wrong element (tests/gpu). Without the promise nvcc keeps plain
-    loads. Only these kernels (reductions left in global memory) lose it.
-    """
-    if not symbols:
-        return source
-    names = "|".join(map(re.escape, symbols))
-    kernel = re.compile(rf"__global__ .*\b(?:{names})_kernel(?:_\d+)?\(")
-    return "".join(line.replace(" __restrict__", "") if kernel.search(line) else line
-                   for line in source.splitlines(keepends=True))
-
-
-def nvcc_shared(source: str, target: Target, output: Path) -> None:
-    """Compile a .cu translation unit ahead of time into a shared library for the GPU of
-    `target`."""
-    import tvm_ffi
-
-    cu, cc = output.with_suffix(".cu"), target.cuda_arch
-    cu.write_text(source)
-    include = tvm_ffi.libinfo.find_include_path()
-    libdir = Path(tvm_ffi.__file__).parent / "lib"
-    # -diag-suppress 174: the generated host code has expression statements like "0;".
-    cmd = [find_nvcc(), "-shared", "-O2", "-std=c++17", "-Xcompiler", "-fPIC",
-           "-diag-suppress", "174",
-           f"-gencode=arch=compute_{cc},code=[sm_{cc},compute_{cc}]",
-           f"-I{include}", f"-I{Path(include) / 'dlpack'}", f"-L{libdir}", "-ltvm_ffi",
-           "-o", str(output), str(cu)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CvmcError(f"nvcc failed for {target.arch}:\n{proc.stderr[-4000:]}")
-
-
-def check_cuda_arch(target: Target) -> None:
-    """Raise a CvmcError unless this machine's nvcc can build for the arch of `target`
-    (checked before any work: nvcc would fail late)."""
-    arch = target.arch
-    nvcc = find_nvcc()
-    listed = subprocess.run([nvcc, "--list-gpu-arch"], check=False, capture_output=True,
-                            text=True)
-    known = listed.stdout.split()
-    # An nvcc too old to list its archs is left to say so itself when it compiles.
-    if listed.returncode == 0 and known and f"compute_{target.cuda_arch}" not in known:
-        archs = ", ".join(k.replace("compute_", "sm_") for k in known)
-        raise CvmcError(f"--arch {arch}: {nvcc} cannot build for it; it builds for {archs}")
-
-
-def build_cuda(mod, target: Target, table: Sequence[ScheduleRule],
-               on_kernel: Callable[[str], None] | None = None, plan: dict | None = None) -> Built:
-    """Schedule (by the rows of `table`, then dlight), generate and nvcc-compile `mod` for
-    the CUDA GPU of `target` (its arch checked by check_cuda_arch first), with the signature of `plan`'s kernels when given
-    (as build_llvm)."""
-    from cvmc_runtime import signature_json
-
-    arch = target.arch
-    try:
-        scheduled, source, rules = cuda_translation_unit(mod, target, table, on_kernel)
-    except (CvmcError, KeyboardInterrupt):
-        raise
-    except Exception as e:  # noqa: BLE001 (TVM raises assorted types; none may escape raw)
-        # TVM's message ends its text (after any traceback TVM adds)
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({reason})") from None
-    if plan is not None:
-        source += signature_source(signature_json(target.describe(),
-                                                  kernel_signatures(mod, plan)))
-    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
-        lib = Path(tmp) / "kernels.so"
-        nvcc_shared(source, target, lib)
-        tir = scheduled.script()
-        return Built(lib.read_bytes(), target.describe(), "cu", rules, lambda: (tir, source))

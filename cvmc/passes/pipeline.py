@@ -1,4 +1,5 @@
-"""The pass pipeline: every Graph -> Graph pass, in order, with why it is there."""
+"""The passes: every Graph -> Graph pass, with why it is there, and `PASSES`, all of them
+in order. A backend (cvmc/codegen/targets) lists those it runs; `run_passes` runs a list."""
 from __future__ import annotations
 
 import os
@@ -123,6 +124,7 @@ def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = No
 def run_pipeline(graph: Graph, stop_after: str | None = None,
                  after_pass: Callable[[int, str, Graph], None] | None = None,
                  target: Target | None = None) -> Graph:
-    """The compile pipeline, PASSES, on `graph` (`run_passes`). Running it on its own
-    output changes nothing."""
+    """PASSES on `graph` (`run_passes`): for a `target`, those of its kind, which are its
+    backend's list (tests/codegen/test_backends.py); with none, the passes of every
+    target. Running it on its own output changes nothing."""
     return run_passes(graph, PASSES, stop_after, after_pass, target)

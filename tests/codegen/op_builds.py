@@ -110,20 +110,20 @@ def nvcc_cached(source: str, target, output: Path) -> None:
     import subprocess
     import tempfile
 
-    from cvmc.codegen import build
     from cvmc.codegen.cache import cache_folder
+    from cvmc.codegen.targets import cuda
 
     folder = cache_folder()
     if folder is None:
-        build.nvcc_shared(source, target, output)
+        cuda.nvcc_shared(source, target, output)
         return
-    version = subprocess.run([build.find_nvcc(), "--version"], check=False,
+    version = subprocess.run([cuda.find_nvcc(), "--version"], check=False,
                              capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join([source, target.arch, version, inspect.getsource(
-        build.nvcc_shared)]).encode()).hexdigest()
+        cuda.nvcc_shared)]).encode()).hexdigest()
     kept = folder / "nvcc" / f"{key}.so"
     if not kept.is_file():
-        build.nvcc_shared(source, target, output)
+        cuda.nvcc_shared(source, target, output)
         kept.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=kept.parent, suffix=".tmp")
         os.close(fd)

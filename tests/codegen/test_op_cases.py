@@ -72,8 +72,7 @@ def test_cuda_refuses_the_llvm_backends_layouts():
 
 def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     """Every case in one module, scheduled for CUDA, compiled ahead of time by one nvcc run."""
-    from cvmc.codegen.build import cuda_translation_unit, find_nvcc
-    from cvmc.codegen.targets.cuda import ROWS
+    from cvmc.codegen.targets.cuda import cuda_translation_unit, find_nvcc
     from tests.codegen.op_builds import nvcc_cached
 
     try:
@@ -82,7 +81,7 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
         pytest.skip(e.message)
     mod, plans = cuda_module_of_cases()
     cuda = Target.make("cuda")
-    _, source, _ = cuda_translation_unit(mod, cuda, ROWS)
+    _, source, _ = cuda_translation_unit(mod, cuda)
     symbols = [k["symbol"] for p in plans.values() for k in p["kernels"]]
     for symbol in symbols:
         assert f"{symbol}_kernel" in source, f"{symbol}: no device kernel generated"
@@ -129,15 +128,14 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
     """nvcc 13.0 miscompiled a float min_reduce that accumulates in its output buffer under
     `__restrict__` (stale read-only-cache loads; wrong answers on an H100): such kernels are
     emitted without it, every other kernel keeps it."""
-    from cvmc.codegen.build import cuda_translation_unit
-    from cvmc.codegen.targets.cuda import BACKEND
+    from cvmc.codegen.targets.cuda import BACKEND, cuda_translation_unit
 
     for op, restrict in (("min_reduce", False), ("broadcast_add", True)):
         case = next(c for c in CASES if c.op == op)
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
         cuda = Target.make("cuda")
         mod, _, _ = BACKEND.lower(fuse_kernels(g, cuda), cuda)
-        _, source, _ = cuda_translation_unit(mod, cuda, BACKEND.schedules)
+        _, source, _ = cuda_translation_unit(mod, cuda)
         kernels = [line for line in source.splitlines() if "__global__" in line]
         assert kernels and all(("__restrict__" in k) == restrict for k in kernels), kernels
 

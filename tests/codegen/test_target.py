@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cvmc.cli import main
-from cvmc.codegen import build, compile_model
+from cvmc.codegen import compile_model
 from cvmc.codegen.targets import backend, cuda
 from cvmc.codegen.targets.cpu import CpuBackend
 from cvmc.errors import CvmcError
@@ -125,7 +125,7 @@ def test_the_cuda_probe_and_schedules_use_the_targets_arch(monkeypatch, arch):
     """The probe for kernels that need global scratch (lowering) and the CUDA schedules
     and build (codegen) are all for the Target's arch, not a fixed one."""
     archs = []
-    for module in (rules, build):
+    for module in (rules, cuda):
         real = module.cuda_target
         monkeypatch.setattr(module, "cuda_target",
                             lambda t, real=real, **host: archs.append(t.arch) or real(t, **host))
@@ -136,7 +136,7 @@ def test_the_cuda_probe_and_schedules_use_the_targets_arch(monkeypatch, arch):
     target = Target.make("cuda", arch=arch)
     mod, _, _ = cuda.BACKEND.lower(fuse_kernels(diamond(), target), target)
     assert probed and set(probed) == {arch} and set(archs) == {arch}
-    build.cuda_translation_unit(mod, target, cuda.ROWS)
+    cuda.cuda_translation_unit(mod, target)
     assert set(archs) == {arch} and len(archs) > len(probed)
 
 

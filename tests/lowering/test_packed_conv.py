@@ -238,8 +238,7 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
     PTX `dp4a.u32.s32`), and dense with `__dp4a` (s8 x s8) where K is a multiple of 4;
     tests/gpu runs them on a GPU (tests/gpu/prebuilt.py: dp4a_cases). Here: each takes its
     rule, and one conv and one dense of each rule compile with nvcc."""
-    from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
-    from cvmc.codegen.targets.cuda import BACKEND
+    from cvmc.codegen.targets.cuda import BACKEND, cuda_translation_unit, find_nvcc, nvcc_shared
     from tests.gpu.prebuilt import dp4a_cases
 
     cuda = Target.make("cuda")
@@ -248,7 +247,7 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
     sources = {}
     for name, (graph, rule) in dp4a_cases().items():
         mod, _, _ = BACKEND.lower(BACKEND.run_passes(graph, cuda), cuda)
-        _, sources[rule], rules = cuda_translation_unit(mod, cuda, BACKEND.schedules)
+        _, sources[rule], rules = cuda_translation_unit(mod, cuda)
         assert list(rules.values()) == [rule], name
         kernels = sources[rule].split("extern \"C\" __global__", 1)[1]
         assert calls[rule] is None or calls[rule] in kernels, name

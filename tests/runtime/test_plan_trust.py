@@ -269,7 +269,7 @@ def test_cuda_libraries_carry_the_signature_too(tmp_path):
     import tvm_ffi
     from cvmc_runtime.library import check_library
 
-    from cvmc.codegen.build import find_nvcc
+    from cvmc.codegen.targets.cuda import find_nvcc
 
     try:
         find_nvcc()
