@@ -39,14 +39,13 @@ def _sha(text: str) -> str:
 
 
 def generated(graph, target) -> tuple[str, str]:
-    """(scheduled TIR, execution plan JSON) of `graph` for `target`."""
-    from cvmc.lowering.lower import lower_graph
-    from cvmc.lowering.rules import schedule_cuda_module, schedule_llvm
-    from cvmc.passes.pipeline import run_pipeline
+    """(scheduled TIR, execution plan JSON) of `graph` for `target`, by its backend's
+    passes, lowering and schedules."""
+    from cvmc.codegen.targets import backend
 
-    mod, _, plan = lower_graph(run_pipeline(graph, target=target), target)
-    schedule = schedule_cuda_module if target.kind == "cuda" else schedule_llvm
-    return schedule(mod, target)[0].script(), json.dumps(plan, indent=1, sort_keys=True)
+    steps = backend(target)
+    mod, _, plan = steps.lower(steps.run_passes(graph, target), target)
+    return steps.schedule(mod, target)[0].script(), json.dumps(plan, indent=1, sort_keys=True)
 
 
 def graphs():

@@ -54,6 +54,7 @@ def test_gops_counts_float_conv_and_matmul_multiply_adds():
     from cvmc.frontend.nnef import parse_nnef
     from cvmc.lowering.lower import lower_graph
     from cvmc.ops.infer import retype
+    from cvmc.passes.fusion import fuse_kernels
     from cvmc.passes.target import Target
 
     text = """version 1.0;
@@ -66,7 +67,8 @@ graph G(x, f, a, b) -> (y, z) {
   z = matmul(a, b, transposeA = true);
 }
 """
-    _, _, plan = lower_graph(retype(parse_nnef(text, "g.nnef")), Target.make())
+    target = Target.make()
+    _, _, plan = lower_graph(fuse_kernels(retype(parse_nnef(text, "g.nnef")), target), target)
     assert {k["ops"][0]: k["arith_ops"] for k in plan["kernels"]} == \
         {"conv": 2 * 27 * 4 * 6 * 6, "matmul": 2 * 5 * 2 * 3}
 

@@ -125,7 +125,7 @@ def test_damaged_artifact_is_one_clear_error(workdir, tmp_path, capsys, damage):
 def test_cuda_artifact_builds_and_without_gpu_is_one_clear_error(tmp_path, capsys):
     from cvmc_runtime.model import cuda_available
 
-    from cvmc.codegen.build import find_nvcc
+    from cvmc.codegen.targets.cuda import find_nvcc
 
     try:
         find_nvcc()
@@ -168,7 +168,7 @@ def test_bad_cuda_arch_is_a_usage_error(tmp_path, capsys, arch):
 
 
 def test_cuda_arch_this_nvcc_cannot_build_is_one_clear_error(tmp_path, capsys):
-    from cvmc.codegen.build import find_nvcc
+    from cvmc.codegen.targets.cuda import find_nvcc
     try:
         find_nvcc()
     except Exception as e:  # noqa: BLE001
@@ -182,14 +182,14 @@ def test_cuda_arch_this_nvcc_cannot_build_is_one_clear_error(tmp_path, capsys):
 
 
 def test_tvm_errors_of_the_cuda_build_are_one_clear_error(monkeypatch):
-    from cvmc.codegen import build
+    from cvmc.codegen.targets import cuda
     from cvmc.errors import CvmcError
     from cvmc.passes.target import Target
 
     def fail(*args):
         raise ValueError("The arch is not expected sm_80")
-    monkeypatch.setattr(build, "cuda_translation_unit", fail)
+    monkeypatch.setattr(cuda, "cuda_translation_unit", fail)
     with pytest.raises(CvmcError) as error:
-        build.build_cuda(None, Target.make("cuda"))
+        cuda.build_cuda(None, Target.make("cuda"))
     assert error.value.message == ("--arch sm_80: TVM could not generate CUDA code (The arch "
                                    "is not expected sm_80)")

@@ -95,10 +95,11 @@ def test_identical_kernels_are_built_once(tmp_path):
     from cvmc.codegen import compile_model
     from cvmc.lowering.lower import lower_graph
     from cvmc.ops.infer import retype
+    from cvmc.passes.fusion import fuse_kernels
     from cvmc.passes.target import Target
 
     g = retype(parse_nnef(chain(40), "chain.nnef"))
-    mod, groups, plan = lower_graph(g, Target.make())
+    mod, groups, plan = lower_graph(fuse_kernels(g, Target.make()), Target.make())
     symbols = [k["symbol"] for k in plan["kernels"]]
     assert len(groups) == 6 and len(mod.functions) == 2
     assert symbols[:5] == [symbols[0]] * 5 and symbols[5] != symbols[0]

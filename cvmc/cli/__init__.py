@@ -27,6 +27,7 @@ from cvmc.cli.ops import cmd_ops
 from cvmc.cli.quantize import cmd_quantize
 from cvmc.cli.run import cmd_run
 from cvmc.errors import CvmcError
+from cvmc.passes.target import DEFAULT_ARCH
 
 
 def _versions() -> str:
@@ -136,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mcpu", help="LLVM CPU name (default: the host CPU)")
     sp.add_argument("--mtriple", help="cross-compile for aarch64-linux-gnu (with --emit "
                     "c-library; --mcpu default generic)")
-    sp.add_argument("--arch", default="sm_80", type=cuda_arch,
-                    help="CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default sm_80)")
+    sp.add_argument("--arch", type=cuda_arch,
+                    help=f"CUDA arch, sm_61 or newer, e.g. sm_80, sm_90 (default {DEFAULT_ARCH})")
     sp.add_argument("-o", "--output", required=True,
                     help="artifact path (.cvmx); with --emit c-library, a folder")
     sp.add_argument("--emit", action="append", default=[],

@@ -49,10 +49,10 @@ def compile_checked_model(args) -> int:
     from cvmc_runtime import atomic_write_bytes
 
     from cvmc.codegen.progress import RichProgress
+    from cvmc.codegen.targets import backend
     from cvmc.frontend import load_checked
     from cvmc.frontend.container import quantization_file
     from cvmc.frontend.printer import graph_dumper
-    from cvmc.passes.pipeline import run_pipeline
     from cvmc.passes.target import Target
 
     if "c-library" in args.emit:
@@ -66,16 +66,15 @@ def compile_checked_model(args) -> int:
         graph = load_checked(args.model, quant=args.quant, params=args.params)
     # once, for passes and build
     target = Target.make(args.target, args.mcpu, args.arch, args.mtriple)
-    if args.stop_after or args.dump_ir:
-        with progress.stage("passes"):
-            dump = graph_dumper(args.dump_ir) if args.dump_ir else None
-            graph = run_pipeline(graph, stop_after=args.stop_after, after_pass=dump,
-                                 target=target)
+    dump = graph_dumper(args.dump_ir) if args.dump_ir else None
     if args.stop_after:
+        with progress.stage("passes"):
+            backend(target).run_passes(graph, target, args.stop_after, dump)
         console.print(f"stopped after pass '{args.stop_after}'")
         return 0
     result = compile_model(graph, output, target, progress=progress,
-                           quantization=quantization_file(args.model), cache=not args.no_cache)
+                           quantization=quantization_file(args.model), cache=not args.no_cache,
+                           after_pass=dump)
     # Only what is asked for is made: the TIR and source of a CPU build are made again
     # for --emit (the kernels were compiled apart, perhaps in an earlier run).
     extras = {"tir": lambda: result.tir,

@@ -1,9 +1,10 @@
-"""Codegen: a checked graph -> fused kernels -> one compiled library -> a .cvmx artifact."""
+"""Codegen: a checked graph -> its backend's passes (fused kernels last) -> one compiled
+library -> a .cvmx artifact. The backends, one module each, are cvmc/codegen/targets."""
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,23 +59,21 @@ class Quiet:
 def compile_model(graph: Graph, output: str | Path | None, target: str | Target = "llvm",
                   mcpu: str | None = None, arch: str | None = None, progress=None,
                   quantization: Mapping | str | os.PathLike | None = None,
-                  jobs: int | None = None, cache: bool = True) -> CompileResult:
-    """Run the pass pipeline for `target`, then lower, schedule and build `graph` into a
-    .cvmx file (none when `output` is None: the result alone, as for a C library).
-    `target` is a Target, or a kind that `Target.make` builds one of with `mcpu`
-    (default: the host CPU) or `arch` (default: sm_80). (The pipeline is
-    idempotent: a graph that has been through it already, as `cvmc compile` does to dump
-    it, is unchanged.) `quantization`: the scales of a quantized model (a quantization.json
-    path or its object), recorded in the plan. CPU kernels are built in `jobs` processes
-    (default: `CVMC_JOBS`, else one per CPU) and kept in the per-user kernel cache
-    (`cvmc.codegen.cache`) unless `cache` is False; the artifact is the same either way."""
+                  jobs: int | None = None, cache: bool = True,
+                  after_pass: Callable[[int, str, Graph], None] | None = None) -> CompileResult:
+    """Run the passes of `target`'s backend (`cvmc.codegen.targets`), then lower, schedule
+    and build `graph` into a .cvmx file (none when `output` is None: the result alone, as
+    for a C library). `target` is a Target, or a kind that `Target.make` builds one of with
+    `mcpu` (default: the host CPU) or `arch` (default: sm_80). `after_pass(index, name,
+    graph)` is called after each pass (`--dump-ir`). `quantization`: the scales of a
+    quantized model (a quantization.json path or its object), recorded in the plan. CPU
+    kernels are built in `jobs` processes (default: `CVMC_JOBS`, else one per CPU) and kept
+    in the per-user kernel cache (`cvmc.codegen.cache`) unless `cache` is False; the
+    artifact is the same either way."""
     from cvmc_runtime import write_artifact
 
-    from cvmc.codegen.build import build_cuda, build_llvm, check_cuda_arch, start_workers
-    from cvmc.codegen.cache import KernelCache, cache_folder
     from cvmc.codegen.quantization import check_quantization, record_scales
-    from cvmc.lowering.lower import lower_graph
-    from cvmc.passes.pipeline import run_pipeline
+    from cvmc.codegen.targets import backend
 
     path = (str, os.PathLike)
     for name, value, ok, want in (
@@ -94,8 +93,8 @@ def compile_model(graph: Graph, output: str | Path | None, target: str | Target 
     else:
         target = Target.make(target, mcpu, arch)
     compiler_tvm()  # a clear error now if TVM cannot compile (Target.make asks it for llvm)
-    if target.kind == "cuda":
-        check_cuda_arch(target)
+    steps = backend(target)
+    steps.check(target)
     if target.mtriple and output is not None:
         raise CvmcError(f"--mtriple {target.mtriple}: the Python runtime runs host code only; "
                         f"build a C library (--emit c-library)")
@@ -103,22 +102,16 @@ def compile_model(graph: Graph, output: str | Path | None, target: str | Target 
         writable_file(output, "artifact")  # before the work, not after it
     progress = progress or Quiet()
     start = time.perf_counter()
-    if target.kind == "llvm":  # about as many kernels as nodes at most: fusion merges them
-        start_workers(len(graph.nodes), jobs)
+    steps.start(len(graph.nodes), jobs)  # kernels: as many as nodes at most
     with progress.stage("passes"):
-        graph = run_pipeline(graph, target=target)
+        graph = steps.run_passes(graph, target, after_pass=after_pass)
     scales = None if quantization is None else check_quantization(quantization, graph)
     with progress.stage("lower", len(graph.nodes)):
-        mod, _, plan = lower_graph(graph, target)
+        mod, _, plan = steps.lower(graph, target)
     if scales:
         record_scales(plan, scales)
     with progress.stage(f"schedule + build ({target.kind})", len(mod.functions)) as stage:
-        if target.kind == "llvm":
-            folder = cache_folder() if cache else None
-            built = build_llvm(mod, target, stage.advance, plan, jobs,
-                               KernelCache(folder) if folder else None)
-        else:  # nvcc builds one translation unit: neither parts nor a cache (yet)
-            built = build_cuda(mod, target, stage.advance, plan)
+        built = steps.build(mod, target, plan, stage.advance, jobs, cache)
     plan.update(target=built.target, device="cpu" if target.kind == "llvm" else "cuda")
     for kernel in plan["kernels"]:
         kernel["schedule"] = built.schedules[kernel["symbol"]]

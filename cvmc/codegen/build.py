@@ -1,9 +1,8 @@
-"""Build an IRModule of PrimFuncs into one shared library for llvm (host CPU) or cuda.
-
-llvm: TVM's LLVM backend, linked with the backend shim (cvmc.codegen.shim) so the library
-runs with apache-tvm-ffi alone. cuda: the `cuda_host` route: device kernels and their
-host wrappers become one .cu translation unit that nvcc compiles ahead of time, with the
-small device-memory helpers the runtime needs (cvmc_empty / cvmc_copy).
+"""Build an IRModule of PrimFuncs into one shared library for the CPU: TVM's LLVM backend,
+one object per kernel (in worker processes, through the kernel cache), linked with the
+backend shim (cvmc.codegen.shim) so the library runs with apache-tvm-ffi alone. The CUDA
+build is the CUDA backend's own (cvmc/codegen/targets/cuda.py); `Built` and
+`kernel_signatures` serve both.
 """
 from __future__ import annotations
 
@@ -12,14 +11,12 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
@@ -31,17 +28,13 @@ from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
 from cvmc.codegen.lifeline import PARENT_ENV, die_with_server
 from cvmc.codegen.shim import SHIM_C, signature_source
 from cvmc.errors import CvmcError
-from cvmc.lowering.rules import SCALAR_RULE, SCHEDULE_TABLE, schedule_and_build, schedule_llvm
-from cvmc.lowering.schedule import cuda_target, reads_own_output
+from cvmc.lowering.rules import SCALAR_RULE, ScheduleRule, schedule_and_build, schedule_llvm
 from cvmc.passes.target import Target, host_cpu
 
-NVCC_CANDIDATES = ("/usr/local/cuda/bin/nvcc", "nvcc")
 KERNELS_PER_WORKER = 6
-# The schedule rules a cached kernel may carry, and the backend shim's entry: its "rule"
-# and the global symbols its object defines (shim.py: the function it exports and the
+# The backend shim's cache entry: its "rule" and the global symbols its object defines (shim.py: the function it exports and the
 # native runtime's pool functions, hidden in the library but global in the object; a cached
 # shim that defines others is rebuilt, so this list follows runtime/cvmc_runtime/native).
-KERNEL_RULES = frozenset(rule.name for rule in [*SCHEDULE_TABLE, SCALAR_RULE])
 SHIM_RULE = "backend-shim"
 SHIM_SYMBOLS = ("__tvm_ffi_cvmc_shim_stats", "cvmc_alloc_workspace", "cvmc_free_workspace",
                 "cvmc_get_num_threads", "cvmc_parallel_barrier", "cvmc_parallel_launch",
@@ -165,11 +158,11 @@ def kernel_signatures(mod, plan: dict) -> list[dict]:
     return out
 
 
-def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = None,
-               plan: dict | None = None, jobs: int | None = None,
-               cache: KernelCache | None = None) -> Built:
-    """Schedule (the schedule table, `cvmc.lowering.rules`) and compile `mod` for the CPU
-    of `target`; returns the linked library, holding the signature of `plan`'s kernels
+def build_llvm(mod, target: Target, table: Sequence[ScheduleRule],
+               on_kernel: Callable[[str], None] | None = None, plan: dict | None = None,
+               jobs: int | None = None, cache: KernelCache | None = None) -> Built:
+    """Schedule (by the rows of the backend's schedule table `table`,
+    `cvmc.lowering.rules`) and compile `mod` for the CPU of `target`; returns the linked library, holding the signature of `plan`'s kernels
     when given (a library to load with cvmc_runtime.load needs it).
 
     Each kernel is compiled on its own into an object file, in `jobs` worker processes
@@ -182,14 +175,16 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
     from cvmc_runtime import signature_json
     from tvm.support.cc import create_shared
 
-    features = needed_features(target.mcpu, target.mtriple)
+    features = needed_features(target)
     if not target.mtriple:
         warn_if_not_host(target.mcpu, host_cpu(), features)
     built_for = {**target.describe(), "features": features}
     funcs = {gv.name_hint: func for gv, func in mod.functions.items()}
     keys = {s: entry_key("kernel", [f"__tvm_ffi_{s}"], f.script(), built_for)
             for s, f in funcs.items()} if cache else {}
-    kernels = {s: cache.load(keys[s], KERNEL_RULES) for s in funcs} if cache else {}
+    # a cached kernel carries the rule it got: one of the table's, or the scalar fallback
+    known = {rule.name for rule in [*table, SCALAR_RULE]}
+    kernels = {s: cache.load(keys[s], known) for s in funcs} if cache else {}
     kernels = {s: k for s, k in kernels.items() if k is not None}
     for symbol in kernels:
         if on_kernel:
@@ -210,13 +205,13 @@ def build_llvm(mod, target: Target, on_kernel: Callable[[str], None] | None = No
             "signature", "the library signature")
         # closed on any error here too, so its workers stop now, not at garbage collection
         building = stack.enter_context(closing(_compile_kernels(
-            missing, target, jobs or compile_jobs(), on_kernel)))
+            missing, target, table, jobs or compile_jobs(), on_kernel)))
         for symbol, kernel in building:
             kernels[symbol] = kernel
             if cache:
                 cache.store(keys[symbol], kernel)
         rules = {s: kernels[s].rule for s in funcs}
-        emit = functools.partial(_emit_llvm, mod, target, rules)
+        emit = functools.partial(_emit_llvm, mod, target, table, rules)
         if cross:
             return Built(b"", built_for, "ll", rules, emit,
                          {s: kernels[s].obj for s in funcs})
@@ -283,7 +278,7 @@ def _start_server() -> None:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _compile_kernels(funcs: dict, target: Target, jobs: int,
+def _compile_kernels(funcs: dict, target: Target, table: Sequence[ScheduleRule], jobs: int,
                      on_kernel: Callable[[str], None] | None):
     """(symbol, KernelObject) for each PrimFunc of `funcs`, as they finish, built by `jobs`
     processes: this one and `jobs - 1` workers (`_worker_context`), or this one alone for
@@ -298,7 +293,7 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
     jobs = min(jobs, len(funcs) // KERNELS_PER_WORKER)
     if jobs <= 1:
         for symbol, func in funcs.items():
-            yield symbol, compile_kernel(func, target)
+            yield symbol, compile_kernel(func, target, table)
             if on_kernel:
                 on_kernel(symbol)
         return
@@ -311,7 +306,7 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
 
     def submit(symbol: str):
         with _main_module_hidden():  # a submit may start a worker
-            return pool.submit(compile_kernel_json, texts[symbol], target)
+            return pool.submit(compile_kernel_json, texts[symbol], target, table)
 
     # The first submit starts a worker, which waits for the fork server to have imported
     # TVM: a thread waits for it, while this process builds kernels.
@@ -330,7 +325,7 @@ def _compile_kernels(funcs: dict, target: Target, jobs: int,
                 finished = [future for future in pending if future.done()]
                 if not finished and order:  # no worker is done: build the smallest here
                     symbol = order.pop()
-                    results = [(symbol, compile_kernel(funcs[symbol], target))]
+                    results = [(symbol, compile_kernel(funcs[symbol], target, table))]
                 elif not finished:
                     wait([*pending, starting] if starting else pending,
                          return_when=FIRST_COMPLETED)
@@ -362,20 +357,21 @@ def _main_module_hidden():
         sys.modules["__main__"] = main
 
 
-def compile_kernel_json(func_json: str, target: Target) -> KernelObject:
+def compile_kernel_json(func_json: str, target: Target,
+                        table: Sequence[ScheduleRule]) -> KernelObject:
     """compile_kernel of a PrimFunc given as `tvm.ir.save_json` text (a worker's task)."""
     import tvm
 
-    return compile_kernel(tvm.ir.load_json(func_json), target)
+    return compile_kernel(tvm.ir.load_json(func_json), target, table)
 
 
-def compile_kernel(func, target: Target) -> KernelObject:
-    """One PrimFunc scheduled (with the table's fallbacks) and compiled for the CPU of
-    `target` into an object file."""
+def compile_kernel(func, target: Target, table: Sequence[ScheduleRule]) -> KernelObject:
+    """One PrimFunc scheduled by the rows of `table` (with their fallbacks) and compiled
+    for the CPU of `target` into an object file."""
     import tvm
 
     symbol = str(func.attrs["global_symbol"])
-    _, ex, rules = schedule_and_build(tvm.IRModule({symbol: func}), target,
+    _, ex, rules = schedule_and_build(tvm.IRModule({symbol: func}), target, table,
                                       lambda m: tvm.compile(m, target=target.describe()))
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
         obj = Path(tmp) / "kernel.o"
@@ -383,7 +379,8 @@ def compile_kernel(func, target: Target) -> KernelObject:
         return KernelObject(obj.read_bytes(), rules[symbol])
 
 
-def _emit_llvm(mod, target: Target, rules: dict[str, str]) -> tuple[str, str]:
+def _emit_llvm(mod, target: Target, table: Sequence[ScheduleRule],
+               rules: dict[str, str]) -> tuple[str, str]:
     """(scheduled TIR, LLVM IR) of `mod` as `build_llvm` built it, each kernel with the rule
     it got, made again only when asked for (`--emit`): the kernels were compiled apart,
     perhaps in other processes or an earlier run."""
@@ -392,118 +389,8 @@ def _emit_llvm(mod, target: Target, rules: dict[str, str]) -> tuple[str, str]:
     funcs = {}
     for gv, func in mod.functions.items():
         alone = tvm.IRModule({gv: func})
-        funcs[gv] = schedule_llvm(alone, target, rules[gv.name_hint] == SCALAR_RULE.name)[0][gv]
+        funcs[gv] = schedule_llvm(alone, target, table,
+                                  rules[gv.name_hint] == SCALAR_RULE.name)[0][gv]
     scheduled = tvm.IRModule(funcs)
     source = tvm.compile(scheduled, target=target.describe()).mod.inspect_source("ll")
     return scheduled.script(), source
-
-
-def find_nvcc() -> str:
-    """Path of nvcc, or a CvmcError saying how to get one."""
-    for candidate in NVCC_CANDIDATES:
-        found = shutil.which(candidate)
-        if found:
-            return found
-    raise CvmcError("--target cuda needs nvcc (CUDA toolkit) on the compiling machine; "
-                    "none found at /usr/local/cuda/bin/nvcc or on PATH")
-
-
-def cuda_translation_unit(mod, target: Target,
-                          on_kernel: Callable[[str], None] | None = None):
-    """(scheduled module, one .cu source with kernels, host wrappers and memory helpers,
-    {kernel: schedule rule}) for the GPU of `target`."""
-    import tvm
-    import tvm.backend.cuda
-
-    from cvmc.codegen.shim import CUDA_DEVICE_HELPERS_CU, CUDA_HELPERS_CU
-
-    device = tvm.target.Target(cuda_target(target.arch), host={"kind": "cuda_host"})
-    scheduled, ex, rules = schedule_and_build(mod, target,
-                                              lambda m: tvm.compile(m, target=device))
-    # A function left without thread bindings compiles to host-only code: catch it here.
-    if len(ex.mod.imports) == 0:
-        raise CvmcError("cuda build produced no device code")
-    for gv in scheduled.functions:
-        if on_kernel:
-            on_kernel(gv.name_hint)
-    source = CUDA_DEVICE_HELPERS_CU + tvm.backend.cuda.export_cuda_host(ex.mod) + CUDA_HELPERS_CU
-    return scheduled, without_restrict(source, [gv.name_hint for gv, f in
-                                                scheduled.functions.items()
-                                                if reads_own_output(f)]), rules
-
-
-def without_restrict(source: str, symbols: list[str]) -> str:
-    """`source` with `__restrict__` dropped from the device kernels of `symbols`.
-
-    nvcc 13.0 miscompiles a kernel that accumulates in its output buffer when its
-    pointers are `__restrict__` (as TVM always declares them): a float min_reduce's
-    `acc = v < acc ? x[i] : out[j]` became one load through a selected pointer, issued
-    through the read-only cache (LDG.CONSTANT) and so reading a stale accumulator; on an
-    H100 it returned the wrong element (tests/gpu). Without the promise nvcc keeps plain
-    loads. Only these kernels (reductions left in global memory) lose it.
-    """
-    if not symbols:
-        return source
-    names = "|".join(map(re.escape, symbols))
-    kernel = re.compile(rf"__global__ .*\b(?:{names})_kernel(?:_\d+)?\(")
-    return "".join(line.replace(" __restrict__", "") if kernel.search(line) else line
-                   for line in source.splitlines(keepends=True))
-
-
-def nvcc_shared(source: str, arch: str, output: Path) -> None:
-    """Compile a .cu translation unit ahead of time into a shared library."""
-    import tvm_ffi
-
-    cu = output.with_suffix(".cu")
-    cu.write_text(source)
-    include = tvm_ffi.libinfo.find_include_path()
-    libdir = Path(tvm_ffi.__file__).parent / "lib"
-    # -diag-suppress 174: the generated host code has expression statements like "0;".
-    cmd = [find_nvcc(), "-shared", "-O2", "-std=c++17", "-Xcompiler", "-fPIC",
-           "-diag-suppress", "174",
-           f"-gencode=arch=compute_{arch[3:]},code=[sm_{arch[3:]},compute_{arch[3:]}]",
-           f"-I{include}", f"-I{Path(include) / 'dlpack'}", f"-L{libdir}", "-ltvm_ffi",
-           "-o", str(output), str(cu)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CvmcError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
-
-
-def check_cuda_arch(target: Target) -> None:
-    """Raise a CvmcError unless this machine's nvcc can build for the arch of `target`
-    (checked before any work: nvcc would fail late)."""
-    arch = target.arch
-    nvcc = find_nvcc()
-    listed = subprocess.run([nvcc, "--list-gpu-arch"], check=False, capture_output=True,
-                            text=True)
-    known = listed.stdout.split()
-    # An nvcc too old to list its archs is left to say so itself when it compiles.
-    if listed.returncode == 0 and known and f"compute_{arch[3:]}" not in known:
-        archs = ", ".join(k.replace("compute_", "sm_") for k in known)
-        raise CvmcError(f"--arch {arch}: {nvcc} cannot build for it; it builds for {archs}")
-
-
-def build_cuda(mod, target: Target, on_kernel: Callable[[str], None] | None = None,
-               plan: dict | None = None) -> Built:
-    """Schedule, generate and nvcc-compile `mod` for the CUDA GPU of `target` (its arch
-    checked by check_cuda_arch first), with the signature of `plan`'s kernels when given
-    (as build_llvm)."""
-    from cvmc_runtime import signature_json
-
-    arch = target.arch
-    try:
-        scheduled, source, rules = cuda_translation_unit(mod, target, on_kernel)
-    except (CvmcError, KeyboardInterrupt):
-        raise
-    except Exception as e:  # noqa: BLE001 (TVM raises assorted types; none may escape raw)
-        # TVM's message ends its text (after any traceback TVM adds)
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        raise CvmcError(f"--arch {arch}: TVM could not generate CUDA code ({reason})") from None
-    if plan is not None:
-        source += signature_source(signature_json(target.describe(),
-                                                  kernel_signatures(mod, plan)))
-    with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp:
-        lib = Path(tmp) / "kernels.so"
-        nvcc_shared(source, arch, lib)
-        tir = scheduled.script()
-        return Built(lib.read_bytes(), target.describe(), "cu", rules, lambda: (tir, source))

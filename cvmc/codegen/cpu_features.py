@@ -13,13 +13,12 @@ is refused at compile time rather than left unchecked.
 """
 from __future__ import annotations
 
-import functools
 import warnings
 
 from cvmc_runtime import CPUINFO_FLAGS, host_flags
 
 from cvmc.errors import CvmcError, ForeignCpuWarning
-from cvmc.passes.target import llvm_features
+from cvmc.passes.target import Target
 
 NEVER_EMITTED = frozenset({
     "amx-avx512", "amx-bf16", "amx-complex", "amx-fp16", "amx-fp8", "amx-int8", "amx-movrs",
@@ -52,15 +51,6 @@ def classify(feature: str) -> str:
     return "unknown"
 
 
-@functools.cache
-def _x86_host() -> bool:
-    """True if cvmc compiles for x86 (it compiles for the host's triple)."""
-    import tvm
-
-    triple = str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
-    return triple.startswith(("x86_64", "i386", "i686"))
-
-
 # AArch64 (a C library, cvmc.codegen.clib): the LLVM features of the vector and float
 # arithmetic kernels may use -> (auxiliary vector entry, bit) of Linux's HWCAP flags
 # (arch/arm64/include/uapi/asm/hwcap.h), which the library checks before it runs. The
@@ -74,24 +64,23 @@ AARCH64_HWCAPS = {
 }
 
 
-def needed_features(mcpu: str, mtriple: str = "") -> list[str]:
-    """The features of `mcpu` the runtime must find on the host, sorted; a CvmcError for
-    a feature cvmc cannot classify or check. For a cross triple (AArch64), those of
+def needed_features(target: Target) -> list[str]:
+    """The features of `target`'s CPU the runtime must find on the host, sorted; a
+    CvmcError for a feature cvmc cannot classify or check. For AArch64, those of
     AARCH64_HWCAPS."""
-    if mtriple:
-        return sorted(f for f in llvm_features(mcpu, mtriple) if f in AARCH64_HWCAPS)
-    if not _x86_host():
-        warnings.warn(f"--mcpu {mcpu}: the runtime checks CPU features on x86 only; an "
-                      f"artifact built for a CPU newer than its host may crash there",
-                      ForeignCpuWarning)
-        return []
-    features = llvm_features(mcpu)
-    unknown = sorted(f for f in features if classify(f) == "unknown")
+    if not target.x86:
+        if not target.mtriple:
+            warnings.warn(f"--mcpu {target.mcpu}: the runtime checks CPU features on x86 only; "
+                          f"an artifact built for a CPU newer than its host may crash there",
+                          ForeignCpuWarning)
+            return []
+        return sorted(f for f in target.features if f in AARCH64_HWCAPS)
+    unknown = sorted(f for f in target.features if classify(f) == "unknown")
     if unknown:
-        raise CvmcError(f"--mcpu {mcpu}: LLVM enables {', '.join(unknown)}, which generated "
-                        f"code may use but the runtime cannot check on a host (no "
+        raise CvmcError(f"--mcpu {target.mcpu}: LLVM enables {', '.join(unknown)}, which "
+                        f"generated code may use but the runtime cannot check on a host (no "
                         f"/proc/cpuinfo flag cvmc knows); choose an older --mcpu")
-    return sorted(f for f in features if classify(f) == "needed")
+    return sorted(f for f in target.features if classify(f) == "needed")
 
 
 def warn_if_not_host(mcpu: str, host: str, needed: list[str]) -> None:

@@ -16,10 +16,10 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.arith import node_ops
-from cvmc.ops.fastmath import vector_exp
+from cvmc.ops.fastmath import polynomial_exp
 from cvmc.ops.registry import Attrs
 from cvmc.ops.te import ANCHOR_ATTR
-from cvmc.passes.fusion import Group, fuse_kernels, kernel_groups
+from cvmc.passes.fusion import Group, kernel_groups
 from cvmc.passes.target import Target
 
 
@@ -41,8 +41,10 @@ def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[st
 
 
 def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence[str],
-                 types: Mapping[str, TensorType], symbol: str, scratch: bool = False):
-    """(PrimFunc `symbol(inputs..., outputs..., scratch...)`, scratch specs).
+                 types: Mapping[str, TensorType], symbol: str, target: Target,
+                 scratch: bool = False):
+    """(PrimFunc `symbol(inputs..., outputs..., scratch...)` for `target`, scratch specs).
+    exp is the polynomial where `target.polynomial_exp` (`with_polynomial_exp`).
 
     With `scratch`, every stage that cannot be inlined (a reduction or extern stage that
     is not an output) becomes a trailing argument the caller allocates: CUDA kernels built
@@ -69,12 +71,30 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
     # The anchor op (a group's first node) selects the kernel's rule in the schedule table.
     func = te.create_prim_func(args).with_attr("global_symbol", symbol) \
         .with_attr(ANCHOR_ATTR, nodes[0].op)
+    if target.polynomial_exp:
+        func = with_polynomial_exp(func)
     return func, [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in extra]
 
 
-def needs_global_memory(func, target: Target) -> bool:
-    """True if `func`, scheduled for the GPU of `target` (the CUDA rows of the schedule
-    table, then dlight), still allocates a global intermediate buffer, or if one of its
+def with_polynomial_exp(func):
+    """The PrimFunc `func` with every call to expf (`cvmc.ops.fastmath.te_exp`) replaced
+    by the polynomial (`polynomial_exp`)."""
+    import tvm
+    import tvm_ffi
+
+    extern = tvm.ir.Op.get("tirx.call_pure_extern")
+
+    def call(value, mutator):
+        if value.op.same_as(extern) and value.args[0].value == "expf":
+            return polynomial_exp(mutator.mutate(value.args[1]))
+        return mutator.default_mutate(value)
+
+    return tvm_ffi.structural_mutate(func, [(tvm.ir.expr.Call, call)])
+
+
+def needs_global_memory(func, target: Target, table: Sequence) -> bool:
+    """True if `func`, scheduled for the GPU of `target` (the rows of the schedule table
+    `table`, then dlight), still allocates a global intermediate buffer, or if one of its
     reductions reads another's result (argmax: the maximum, then its index): dlight cannot
     keep that on chip, and TVM's fallback then needs a global workspace, which CUDA kernels
     built for `cuda_host` cannot allocate."""
@@ -83,7 +103,7 @@ def needs_global_memory(func, target: Target) -> bool:
 
     from cvmc.lowering.rules import schedule_cuda_module
 
-    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}), target)
+    mod, _ = schedule_cuda_module(tvm.IRModule({"f": func}), target, table)
     allocs = [line for line in mod.script().splitlines() if "alloc_buffer(" in line]
     if any("scope=" not in line or 'scope="global"' in line for line in allocs):
         return True
@@ -120,10 +140,10 @@ def _copy_of(t):
     return lambda *i: t(*i)
 
 
-def lower_node(node: Node, types: Mapping[str, TensorType], symbol: str):
-    """A PrimFunc `symbol(inputs..., outputs...)` computing one node."""
+def lower_node(node: Node, types: Mapping[str, TensorType], symbol: str, target: Target):
+    """A PrimFunc `symbol(inputs..., outputs...)` computing one node for `target`."""
     return lower_kernel([node], list(dict.fromkeys(node.inputs)), list(node.outputs), types,
-                        symbol)[0]
+                        symbol, target)[0]
 
 
 def nbytes(t: TensorType) -> int:
@@ -131,12 +151,16 @@ def nbytes(t: TensorType) -> int:
     return t.size * np.dtype(t.dtype).itemsize
 
 
-def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
-    """(IRModule of one PrimFunc per fused group, groups, execution plan dict).
+def lower_graph(graph: Graph, target: Target, prefix: str = "k", table: Sequence = ()):
+    """(IRModule of one PrimFunc per fused group, groups, execution plan dict) of `graph`
+    for `target`. The groups are the partition the graph carries (the fuse-kernels pass,
+    the last of every target's passes); a graph without one is a CvmcError.
 
     Kernel symbols are `<prefix><index>_<ops>`; a kernel that computes what an earlier one
     does, on buffers of the same shapes, calls that one's function (`share_identical`).
-    For cuda, non-inlinable intermediate stages become scratch buffers the runtime allocates.
+    For cuda, a kernel whose non-inlinable intermediate stages its schedule (the rows of
+    the backend's schedule table `table`, then dlight) would keep in global memory takes
+    them as scratch buffers the runtime allocates (`needs_global_memory`).
     """
     import tvm
 
@@ -146,22 +170,22 @@ def lower_graph(graph: Graph, target: Target, prefix: str = "k"):
             raise CvmcError(f"{node.op} ('{node.outputs[0]}'): a layout of the "
                             f"{'/'.join(lookup(node.op).backends)} backend, which its own "
                             f"passes write; --target {target.kind} does not compile it")
-    # A graph straight from a frontend has no partition yet: the fusion pass makes it.
-    groups = kernel_groups(graph if graph.kernels else fuse_kernels(graph, target))
+    if graph.nodes and not graph.kernels:
+        raise CvmcError("lower_graph: the graph has no kernel partition; run the target's "
+                        "passes (fuse-kernels last) first")
+    groups = kernel_groups(graph)
     funcs, scratch = {}, {}
-    # exp on the CPU: the vectorising polynomial (cvmc/ops/fastmath.py); CUDA: its expf
-    with vector_exp(not cuda):
-        for index, group in enumerate(groups):
-            ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))
-            symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
+    for index, group in enumerate(groups):
+        ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))
+        symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
+        funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
+                                            graph.types, symbol, target)
+        if cuda and needs_global_memory(funcs[symbol], target, table):
             funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
-                                                graph.types, symbol)
-            if cuda and needs_global_memory(funcs[symbol], target):
-                funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
-                                                    graph.types, symbol, scratch=True)
-            scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),
-                                "dtype": dtype, "bytes": int(np.prod(shape, dtype=np.int64))
-                                * np.dtype(dtype).itemsize} for i, (shape, dtype) in enumerate(specs)]
+                                                graph.types, symbol, target, scratch=True)
+        scratch[symbol] = [{"name": f"{symbol}.scratch{i}", "shape": list(shape),
+                            "dtype": dtype, "bytes": int(np.prod(shape, dtype=np.int64))
+                            * np.dtype(dtype).itemsize} for i, (shape, dtype) in enumerate(specs)]
     plan = execution_plan(graph, groups, list(funcs))
     for kernel in plan["kernels"]:
         kernel["args"] += [s["name"] for s in scratch[kernel["symbol"]]]

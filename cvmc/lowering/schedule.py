@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from cvmc.errors import CvmcError
 from cvmc.ops.te import INTERIOR, MATERIALIZE
+from cvmc.passes.target import Target
 
 _VECTOR_WIDTHS = (64, 32, 16, 8, 4)
 # Conv register tile: up to 16 output channels x 16 int32 lanes (one AVX-512 register
@@ -243,11 +244,16 @@ def parallelize_rows(sch, block) -> None:
         sch.parallel(sch.fuse(*loops[:-1]))
 
 
-def cuda_target(arch: str) -> dict:
-    """The cuda target dict; the limits hold on every GPU since sm_50 (49152 bytes is the
+def cuda_target(target: Target, host: dict | None = None):
+    """TVM's target for the GPU of `target` (and `host`, TVM's target for the code that
+    launches its kernels); the limits hold on every GPU since sm_50 (49152 bytes is the
     static shared memory a kernel may use without opting in)."""
-    return {"kind": "cuda", "arch": arch, "max_shared_memory_per_block": 49152,
-            "max_threads_per_block": 1024, "thread_warp_size": 32}
+    import tvm
+
+    return tvm.target.Target({"kind": "cuda", "arch": target.arch,
+                              "max_shared_memory_per_block": 49152,
+                              "max_threads_per_block": 1024, "thread_warp_size": 32},
+                             host=host)
 
 
 def schedule_cuda(mod, target, reductions: bool = True):

@@ -2,8 +2,11 @@
 a vector of lanes costs about 20 vector instructions where libm's `expf` is one call per
 lane), elsewhere the C math library's `expf` (CUDA keeps its own).
 
-The lowering chooses, per compile (`vector_exp`); the reference interpreter does not change
-(NumPy's exp, the oracle): the bound covers the difference. Steps, each in float32:
+An op's lower rule writes exp as the call to `expf` (`te_exp`); lowering a kernel for a
+target whose exp is the polynomial (`Target.polynomial_exp`) replaces each such call in its
+PrimFunc by it (`cvmc.lowering.lower.lower_kernel`), a kernel lowered alone as one in a whole graph. The
+reference interpreter does not change (NumPy's exp, the oracle): the bound covers the
+difference. Steps, each in float32:
 
     n = floor(x log2(e) + 1/2);  r = (x - n C1) - n C2     (Cody-Waite: C1 + C2 = ln 2,
                                                             C1 with 10 bits, n C1 exact)
@@ -22,12 +25,6 @@ glibc version; LLVM may contract a multiply and an add into an FMA on a CPU that
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
-# lowering for a CPU target sets it (cvmc/lowering/lower.py)
-_POLYNOMIAL = contextvars.ContextVar("cvmc_polynomial_exp", default=False)
-
 _LOG2E = 1.44269504088896341
 _LN2_HI, _LN2_LO = 0.693359375, -2.12194440e-4  # ln 2 = hi + lo; hi has 10 significant bits
 # Cephes expf: exp(r) ~ 1 + r + r^2 P(r) on |r| <= ln(2) / 2, P's coefficients from r^5 down
@@ -37,28 +34,17 @@ _P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666
 _HIGH, _LOW = 88.8, -104.0
 
 
-@contextlib.contextmanager
-def vector_exp(enabled: bool):
-    """Within the block, `exp` lowers to the polynomial (True: the CPU path) or to expf."""
-    token = _POLYNOMIAL.set(enabled)
-    try:
-        yield
-    finally:
-        _POLYNOMIAL.reset(token)
-
-
 def te_exp(x):
-    """TE exp of the float32 expression `x`: the polynomial under `vector_exp(True)`, else
-    the C math library's expf."""
+    """TE exp of the float32 expression `x`: the C math library's expf."""
     from cvmc.ops.te import tirx
 
-    if not _POLYNOMIAL.get():
-        return tirx.call_pure_extern("float32", "expf", x)
-    return polynomial_exp(x)
+    return tirx.call_pure_extern("float32", "expf", x)
 
 
 def polynomial_exp(x):
-    """TE exp of the float32 expression `x` by the polynomial (see the module docstring)."""
+    """exp of the float32 expression `x` by the polynomial (see the module docstring),
+    written in the form TE's PrimFunc construction gives its comparisons and sums
+    (`a < b`, `k + 127 - k // 2`)."""
     from cvmc.ops.te import tirx
 
     def f32(v):
@@ -69,8 +55,8 @@ def polynomial_exp(x):
         var = tirx.Var(name, "float32")
         return tirx.Let(var, value, body(var))
 
-    def power_of_two(e):
-        return tirx.reinterpret("float32", (e + 127) << 23)
+    def power_of_two(biased):
+        return tirx.reinterpret("float32", biased << 23)
 
     def reduced(v, n):
         r = (v - n * f32(_LN2_HI)) - n * f32(_LN2_LO)
@@ -84,10 +70,10 @@ def polynomial_exp(x):
 
     def scaled(p, k):
         half = k >> 1  # floor(k / 2): both powers stay normal for k in [-150, 128]
-        return p * power_of_two(k - half) * power_of_two(half)
+        return p * power_of_two(k + 127 - half) * power_of_two(half + 127)
 
     def body(v):
-        clamped = tirx.Select(v > f32(_HIGH), f32(_HIGH),
+        clamped = tirx.Select(f32(_HIGH) < v, f32(_HIGH),
                               tirx.Select(v < f32(_LOW), f32(_LOW), v))
         return let("exp_c", clamped, lambda c: let(
             "exp_n", tirx.floor(c * f32(_LOG2E) + f32(0.5)), lambda n: reduced(c, n)))

@@ -36,7 +36,7 @@ _LANES, _LANES_AVX512 = 8, 16
 
 def float_conv_block(target: Target) -> int:
     """The output channels per packed block on `target`'s CPU."""
-    return _LANES_AVX512 if target.has(("avx512f",)) else _LANES
+    return _LANES_AVX512 if target.vector_bits == 512 else _LANES
 
 
 def _packable(block: int):

@@ -1,4 +1,5 @@
-"""The pass pipeline: every Graph -> Graph pass, in order, with why it is there."""
+"""The passes: every Graph -> Graph pass, with why it is there, and `PASSES`, all of them
+in order. A backend (cvmc/codegen/targets) lists those it runs; `run_passes` runs a list."""
 from __future__ import annotations
 
 import os
@@ -22,7 +23,6 @@ from cvmc.passes.transformer import fuse_transformer
 VERIFY_TYPES = os.environ.get("CVMC_VERIFY_TYPES") == "1"
 
 
-
 @dataclass(frozen=True)
 class Pass:
     """One Graph -> Graph pass. With `targets`, it runs only when compiling for one of
@@ -34,53 +34,66 @@ class Pass:
     targets: tuple[str, ...] = ()
 
 
+# Every loader types its graph (`retype`: precisions prove int32 never overflows);
+# this refuses one that cannot be compiled (weights without data, an op cvmc checks
+# only). Named for what it did when it inferred them: --stop-after and --dump-ir name it.
+INFER_PRECISION = Pass("infer-precision", require_typed)
+
+# Conv kernels want packed weights (OIHW16o4i: 4 input channels of an output channel
+# in one 32-bit word, for VNNI's `vpdpbusd` and CUDA's `dp4a`) and a precomputed
+# compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
+# below).
+PACK_CONV_WEIGHTS = Pass("pack-conv-weights", pack_conv_weights, ("llvm", "cuda"))
+
+# Float convs want their filter packed too (OIHW8o: 8 output channels of float32 in a
+# vector's lanes, 16 with AVX-512) for the register-tiled FMA kernel; CPU only.
+PACK_FLOAT_CONVS = Pass("pack-float-convs", pack_float_convs, ("llvm",))
+
+# Transformer chains an exporter decomposed (layer normalization) become one op each,
+# one kernel instead of seven (cvmc/passes/transformer.py).
+FUSE_TRANSFORMER = Pass("fuse-transformer", fuse_transformer, ("llvm",))
+
+# A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
+# so that the CPU kernel reads weight rows along its vector of output columns.
+UNTRANSPOSE_MATMUL_WEIGHTS = Pass("untranspose-matmul-weights", untranspose_matmul_weights,
+                                  ("llvm",))
+
+# A matmul's constant B is packed into column panels (P, K, 16 or 32 columns), folded
+# just below: the CPU kernel reads each panel contiguously and K-blocks it in L1.
+PACK_MATMUL_WEIGHTS = Pass("pack-matmul-weights", pack_matmul_weights, ("llvm",))
+
+# Nodes whose inputs are all weights are evaluated now with the reference rules.
+FOLD_CONSTANTS = Pass("fold-constants", fold_constants)
+
+# The stdlib's float max / min / clamp / max_pool, expanded by the frontend into
+# comparisons, selects, argmax_pool and sample, become one op each (same bits), so
+# they fuse into their producers and max pooling is one window reduction.
+SIMPLIFY = Pass("simplify", simplify_float, ("llvm", "cuda"))
+
+# Nodes (and weights) that no output depends on are dropped.
+ELIMINATE_DEAD_CODE = Pass("eliminate-dead-code", eliminate_dead_code)
+
+# Activations between two packed convs stay in the kernels' NCHW16c layout (each
+# conv would otherwise transpose its result to NCHW and the next one back; on CUDA a
+# blocked conv reads 4 channels of a pixel in one 32-bit load).
+BLOCK_ACTIVATIONS = Pass("block-activations", block_activations, ("llvm", "cuda"))
+
+# Float activations between float convs stay NCHW8c (16c with AVX-512), the layout
+# of the conv kernels' register tiles: whole vectors stored, depth-wise convs with the
+# channels in the lanes (cvmc/passes/layout_float.py).
+BLOCK_FLOAT_ACTIVATIONS = Pass("block-float-activations", block_float_activations, ("llvm",))
+
+# The kernel partition: epilogues into their conv / dense, element-wise chains into one
+# kernel (Graph.kernels; lowering builds one kernel per group).
+FUSE_KERNELS = Pass("fuse-kernels", fuse_kernels, ("llvm", "cuda"))
+
+# Every pass, in the order any target's list runs them (`cvmc check` and the reference
+# interpreter run those for no target; the backends, cvmc/codegen/targets, list theirs).
 PASSES: list[Pass] = [
-    # Every loader types its graph (`retype`: precisions prove int32 never overflows);
-    # this refuses one that cannot be compiled (weights without data, an op cvmc checks
-    # only). Named for what it did when it inferred them: --stop-after and --dump-ir name it.
-    Pass("infer-precision", require_typed),
-    # Conv kernels want packed weights (OIHW16o4i: 4 input channels of an output channel
-    # in one 32-bit word, for VNNI's `vpdpbusd` and CUDA's `dp4a`) and a precomputed
-    # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
-    # below).
-    Pass("pack-conv-weights", pack_conv_weights, ("llvm", "cuda")),
-    # Float convs want their filter packed too (OIHW8o: 8 output channels of float32 in a
-    # vector's lanes, 16 with AVX-512) for the register-tiled FMA kernel; CPU only.
-    Pass("pack-float-convs", pack_float_convs, ("llvm",)),
-    # Transformer chains an exporter decomposed (layer normalization) become one op each,
-    # one kernel instead of seven (cvmc/passes/transformer.py).
-    Pass("fuse-transformer", fuse_transformer, ("llvm",)),
-    # A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
-    # so that the CPU kernel reads weight rows along its vector of output columns.
-    Pass("untranspose-matmul-weights", untranspose_matmul_weights, ("llvm",)),
-    # A matmul's constant B is packed into column panels (P, K, 16 or 32 columns), folded
-    # just below: the CPU kernel reads each panel contiguously and K-blocks it in L1.
-    Pass("pack-matmul-weights", pack_matmul_weights, ("llvm",)),
-    # Nodes whose inputs are all weights are evaluated now with the reference rules.
-    Pass("fold-constants", fold_constants),
-    # The stdlib's float max / min / clamp / max_pool, expanded by the frontend into
-    # comparisons, selects, argmax_pool and sample, become one op each (same bits), so
-    # they fuse into their producers and max pooling is one window reduction.
-    Pass("simplify", simplify_float, ("llvm", "cuda")),
-    # Nodes (and weights) that no output depends on are dropped.
-    Pass("eliminate-dead-code", eliminate_dead_code),
-    # Activations between two packed convs stay in the kernels' NCHW16c layout (each
-    # conv would otherwise transpose its result to NCHW and the next one back; on CUDA a
-    # blocked conv reads 4 channels of a pixel in one 32-bit load).
-    Pass("block-activations", block_activations, ("llvm", "cuda")),
-    # Float activations between float convs stay NCHW8c (16c with AVX-512), the layout
-    # of the conv kernels' register tiles: whole vectors stored, depth-wise convs with the
-    # channels in the lanes (cvmc/passes/layout_float.py).
-    Pass("block-float-activations", block_float_activations, ("llvm",)),
-    # The kernel partition: epilogues into their conv / dense, element-wise chains into one
-    # kernel (Graph.kernels; lowering builds one kernel per group).
-    Pass("fuse-kernels", fuse_kernels, ("llvm", "cuda")),
+    INFER_PRECISION, PACK_CONV_WEIGHTS, PACK_FLOAT_CONVS, FUSE_TRANSFORMER,
+    UNTRANSPOSE_MATMUL_WEIGHTS, PACK_MATMUL_WEIGHTS, FOLD_CONSTANTS, SIMPLIFY,
+    ELIMINATE_DEAD_CODE, BLOCK_ACTIVATIONS, BLOCK_FLOAT_ACTIVATIONS, FUSE_KERNELS,
 ]
-
-
-def pass_names() -> list[str]:
-    """Names accepted by --stop-after."""
-    return [p.name for p in PASSES]
 
 
 def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = None,
@@ -111,6 +124,7 @@ def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = No
 def run_pipeline(graph: Graph, stop_after: str | None = None,
                  after_pass: Callable[[int, str, Graph], None] | None = None,
                  target: Target | None = None) -> Graph:
-    """The compile pipeline, PASSES, on `graph` (`run_passes`). Running it on its own
-    output changes nothing."""
+    """PASSES on `graph` (`run_passes`): for a `target`, those of its kind, which are its
+    backend's list (tests/codegen/test_backends.py); with none, the passes of every
+    target. Running it on its own output changes nothing."""
     return run_passes(graph, PASSES, stop_after, after_pass, target)

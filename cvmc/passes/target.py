@@ -23,6 +23,8 @@ DEFAULT_ARCH = "sm_80"
 # The oldest CUDA GPUs the kernels run on: compute capability 6.1 brought dp4a, which the
 # conv and dense schedules use.
 MIN_CUDA_ARCH = 61
+# The LLVM triples of x86 CPUs (their features the runtime checks through /proc/cpuinfo).
+X86_TRIPLES = ("x86_64", "i386", "i686")
 
 # Ops whose kernels take the packed weight layout (cvmc.passes.layout). CUDA keeps dense
 # as it is (its own dp4a rule, a warp per output): as a conv on one pixel it gives too
@@ -37,14 +39,24 @@ _EPILOGUE_ANCHORS = {"llvm": None, "cuda": frozenset({"conv2d", "conv2d_packed",
 
 @dataclass(frozen=True)
 class Target:
-    """A compile target: `kind`, and the LLVM CPU `mcpu` (llvm; on the triple `mtriple`,
-    "" for the host's) or the CUDA `arch` (cuda). Build it with `Target.make`, which checks
-    the names and fills in the defaults."""
+    """A compile target, every fact about it computed once by `Target.make` (which checks
+    the names and fills in the defaults): `kind`; for llvm the CPU `mcpu`, the cross
+    triple `mtriple` ("" for the host's), the LLVM `triple` compiled for, the CPU's LLVM
+    `features`, its widest vector in `vector_bits` and its vector `registers`; for cuda
+    the `arch` ("sm_80") and its compute capability as a number, `cuda_arch` (80). And the
+    exp the lowering builds: the vectorising polynomial on the CPU (`polynomial_exp`,
+    cvmc/ops/fastmath.py), the C library's expf on the GPU."""
 
     kind: str
     mcpu: str = ""
     arch: str = ""
     mtriple: str = ""
+    triple: str = ""
+    features: frozenset[str] = frozenset()
+    vector_bits: int = 0
+    registers: int = 0
+    cuda_arch: int = 0
+    polynomial_exp: bool = False
 
     @classmethod
     def make(cls, kind: str = "llvm", mcpu: str | None = None, arch: str | None = None,
@@ -62,24 +74,23 @@ class Target:
             problem = cuda_arch_problem(arch)
             if problem:
                 raise CvmcError(f"--arch {arch}: {problem}")
-            return cls(kind, arch=arch)
-        if mtriple:
-            mcpu = mcpu or CROSS_TRIPLES[mtriple]
-            _check_cpu(mcpu, mtriple)
-            return cls(kind, mcpu=mcpu, mtriple=mtriple)
-        mcpu = mcpu or host_cpu()
-        _check_cpu(mcpu)
-        return cls(kind, mcpu=mcpu)
-
-    @property
-    def features(self) -> frozenset[str]:
-        """The LLVM features of the CPU (none for cuda)."""
-        return llvm_features(self.mcpu, self.mtriple) if self.kind == "llvm" \
-            else frozenset()
+            return cls(kind, arch=arch, cuda_arch=int(arch.removeprefix("sm_")))
+        mcpu = mcpu or (CROSS_TRIPLES[mtriple] if mtriple else host_cpu())
+        triple = mtriple or host_triple()
+        _check_cpu(mcpu, triple)
+        features = llvm_features(mcpu, mtriple or "")
+        bits, registers = vector_registers(triple, features)
+        return cls(kind, mcpu=mcpu, mtriple=mtriple or "", triple=triple, features=features,
+                   vector_bits=bits, registers=registers, polynomial_exp=True)
 
     def has(self, features) -> bool:
         """True if the CPU has every feature in `features` (LLVM names)."""
         return set(features) <= self.features
+
+    @property
+    def x86(self) -> bool:
+        """True for an x86 CPU."""
+        return self.triple.startswith(X86_TRIPLES)
 
     def packs(self, op: str) -> bool:
         """True if the layout pass gives `op`'s weights the packed layout on this target."""
@@ -97,6 +108,17 @@ class Target:
             return {"kind": "cuda", "arch": self.arch}
         cross = {"mtriple": self.mtriple} if self.mtriple else {}
         return {"kind": "llvm", "mcpu": self.mcpu, **cross}
+
+
+def vector_registers(triple: str, features: frozenset[str]) -> tuple[int, int]:
+    """(bits of the widest vector register, how many vector registers) of a CPU: x86 has
+    16 of 128 bits (SSE2), 256 with AVX2, 32 of 512 with AVX-512; AArch64 32 of 128
+    (NEON)."""
+    if not triple.startswith(X86_TRIPLES):
+        return 128, 32
+    if "avx512f" in features:
+        return 512, 32
+    return (256 if "avx2" in features else 128), 16
 
 
 def compiler_tvm():
@@ -124,6 +146,13 @@ def compiler_tvm():
 
 
 @functools.cache
+def host_triple() -> str:
+    """The host's LLVM target triple."""
+    tvm = compiler_tvm()
+    return str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
+
+
+@functools.cache
 def host_cpu() -> str:
     """The host CPU's LLVM name (never LLVM's generic fallback)."""
     tvm = compiler_tvm()
@@ -141,16 +170,15 @@ def llvm_features(mcpu: str, mtriple: str = "") -> frozenset[str]:
         tvm.target.Target({"kind": "llvm", "mcpu": mcpu, **cross})))
 
 
-def _check_cpu(mcpu: str, mtriple: str = "") -> None:
-    """Reject a CPU name LLVM does not know (it would silently fall back to generic)."""
+def _check_cpu(mcpu: str, triple: str) -> None:
+    """Reject a CPU name LLVM does not know for `triple` (it would silently fall back to
+    generic)."""
     tvm = compiler_tvm()
     from tvm.target import codegen
 
-    triple = mtriple or str(tvm.target.Target.from_device(tvm.cpu()).attrs["mtriple"])
-    cross = {"mtriple": mtriple} if mtriple else {}
     if not codegen.llvm_is_valid_cpu(mcpu, triple):
         close = [c for c in codegen.llvm_get_cpu_archlist(
-                     tvm.target.Target({"kind": "llvm", **cross})) if c[:3] == mcpu[:3]][:8]
+                     tvm.target.Target({"kind": "llvm", "mtriple": triple})) if c[:3] == mcpu[:3]][:8]
         hint = f"; similar: {', '.join(close)}" if close else ""
         raise CvmcError(f"--mcpu {mcpu}: not a CPU LLVM knows for {triple}{hint}")
 

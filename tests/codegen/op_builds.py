@@ -8,8 +8,8 @@ build fails its own tests, by its name), and kept for the rest of the run:
   pipeline, lowering, the kernel library and the .cvmx: the real path) for the host CPU;
   `outputs(index)` runs it with the runtime (test_op_cases compares them with the
   reference);
-- `library(index)`: the graph lowered as written, without the passes (an unpacked conv2d
-  or dense as well as the packed ones the pipeline makes), built into a kernel library
+- `library(index)`: the graph lowered as written, partitioned into kernels but without the
+  other passes (an unpacked conv2d or dense as well as the packed ones the pipeline makes), built into a kernel library
   (test_buffer_bounds calls its kernels between guard pages).
 
 Both builds take their kernels from the run's kernel cache (`CVMC_CACHE_DIR`, set by
@@ -77,17 +77,20 @@ class OpCaseBuilds:
         return [res[o] for o in g.outputs]
 
     def library(self, index: int) -> GuardBuild:
-        """The case lowered as written (no passes) and built for llvm."""
+        """The case lowered as written (its kernel partition, no other pass) and built for llvm."""
         if index not in self._libraries:
             from cvmc.codegen.build import build_llvm
             from cvmc.codegen.cache import KernelCache, cache_folder
+            from cvmc.codegen.targets import backend
             from cvmc.lowering.lower import lower_graph
+            from cvmc.passes.fusion import fuse_kernels
             from cvmc.passes.target import Target
 
             g, xs = self.graph(index), [arr for arr, _ in self.case(index).inputs]
-            mod, _, plan = lower_graph(g, Target.make())
+            mod, _, plan = lower_graph(fuse_kernels(g, Target.make()), Target.make())
             folder = cache_folder()
-            built = build_llvm(mod, Target.make(), cache=KernelCache(folder) if folder else None)
+            built = build_llvm(mod, Target.make(), backend(Target.make()).schedules,
+                               cache=KernelCache(folder) if folder else None)
             path = self.folder / f"case{index}.so"
             path.write_bytes(built.library)
             values = {**{n: xs[int(n[1:])] for n in g.inputs}, **g.constants}
@@ -95,9 +98,9 @@ class OpCaseBuilds:
         return self._libraries[index]
 
 
-def nvcc_cached(source: str, arch: str, output: Path) -> None:
-    """`nvcc_shared(source, arch, output)`, the library kept in the run's kernel cache
-    folder (its `nvcc/`) by the sha256 of the source, the arch, nvcc's version and
+def nvcc_cached(source: str, target, output: Path) -> None:
+    """`nvcc_shared(source, target, output)`, the library kept in the run's kernel cache
+    folder (its `nvcc/`) by the sha256 of the source, the target's arch, nvcc's version and
     nvcc_shared's own code: a developer's rerun of the same CUDA source takes the library
     nvcc built before (minutes of nvcc for every op case), CI's empty cache runs nvcc."""
     import hashlib
@@ -107,20 +110,20 @@ def nvcc_cached(source: str, arch: str, output: Path) -> None:
     import subprocess
     import tempfile
 
-    from cvmc.codegen import build
     from cvmc.codegen.cache import cache_folder
+    from cvmc.codegen.targets import cuda
 
     folder = cache_folder()
     if folder is None:
-        build.nvcc_shared(source, arch, output)
+        cuda.nvcc_shared(source, target, output)
         return
-    version = subprocess.run([build.find_nvcc(), "--version"], check=False,
+    version = subprocess.run([cuda.find_nvcc(), "--version"], check=False,
                              capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([source, arch, version, inspect.getsource(
-        build.nvcc_shared)]).encode()).hexdigest()
+    key = hashlib.sha256("\0".join([source, target.arch, version, inspect.getsource(
+        cuda.nvcc_shared)]).encode()).hexdigest()
     kept = folder / "nvcc" / f"{key}.so"
     if not kept.is_file():
-        build.nvcc_shared(source, arch, output)
+        cuda.nvcc_shared(source, target, output)
         kept.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=kept.parent, suffix=".tmp")
         os.close(fd)

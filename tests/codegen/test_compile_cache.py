@@ -18,6 +18,7 @@ import pytest
 import cvmc
 from cvmc.cli import main
 from cvmc.codegen import build, cache, compile_model
+from cvmc.codegen.targets import backend
 from cvmc.errors import CvmcError
 from cvmc.lowering import lower
 from cvmc.passes import pipeline
@@ -76,7 +77,7 @@ def kernel_entries(folder) -> list:
 
 def refuse_builds(monkeypatch) -> None:
     """Any kernel compiled from here on fails the test (the cache must serve them all)."""
-    def refuse(func, target):
+    def refuse(func, target, table):
         raise AssertionError(f"built {func.attrs['global_symbol']} again")
     monkeypatch.setattr(build, "compile_kernel", refuse)
 
@@ -103,7 +104,8 @@ def built_here(monkeypatch) -> list:
     built = []
     real = build.compile_kernel
     monkeypatch.setattr(build, "compile_kernel",
-                        lambda f, t: built.append(str(f.attrs["global_symbol"])) or real(f, t))
+                        lambda f, t, table: built.append(str(f.attrs["global_symbol"]))
+                        or real(f, t, table))
     return built
 
 
@@ -387,12 +389,12 @@ def test_kernel_objects_link_together(tmp_path):
     mod, _, _ = lower.lower_graph(graph, target)
     for func in list(mod.functions.values())[:2]:
         obj = tmp_path / "k.o"
-        obj.write_bytes(build.compile_kernel(func, target).obj)
+        obj.write_bytes(build.compile_kernel(func, target, backend(target).schedules).obj)
         symbols = subprocess.run(["nm", str(obj)], check=True, capture_output=True,
                                  text=True).stdout.split("\n")
-        backend = [line.split() for line in symbols if "__TVMBackend" in line
-                   or "__tvm_ffi__library_ctx" in line or "__tvm_ffi_main" in line]
-        assert backend and all(kind in "VWvw" for _, kind, _ in backend), backend
+        weak = [line.split() for line in symbols if "__TVMBackend" in line
+                or "__tvm_ffi__library_ctx" in line or "__tvm_ffi_main" in line]
+        assert weak and all(kind in "VWvw" for _, kind, _ in weak), weak
 
 
 def test_workers_start_from_a_script_without_main_guard(tmp_path):

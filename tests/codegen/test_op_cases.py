@@ -10,6 +10,7 @@ import pytest
 
 from cvmc.errors import CvmcError
 from cvmc.ops import all_ops, lookup
+from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import CASES, case_id
 from tests.oputil import assert_matches, check_op, one_op_graph, run_reference
@@ -42,14 +43,14 @@ def cuda_module_of_cases():
     """(IRModule with every case lowered for CUDA, {case index: plan})."""
     import tvm
 
-    from cvmc.lowering.lower import lower_graph
+    from cvmc.codegen.targets.cuda import BACKEND
 
-    funcs, plans = {}, {}
+    funcs, plans, cuda = {}, {}, Target.make("cuda")
     for index, case in enumerate(CASES):
         if "cuda" not in lookup(case.op).backends:
             continue
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, plans[index] = lower_graph(g, Target.make("cuda"), prefix=f"c{index}_")
+        mod, _, plans[index] = BACKEND.lower(fuse_kernels(g, cuda), cuda, prefix=f"c{index}_")
         funcs.update({gv.name_hint: f for gv, f in mod.functions.items()})
     return tvm.IRModule(funcs), plans
 
@@ -66,12 +67,12 @@ def test_cuda_refuses_the_llvm_backends_layouts():
     for case in llvm_only:
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
         with pytest.raises(CvmcError, match=f"{case.op} .*--target cuda does not compile it"):
-            lower_graph(g, Target.make("cuda"))
+            lower_graph(fuse_kernels(g, Target.make("cuda")), Target.make("cuda"))
 
 
 def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     """Every case in one module, scheduled for CUDA, compiled ahead of time by one nvcc run."""
-    from cvmc.codegen.build import cuda_translation_unit, find_nvcc
+    from cvmc.codegen.targets.cuda import cuda_translation_unit, find_nvcc
     from tests.codegen.op_builds import nvcc_cached
 
     try:
@@ -79,12 +80,13 @@ def test_all_cases_build_for_cuda_in_one_nvcc_call(tmp_path):
     except CvmcError as e:
         pytest.skip(e.message)
     mod, plans = cuda_module_of_cases()
-    _, source, _ = cuda_translation_unit(mod, Target.make("cuda"))
+    cuda = Target.make("cuda")
+    _, source, _ = cuda_translation_unit(mod, cuda)
     symbols = [k["symbol"] for p in plans.values() for k in p["kernels"]]
     for symbol in symbols:
         assert f"{symbol}_kernel" in source, f"{symbol}: no device kernel generated"
     lib = tmp_path / "all_ops.so"
-    nvcc_cached(source, "sm_80", lib)  # nvcc_shared, kept in the run's kernel cache
+    nvcc_cached(source, cuda, lib)  # nvcc_shared, kept in the run's kernel cache
     data = lib.read_bytes()
     missing = [s for s in symbols if f"__tvm_ffi_{s}".encode() not in data]
     assert not missing, f"kernels missing from the library: {missing}"
@@ -100,7 +102,8 @@ def test_no_kernel_uses_floating_point(target):
         if not lookup(case.op).integer_op:
             continue
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights)
-        mod, _, _ = lower_graph(g, Target.make(target), prefix=f"c{index}_")
+        mod, _, _ = lower_graph(fuse_kernels(g, Target.make(target)), Target.make(target),
+                                prefix=f"c{index}_")
         script = mod.script()
         assert "float" not in script and "bfloat" not in script, f"{case.op} uses floats"
 
@@ -125,14 +128,14 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
     """nvcc 13.0 miscompiled a float min_reduce that accumulates in its output buffer under
     `__restrict__` (stale read-only-cache loads; wrong answers on an H100): such kernels are
     emitted without it, every other kernel keeps it."""
-    from cvmc.codegen.build import cuda_translation_unit
-    from cvmc.lowering.lower import lower_graph
+    from cvmc.codegen.targets.cuda import BACKEND, cuda_translation_unit
 
     for op, restrict in (("min_reduce", False), ("broadcast_add", True)):
         case = next(c for c in CASES if c.op == op)
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, _ = lower_graph(g, Target.make("cuda"))
-        _, source, _ = cuda_translation_unit(mod, Target.make("cuda"))
+        cuda = Target.make("cuda")
+        mod, _, _ = BACKEND.lower(fuse_kernels(g, cuda), cuda)
+        _, source, _ = cuda_translation_unit(mod, cuda)
         kernels = [line for line in source.splitlines() if "__global__" in line]
         assert kernels and all(("__restrict__" in k) == restrict for k in kernels), kernels
 
@@ -140,13 +143,14 @@ def test_cuda_kernels_accumulating_in_their_output_are_not_restrict():
 def test_every_cuda_conv2d_kernel_gets_the_register_tile_rule():
     """cvmc's CUDA conv schedule takes every conv2d case (strided, dilated, grouped, with
     bias): none is left to dlight's one-output-per-thread fallback."""
-    from cvmc.lowering.lower import lower_graph
+    from cvmc.codegen.targets.cuda import BACKEND
     from cvmc.lowering.rules import schedule_cuda_module
 
     cases = [c for c in CASES if c.op == "conv2d"]
     assert len(cases) >= 4
     for case in cases:
         g = one_op_graph(case.op, case.inputs, case.attrs, case.weights, case.out_dtype)
-        mod, _, _ = lower_graph(g, Target.make("cuda"))
-        _, rules = schedule_cuda_module(mod, Target.make("cuda"))
+        cuda = Target.make("cuda")
+        mod, _, _ = BACKEND.lower(fuse_kernels(g, cuda), cuda)
+        _, rules = schedule_cuda_module(mod, cuda, BACKEND.schedules)
         assert set(rules.values()) == {"cuda-conv-register-tile"}, (case.attrs, rules)

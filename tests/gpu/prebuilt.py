@@ -35,13 +35,14 @@ def prebuilt_dir() -> Path | None:
 
 def build_op_cases(folder: Path, arch: str) -> None:
     """all_ops.so (every op case's CUDA kernels) and all_ops.json (their plans)."""
-    from cvmc.codegen.build import cuda_translation_unit, nvcc_shared
+    from cvmc.codegen.targets.cuda import cuda_translation_unit, nvcc_shared
     from cvmc.passes.target import Target
     from tests.codegen.test_op_cases import cuda_module_of_cases
 
     mod, plans = cuda_module_of_cases()
-    _, source, _ = cuda_translation_unit(mod, Target.make("cuda", arch=arch))
-    nvcc_shared(source, arch, folder / "all_ops.so")
+    target = Target.make("cuda", arch=arch)
+    _, source, _ = cuda_translation_unit(mod, target)
+    nvcc_shared(source, target, folder / "all_ops.so")
     (folder / "all_ops.cu").unlink()
     (folder / "all_ops.json").write_text(json.dumps({str(k): v for k, v in plans.items()}))
 

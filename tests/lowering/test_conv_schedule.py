@@ -7,6 +7,7 @@ import pytest
 
 from cvmc.codegen import compile_model
 from cvmc.lowering.lower import lower_graph
+from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.target import Target
 from cvmc.reference import reference_run
 from tests.codegen.op_cases import rand
@@ -70,7 +71,7 @@ def test_conv_with_fused_epilogue_matches_reference(name):
         ("cvm_clip", ["s"], "k", {"precision": 6}),
         ("relu", ["k"], "r", {}),
     ], ["r"], weights)
-    assert lower_graph(g, Target.make())[1][0].ops == \
+    assert lower_graph(fuse_kernels(g, Target.make()), Target.make())[1][0].ops == \
         ["conv2d", "cvm_right_shift", "cvm_clip", "relu"]
     assert "conv2d_local" in _scheduled_kernel(g)  # the tile applied (no silent fallback)
     run_both(g)
@@ -102,7 +103,7 @@ def _scheduled_kernel(g) -> str:
 
     from cvmc.lowering.schedule import schedule_cpu
 
-    mod, _, _ = lower_graph(g, Target.make())
+    mod, _, _ = lower_graph(fuse_kernels(g, Target.make()), Target.make())
     (gv, func), = mod.functions.items()
     sch = s_tir.Schedule(tvm.IRModule({gv: func}))
     sch.work_on(gv.name_hint)

@@ -14,6 +14,7 @@ from tvm import s_tir
 
 from cvmc.lowering.depthwise import schedule_depthwise
 from cvmc.lowering.lower import lower_graph
+from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import rand
 from tests.lowering.test_conv_schedule import run_both
@@ -110,7 +111,7 @@ def test_rule_refuses_an_ordinary_conv():
     """An unpacked ordinary conv2d kernel (the layout pass not run): the rule raises
     ValueError, so the table falls through to `cpu-default`."""
     g = conv_graph((1, 8, 9, 9), (16, 8, 3, 3), {"padding": [1, 1]}, True, True)
-    mod, _, _ = lower_graph(g, Target.make())
+    mod, _, _ = lower_graph(fuse_kernels(g, Target.make()), Target.make())
     (gv, func), = mod.functions.items()
     sch = s_tir.Schedule(tvm.IRModule({gv: func}))
     sch.work_on(gv.name_hint)

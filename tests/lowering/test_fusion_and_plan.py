@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cvmc.codegen import compile_model
+from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.lowering.lower import lower_graph, lower_node
 from cvmc.ops.infer import retype
@@ -66,7 +67,7 @@ def test_conv_absorbs_its_elementwise_epilogue():
 
 
 def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
-    """On CUDA conv2d and dense (cvmc's own schedules, `CUDA_TABLE`) take their epilogues;
+    """On CUDA conv2d and dense (cvmc's own schedules, the CUDA backend's rows) take their epilogues;
     other kernels (dlight's) do not."""
     assert [len(k) for k in fuse_kernels(cnn(), Target.make("cuda")).kernels] == [4, 1, 1, 1]
     fc = graph({"x": ((1, 27), 8)}, [
@@ -80,9 +81,9 @@ def test_cuda_fuses_epilogues_into_the_cuda_tables_anchors():
 def test_cuda_epilogue_anchors_are_the_cuda_tables_anchors():
     """The fusion pass knows which CUDA kernels take an epilogue without importing the
     schedule table (passes sit below lowering); the two must name the same ops."""
-    from cvmc.lowering.rules import CUDA_TABLE
+    from cvmc.codegen.targets import cuda
 
-    assert Target.make("cuda").epilogue_anchors == {rule.anchor for rule in CUDA_TABLE}
+    assert Target.make("cuda").epilogue_anchors == {rule.anchor for rule in cuda.ROWS}
 
 
 def test_shared_values_outputs_and_reductions_end_groups():
@@ -100,6 +101,9 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
     fused = fuse_kernels(diamond(), Target.make())
     assert fused.kernels == [["a"], ["b"], ["c"], ["d", "e"], ["t"], ["u"]]
     assert len(lower_graph(fused, Target.make())[1]) == 6
+    # lowering takes the partition from the pass: a graph without one is refused
+    with pytest.raises(CvmcError, match="no kernel partition; run the target's passes"):
+        lower_graph(diamond(), Target.make())
     # lowering builds the partition the graph carries, not one of its own
     merged = fused.replace(kernels=[["a", "b", "c"], ["d", "e"], ["t", "u"]])
     assert [g.ops for g in lower_graph(merged, Target.make())[1]] == \
@@ -118,7 +122,7 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
 
 
 def test_plan_buffers_and_peak_memory():
-    _, _, plan = lower_graph(diamond(), Target.make())
+    _, _, plan = lower_graph(fuse_kernels(diamond(), Target.make()), Target.make())
     assert [b["name"] for b in plan["buffers"]] == ["a", "c", "e", "t"]
     assert [k["args"] for k in plan["kernels"]][:2] == [["x", "a"], ["a", "b"]]
     # Hand-computed: x z a b c are int8 [2, 64] (128 B); e = c + d has precision 9, so
@@ -145,7 +149,7 @@ def _scheduled_cpu_script(g: Graph) -> str:
 
     from cvmc.lowering.schedule import schedule_cpu
 
-    mod = tvm.IRModule({"k": lower_node(g.nodes[0], g.types, "k")})
+    mod = tvm.IRModule({"k": lower_node(g.nodes[0], g.types, "k", Target.make())})
     sch = s_tir.Schedule(mod)
     sch.work_on("k")
     schedule_cpu(sch, "k")
@@ -166,10 +170,9 @@ def test_cpu_schedule_parallelises_reduction_outer_loop():
 
 
 def test_cuda_schedule_binds_every_kernel():
-    import tvm
-
     from cvmc.lowering.schedule import cuda_target, has_thread_binding, schedule_cuda
 
-    mod, _, _ = lower_graph(diamond(), Target.make("cuda"))
-    mod = schedule_cuda(mod, tvm.target.Target(cuda_target("sm_80")))
+    cuda = Target.make("cuda")
+    mod, _, _ = lower_graph(fuse_kernels(diamond(), cuda), cuda)
+    mod = schedule_cuda(mod, cuda_target(cuda))
     assert all(has_thread_binding(f) for f in mod.functions.values())

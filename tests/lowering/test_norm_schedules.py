@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import cvmc
+from cvmc.codegen.targets import backend
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.lowering.lower import lower_graph
-from cvmc.lowering.rules import schedule_llvm
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import mean_bound, random_inputs, run_at_1_and_2_threads, softmax_bound
@@ -38,7 +38,7 @@ def _doc(shape, body: str) -> str:
 def _rules(text: str) -> set[str]:
     """The schedule rules the kernels of document `text` get on a znver3."""
     graph = run_pipeline(parse_nnef(text, "doc.nnef"), target=TARGET)
-    return set(schedule_llvm(lower_graph(graph, TARGET)[0], TARGET)[1].values())
+    return set(backend(TARGET).schedule(lower_graph(graph, TARGET)[0], TARGET)[1].values())
 
 
 def _run(text: str, feeds: dict) -> tuple[np.ndarray, np.ndarray]:

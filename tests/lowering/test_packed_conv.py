@@ -238,9 +238,7 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
     PTX `dp4a.u32.s32`), and dense with `__dp4a` (s8 x s8) where K is a multiple of 4;
     tests/gpu runs them on a GPU (tests/gpu/prebuilt.py: dp4a_cases). Here: each takes its
     rule, and one conv and one dense of each rule compile with nvcc."""
-    from cvmc.codegen.build import cuda_translation_unit, find_nvcc, nvcc_shared
-    from cvmc.lowering.lower import lower_graph
-    from cvmc.passes.pipeline import run_pipeline
+    from cvmc.codegen.targets.cuda import BACKEND, cuda_translation_unit, find_nvcc, nvcc_shared
     from tests.gpu.prebuilt import dp4a_cases
 
     cuda = Target.make("cuda")
@@ -248,7 +246,7 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
              "cuda-dlight": None}
     sources = {}
     for name, (graph, rule) in dp4a_cases().items():
-        mod, _, _ = lower_graph(run_pipeline(graph, target=cuda), cuda)
+        mod, _, _ = BACKEND.lower(BACKEND.run_passes(graph, cuda), cuda)
         _, sources[rule], rules = cuda_translation_unit(mod, cuda)
         assert list(rules.values()) == [rule], name
         kernels = sources[rule].split("extern \"C\" __global__", 1)[1]
@@ -259,14 +257,12 @@ def test_cuda_convs_and_dense_take_the_dp4a_rules():
         pytest.skip(e.message)
     with tempfile.TemporaryDirectory() as tmp:
         for rule, source in sources.items():
-            nvcc_shared(source, "sm_80", Path(tmp) / f"{rule}.so")
+            nvcc_shared(source, cuda, Path(tmp) / f"{rule}.so")
 
 
 def test_dlight_schedules_a_one_pixel_packed_conv():
     """A kernel the CUDA rows leave goes to dlight, whose GEMV rule raises ValueError on a
     packed conv with one output pixel (its epilogue has one loop): the rule is skipped."""
-    import tvm
-
     from cvmc.lowering.lower import lower_graph
     from cvmc.lowering.schedule import cuda_target, has_thread_binding, schedule_cuda
     from cvmc.passes.pipeline import run_pipeline
@@ -276,5 +272,5 @@ def test_dlight_schedules_a_one_pixel_packed_conv():
     graph = run_pipeline(conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2),
                          target=cuda)
     mod, _, _ = lower_graph(graph, cuda)
-    scheduled = schedule_cuda(mod, tvm.target.Target(cuda_target("sm_80")))
+    scheduled = schedule_cuda(mod, cuda_target(cuda))
     assert all(has_thread_binding(f) for f in scheduled.functions.values())

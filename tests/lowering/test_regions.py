@@ -16,8 +16,8 @@ import re
 import pytest
 
 from cvmc.codegen.build import _emit_llvm
+from cvmc.codegen.targets import backend
 from cvmc.lowering.lower import lower_graph
-from cvmc.lowering.rules import schedule_llvm
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import CONV_PACKED_CASES
@@ -36,7 +36,7 @@ def conv_kernels(graph, mcpu: str) -> dict[str, tuple[str, str]]:
     of `graph` compiled for llvm on `mcpu`, its rule checked."""
     target = Target.make("llvm", mcpu)
     mod, _, plan = lower_graph(run_pipeline(graph, target=target), target)
-    scheduled, rules = schedule_llvm(mod, target)
+    scheduled, rules = backend(target).schedule(mod, target)
     kernels = {}
     for kernel in plan["kernels"]:
         rows = ANCHORS.get(kernel["ops"][0])
@@ -85,5 +85,5 @@ def test_one_parallel_launch_in_the_kernel_code(tmp_path):
     import tvm
 
     one = tvm.IRModule({mod.get_global_var(symbol): mod[symbol]})
-    _, source = _emit_llvm(one, target, {symbol: "x86-avx2"})
+    _, source = _emit_llvm(one, target, backend(target).schedules, {symbol: "x86-avx2"})
     assert len(re.findall(r"load ptr, ptr @__TVMBackendParallelLaunch", source)) == 1

@@ -2,7 +2,7 @@
 exp (NumPy's float64 exp rounded to float32) over a dense sweep of every float32 exponent
 in [-104, 88.8], the right specials (NaN, infinities, overflow, subnormal results), the
 same bits at 1 and 2 threads, no libm call left in the CPU kernel, and CUDA's kernel
-still calling expf."""
+still calling expf, a kernel lowered alone as in a whole graph."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import cvmc_runtime
 import numpy as np
+import tvm_ffi
 
 import cvmc
+from cvmc.codegen.targets import backend
 from cvmc.frontend.nnef import parse_nnef
-from cvmc.lowering.lower import lower_graph
-from cvmc.lowering.rules import schedule_llvm
+from cvmc.lowering.lower import lower_graph, lower_node
 from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.oputil import ulp_distance
@@ -74,17 +75,31 @@ def test_exp_specials():
     assert np.array_equal(np.isinf(got), np.isinf(want)) and np.all(got[-1:] == 0)
 
 
+def _lowered(target: Target) -> str:
+    graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
+    return lower_graph(graph, target)[0].script()
+
+
 def test_cpu_kernel_has_no_libm_exp_and_cuda_keeps_expf():
-    graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"))
-    cpu = lower_graph(graph, Target.make("llvm", "znver3"))[0].script()
-    cuda = lower_graph(graph, Target.make("cuda"))[0].script()
+    cpu, cuda = _lowered(Target.make("llvm", "znver3")), _lowered(Target.make("cuda"))
     assert "expf" not in cpu and "T.floor" in cpu
     assert "expf" in cuda
 
 
+def test_a_kernel_lowered_alone_gets_its_targets_exp():
+    """The exp choice comes with the Target: the exp node lowered on its own is the kernel
+    the whole graph's lowering makes of it, for the CPU (the polynomial) and CUDA (expf)."""
+    graph = parse_nnef(_exp_document(64), "exp.nnef")
+    for target, libm in ((Target.make("llvm", "znver3"), False), (Target.make("cuda"), True)):
+        alone = lower_node(graph.nodes[0], graph.types, "k0_exp", target)
+        whole = lower_graph(run_pipeline(graph, target=target), target)[0]["k0_exp"]
+        assert tvm_ffi.structural_equal(alone, whole), target.kind
+        assert ("expf" in alone.script()) == libm, target.kind
+
+
 def test_exp_kernel_is_vectorised():
-    graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"))
     target = Target.make("llvm", "znver3")
-    mod, chosen = schedule_llvm(lower_graph(graph, target)[0], target)
+    graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
+    mod, chosen = backend(target).schedule(lower_graph(graph, target)[0], target)
     assert set(chosen.values()) == {"cpu-default"}
     assert "T.vectorized" in mod.script()

@@ -343,6 +343,7 @@ def test_errors_name_the_rule():
 def test_integer_kernels_use_no_floating_point():
     """The integer convolution lowers to integer TIR only (llvm and cuda)."""
     from cvmc.lowering.lower import lower_graph
+    from cvmc.passes.fusion import fuse_kernels
     from cvmc.passes.target import Target
 
     rng = np.random.default_rng(3)
@@ -351,8 +352,8 @@ def test_integer_kernels_use_no_floating_point():
                          data_format, weights_format)
         g = one_op_graph(NAME, [(x, 8), (w, 8)], attrs(2, groups=2, pads_begin=[1, 1],
                          data_format=data_format, weights_format=weights_format), (1,))
-        for target in ("llvm", "cuda"):
-            script = lower_graph(g, Target.make(target))[0].script()
+        for target in (Target.make("llvm"), Target.make("cuda")):
+            script = lower_graph(fuse_kernels(g, target), target)[0].script()
             assert "float" not in script, (target, data_format)
 
 

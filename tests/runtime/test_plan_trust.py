@@ -243,13 +243,15 @@ def test_damaged_signatures_are_refused(text, words):
 def test_a_library_without_signature_is_refused(artifact, tmp_path):
     """A library built without the signature (as by an older cvmc): recompile."""
     from cvmc.codegen.build import build_llvm
+    from cvmc.codegen.targets import backend
     from cvmc.frontend import load_graph
     from cvmc.lowering.lower import lower_graph
     from cvmc.passes.pipeline import run_pipeline
     from cvmc.passes.target import Target
 
-    mod, _, _ = lower_graph(run_pipeline(load_graph(str(EXAMPLE))), Target.make())
-    library = build_llvm(mod, Target.make()).library
+    target = Target.make()
+    mod, _, _ = lower_graph(run_pipeline(load_graph(str(EXAMPLE)), target=target), target)
+    library = build_llvm(mod, target, backend(target).schedules).library
     with zipfile.ZipFile(artifact) as z:
         members = {n: z.read(n) for n in z.namelist()}
     members["kernels.so"] = library
@@ -267,7 +269,7 @@ def test_cuda_libraries_carry_the_signature_too(tmp_path):
     import tvm_ffi
     from cvmc_runtime.library import check_library
 
-    from cvmc.codegen.build import find_nvcc
+    from cvmc.codegen.targets.cuda import find_nvcc
 
     try:
         find_nvcc()
@@ -352,17 +354,18 @@ def test_every_llvm_x86_feature_is_classified():
     import tvm
     from tvm.target import codegen
 
-    from cvmc.codegen.cpu_features import classify, llvm_features, needed_features
+    from cvmc.codegen.cpu_features import classify, needed_features
     from cvmc.errors import CvmcError
+    from cvmc.passes.target import Target, llvm_features
 
     cpus = [str(c) for c in codegen.llvm_get_cpu_archlist(tvm.target.Target({"kind": "llvm"}))]
     unknown = {f: cpu for cpu in cpus for f in llvm_features(cpu) if classify(f) == "unknown"}
     assert set(unknown) == {"avx10.1", "avx10.2", "egpr", "ndd", "ppx", "push2pop2", "ccmp",
                             "nf", "zu"}, unknown
     with pytest.raises(CvmcError, match="--mcpu diamondrapids: LLVM enables avx10.1"):
-        needed_features("diamondrapids")
-    assert "avxvnni" in needed_features("alderlake")
-    assert "avx512vnni" in needed_features("znver4")
+        needed_features(Target.make("llvm", "diamondrapids"))
+    assert "avxvnni" in needed_features(Target.make("llvm", "alderlake"))
+    assert "avx512vnni" in needed_features(Target.make("llvm", "znver4"))
 
 
 # ---- item 6b: wrong argument types ---------------------------------------------------------
