@@ -13,6 +13,25 @@ from cvmc.ops.registry import Attrs
 from cvmc.reference import reference_run
 
 
+def compile_passes(graph: Graph, target=None, stop_after: str | None = None,
+                   after_pass=None) -> Graph:
+    """`graph` through the passes compiling for `target` runs (its backend's list,
+    `cvmc.codegen.targets`); with no target, through those every backend runs that need
+    none (typing, constant folding, dead code), as the reference interpreter takes it."""
+    from cvmc.codegen.targets import backend
+    from cvmc.passes.pipeline import (
+        ELIMINATE_DEAD_CODE,
+        FOLD_CONSTANTS,
+        INFER_PRECISION,
+        run_passes,
+    )
+
+    if target is None:
+        return run_passes(graph, (INFER_PRECISION, FOLD_CONSTANTS, ELIMINATE_DEAD_CODE),
+                          stop_after, after_pass)
+    return backend(target).run_passes(graph, target, stop_after, after_pass)
+
+
 def rand_in_precision(rng: np.random.Generator, shape, p: int) -> np.ndarray:
     """Random int64 values inside precision p: |v| <= 2^(p-1) - 1."""
     bound = (1 << (p - 1)) - 1

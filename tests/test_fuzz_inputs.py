@@ -353,9 +353,9 @@ for path in sys.argv[1:]:
 def artifact(tmp_path_factory) -> Path:
     """The example compiled once for llvm."""
     from cvmc.codegen import compile_model
-    from cvmc.passes.pipeline import run_pipeline
+    from tests.oputil import compile_passes
     path = tmp_path_factory.mktemp("cvmx") / "m.cvmx"
-    compile_model(run_pipeline(load_nnef(EXAMPLE, None)), path, "llvm")
+    compile_model(compile_passes(load_nnef(EXAMPLE, None)), path, "llvm")
     return path
 
 

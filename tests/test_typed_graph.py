@@ -116,9 +116,8 @@ def test_verify_catches_a_pass_that_forgets_to_retype(monkeypatch) -> None:
     verify(retype(widen_shift(g)))
     assert retype(widen_shift(g)).types["y"] == TensorType((2,), "int32", 9)
     monkeypatch.setattr(pipeline, "VERIFY_TYPES", True)
-    monkeypatch.setattr(pipeline, "PASSES", [pipeline.Pass("widen", widen_shift)])
     with pytest.raises(InvalidGraph, match="types differ"):
-        pipeline.run_pipeline(g)
+        pipeline.run_passes(g, [pipeline.Pass("widen", widen_shift)])
 
 
 def test_graph_verify_needs_every_precision_of_a_typed_graph() -> None:

@@ -106,7 +106,7 @@ def _value(v: Any, pairs: bool = False) -> str:
 
 
 def graph_dumper(folder: str | Path):
-    """`after_pass` for `run_pipeline` that writes the graph after each pass to
+    """`after_pass` for `run_passes` that writes the graph after each pass to
     `folder/NN-<pass>.nnef` (`cvmc compile --dump-ir`)."""
     out = Path(folder)
 

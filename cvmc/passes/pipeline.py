@@ -1,5 +1,5 @@
-"""The passes: every Graph -> Graph pass, with why it is there, and `PASSES`, all of them
-in order. A backend (cvmc/codegen/targets) lists those it runs; `run_passes` runs a list."""
+"""The passes: every Graph -> Graph pass, with why it is there, and `run_passes`, the one
+pass manager. Each backend (cvmc/codegen/targets) lists the passes it runs, in order."""
 from __future__ import annotations
 
 import os
@@ -25,13 +25,12 @@ VERIFY_TYPES = os.environ.get("CVMC_VERIFY_TYPES") == "1"
 
 @dataclass(frozen=True)
 class Pass:
-    """One Graph -> Graph pass. With `targets`, it runs only when compiling for one of
-    their kinds (`cvmc check` and the reference interpreter see the graph as written) and
-    is called as `run(graph, target)`; without, always, as `run(graph)`."""
+    """One Graph -> Graph pass, called as `run(graph, target)` where it `needs_target`
+    (what it makes depends on the target), else as `run(graph)`."""
 
     name: str
     run: Callable[..., Graph]
-    targets: tuple[str, ...] = ()
+    needs_target: bool = False
 
 
 # Every loader types its graph (`retype`: precisions prove int32 never overflows);
@@ -43,24 +42,24 @@ INFER_PRECISION = Pass("infer-precision", require_typed)
 # in one 32-bit word, for VNNI's `vpdpbusd` and CUDA's `dp4a`) and a precomputed
 # compensation: conv2d -> conv2d_packed on layout_transform-ed weights (folded just
 # below).
-PACK_CONV_WEIGHTS = Pass("pack-conv-weights", pack_conv_weights, ("llvm", "cuda"))
+PACK_CONV_WEIGHTS = Pass("pack-conv-weights", pack_conv_weights, needs_target=True)
 
 # Float convs want their filter packed too (OIHW8o: 8 output channels of float32 in a
 # vector's lanes, 16 with AVX-512) for the register-tiled FMA kernel; CPU only.
-PACK_FLOAT_CONVS = Pass("pack-float-convs", pack_float_convs, ("llvm",))
+PACK_FLOAT_CONVS = Pass("pack-float-convs", pack_float_convs, needs_target=True)
 
 # Transformer chains an exporter decomposed (layer normalization) become one op each,
 # one kernel instead of seven (cvmc/passes/transformer.py).
-FUSE_TRANSFORMER = Pass("fuse-transformer", fuse_transformer, ("llvm",))
+FUSE_TRANSFORMER = Pass("fuse-transformer", fuse_transformer, needs_target=True)
 
 # A matmul's constant transposed weight (NNEF's linear) is transposed back once, here,
 # so that the CPU kernel reads weight rows along its vector of output columns.
 UNTRANSPOSE_MATMUL_WEIGHTS = Pass("untranspose-matmul-weights", untranspose_matmul_weights,
-                                  ("llvm",))
+                                  needs_target=True)
 
 # A matmul's constant B is packed into column panels (P, K, 16 or 32 columns), folded
 # just below: the CPU kernel reads each panel contiguously and K-blocks it in L1.
-PACK_MATMUL_WEIGHTS = Pass("pack-matmul-weights", pack_matmul_weights, ("llvm",))
+PACK_MATMUL_WEIGHTS = Pass("pack-matmul-weights", pack_matmul_weights, needs_target=True)
 
 # Nodes whose inputs are all weights are evaluated now with the reference rules.
 FOLD_CONSTANTS = Pass("fold-constants", fold_constants)
@@ -68,7 +67,7 @@ FOLD_CONSTANTS = Pass("fold-constants", fold_constants)
 # The stdlib's float max / min / clamp / max_pool, expanded by the frontend into
 # comparisons, selects, argmax_pool and sample, become one op each (same bits), so
 # they fuse into their producers and max pooling is one window reduction.
-SIMPLIFY = Pass("simplify", simplify_float, ("llvm", "cuda"))
+SIMPLIFY = Pass("simplify", simplify_float, needs_target=True)
 
 # Nodes (and weights) that no output depends on are dropped.
 ELIMINATE_DEAD_CODE = Pass("eliminate-dead-code", eliminate_dead_code)
@@ -76,40 +75,34 @@ ELIMINATE_DEAD_CODE = Pass("eliminate-dead-code", eliminate_dead_code)
 # Activations between two packed convs stay in the kernels' NCHW16c layout (each
 # conv would otherwise transpose its result to NCHW and the next one back; on CUDA a
 # blocked conv reads 4 channels of a pixel in one 32-bit load).
-BLOCK_ACTIVATIONS = Pass("block-activations", block_activations, ("llvm", "cuda"))
+BLOCK_ACTIVATIONS = Pass("block-activations", block_activations, needs_target=True)
 
 # Float activations between float convs stay NCHW8c (16c with AVX-512), the layout
 # of the conv kernels' register tiles: whole vectors stored, depth-wise convs with the
 # channels in the lanes (cvmc/passes/layout_float.py).
-BLOCK_FLOAT_ACTIVATIONS = Pass("block-float-activations", block_float_activations, ("llvm",))
+BLOCK_FLOAT_ACTIVATIONS = Pass("block-float-activations", block_float_activations,
+                               needs_target=True)
 
 # The kernel partition: epilogues into their conv / dense, element-wise chains into one
 # kernel (Graph.kernels; lowering builds one kernel per group).
-FUSE_KERNELS = Pass("fuse-kernels", fuse_kernels, ("llvm", "cuda"))
-
-# Every pass, in the order any target's list runs them (`cvmc check` and the reference
-# interpreter run those for no target; the backends, cvmc/codegen/targets, list theirs).
-PASSES: list[Pass] = [
-    INFER_PRECISION, PACK_CONV_WEIGHTS, PACK_FLOAT_CONVS, FUSE_TRANSFORMER,
-    UNTRANSPOSE_MATMUL_WEIGHTS, PACK_MATMUL_WEIGHTS, FOLD_CONSTANTS, SIMPLIFY,
-    ELIMINATE_DEAD_CODE, BLOCK_ACTIVATIONS, BLOCK_FLOAT_ACTIVATIONS, FUSE_KERNELS,
-]
+FUSE_KERNELS = Pass("fuse-kernels", fuse_kernels, needs_target=True)
 
 
 def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = None,
                after_pass: Callable[[int, str, Graph], None] | None = None,
                target: Target | None = None) -> Graph:
-    """Run `passes` in order (those for `target`'s kind too), checking each result,
-    calling `after_pass(index, name, graph)` after each (`--dump-ir`:
-    `cvmc.frontend.printer.graph_dumper`), and stop after `stop_after`."""
+    """Run `passes` in order on `graph` (for `target`, which those that need one must
+    have), checking each result, calling `after_pass(index, name, graph)` after each
+    (`--dump-ir`: `cvmc.frontend.printer.graph_dumper`), and stop after `stop_after`.
+    Running a backend's list on its own output changes nothing."""
     names = [p.name for p in passes]
     if stop_after is not None and stop_after not in names:
         raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
                         f"passes: {', '.join(names)}")
     for index, p in enumerate(passes):
-        if p.targets and (target is None or target.kind not in p.targets):
-            continue
-        graph = p.run(graph, target) if p.targets else p.run(graph)
+        if p.needs_target and target is None:
+            raise ValueError(f"pass '{p.name}' needs the target it compiles for")
+        graph = p.run(graph, target) if p.needs_target else p.run(graph)
         if VERIFY_TYPES:
             verify(graph)
         else:
@@ -120,11 +113,3 @@ def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = No
             break
     return graph
 
-
-def run_pipeline(graph: Graph, stop_after: str | None = None,
-                 after_pass: Callable[[int, str, Graph], None] | None = None,
-                 target: Target | None = None) -> Graph:
-    """PASSES on `graph` (`run_passes`): for a `target`, those of its kind, which are its
-    backend's list (tests/codegen/test_backends.py); with none, the passes of every
-    target. Running it on its own output changes nothing."""
-    return run_passes(graph, PASSES, stop_after, after_pass, target)

@@ -21,8 +21,8 @@ from cvmc.codegen import build, cache, compile_model
 from cvmc.codegen.targets import backend
 from cvmc.errors import CvmcError
 from cvmc.lowering import lower
-from cvmc.passes import pipeline
 from cvmc.passes.target import Target
+from tests.oputil import compile_passes
 from tests.test_cli_robustness import EXAMPLE, ROOT
 
 SHAPE = [1, 4, 6, 6]
@@ -385,7 +385,7 @@ def test_kernel_objects_link_together(tmp_path):
     """Every kernel object defines TVM's backend function pointers (filled by the shim at
     load): they must be weak, or two objects could not be linked into one library."""
     target = Target.make("llvm")
-    graph = pipeline.run_pipeline(blocks_graph(), target=target)
+    graph = compile_passes(blocks_graph(), target=target)
     mod, _, _ = lower.lower_graph(graph, target)
     for func in list(mod.functions.values())[:2]:
         obj = tmp_path / "k.o"
@@ -488,7 +488,7 @@ def test_compiling_process_builds_the_small_kernels_beside_the_workers(tmp_path,
     here = built_here(monkeypatch)
     assert compiled(tmp_path, "both", jobs=2) == alone
     target = Target.make("llvm")
-    graph = pipeline.run_pipeline(blocks_graph(), target=target)
+    graph = compile_passes(blocks_graph(), target=target)
     mod, _, _ = lower.lower_graph(graph, target)
     sizes = {gv.name_hint: len(tvm.ir.save_json(f)) for gv, f in mod.functions.items()}
     assert 0 < len(here) < len(sizes)

@@ -14,7 +14,7 @@ import pytest
 import cvmc
 from cvmc.codegen import compile_model
 from cvmc.frontend.tensorfile import write_tensor
-from cvmc.passes.pipeline import run_pipeline
+from tests.oputil import compile_passes
 
 W = np.array([-1, 3, -5, 7], np.int8)  # the issue's weight; relu(W) = [0, 3, 0, 7]
 X = np.array([1, -2, 3, -4], np.int8)
@@ -44,7 +44,7 @@ def test_edge_compiles_to_the_reference(name, tmp_path):
     outputs, body = CASES[name]
     (tmp_path / "graph.nnef").write_text(_document(outputs, body))
     write_tensor(tmp_path / "w.dat", W)
-    graph = run_pipeline(cvmc.load_graph(tmp_path / "graph.nnef"))
+    graph = compile_passes(cvmc.load_graph(tmp_path / "graph.nnef"))
     want = cvmc.reference_run(graph, {"x": X})
     compile_model(graph, tmp_path / "m.cvmx")
     model = cvmc_runtime.load(tmp_path / "m.cvmx")
@@ -59,7 +59,7 @@ def test_issue_repro_values(tmp_path):
     """The issue's numbers, by hand: relu([-1, 3, -5, 7]) = [0, 3, 0, 7]."""
     (tmp_path / "graph.nnef").write_text(_document(*CASES["weight_output_after_folding"]))
     write_tensor(tmp_path / "w.dat", W)
-    compile_model(run_pipeline(cvmc.load_graph(tmp_path / "graph.nnef")), tmp_path / "m.cvmx")
+    compile_model(compile_passes(cvmc.load_graph(tmp_path / "graph.nnef")), tmp_path / "m.cvmx")
     got = cvmc_runtime.load(tmp_path / "m.cvmx").run({"x": X})
     assert got["y"].tolist() == [0, 3, 0, 7]
     assert got["z"].tolist() == [1, 0, 3, 0]
@@ -70,7 +70,7 @@ def test_value_listed_twice_as_output(tmp_path):
     list one value twice: a kernel output, an input and a folded constant, each twice."""
     (tmp_path / "graph.nnef").write_text(_document("y, z, x", "y = relu(w); z = relu(x);"))
     write_tensor(tmp_path / "w.dat", W)
-    graph = run_pipeline(cvmc.load_graph(tmp_path / "graph.nnef"))
+    graph = compile_passes(cvmc.load_graph(tmp_path / "graph.nnef"))
     graph = dataclasses.replace(graph, outputs=["z", "y", "z", "x", "y", "x"])
     want = cvmc.reference_run(graph, {"x": X})
     compile_model(graph, tmp_path / "m.cvmx")

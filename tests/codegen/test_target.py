@@ -11,17 +11,17 @@ from cvmc.codegen.targets import backend, cuda
 from cvmc.codegen.targets.cpu import CpuBackend
 from cvmc.errors import CvmcError
 from cvmc.lowering import lower, rules
-from cvmc.passes import pipeline
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.target import Target
 from tests.lowering.test_fusion_and_plan import diamond
 from tests.lowering.test_packed_conv import GEOMETRIES, conv_graph
+from tests.oputil import compile_passes
 from tests.test_cli_robustness import EXAMPLE
 
 
 def _conv_rule(target: Target) -> str:
     """The schedule row the packed 3x3 conv kernel gets on `target`'s CPU."""
-    graph = pipeline.run_pipeline(conv_graph(*GEOMETRIES["3x3 pad 1"]), target=target)
+    graph = compile_passes(conv_graph(*GEOMETRIES["3x3 pad 1"]), target=target)
     mod, _, _ = lower.lower_graph(graph, target)
     _, chosen = backend(target).schedule(mod, target)
     (rule,) = (r for symbol, r in chosen.items() if "conv2d_packed" in symbol)

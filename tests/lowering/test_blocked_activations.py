@@ -14,12 +14,12 @@ import pytest
 from cvmc.ops import lookup
 from cvmc.ops.registry import Attrs
 from cvmc.passes.layout import block_activations
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import packed_conv_inputs, rand
 from tests.lowering.test_conv_schedule import run_both
 from tests.lowering.test_fusion_and_plan import graph
 from tests.lowering.test_packed_conv import compiled_vs_reference
+from tests.oputil import compile_passes
 
 SHIFT = {"precision": 8, "shift_bit": 6}
 
@@ -41,7 +41,7 @@ def chain(x_shape, convs, outputs=None, tail=()):
 
 def blocked(g):
     """The graph after `block-activations` (llvm pipeline)."""
-    return run_pipeline(g, stop_after="block-activations", target=Target.make())
+    return compile_passes(g, stop_after="block-activations", target=Target.make())
 
 
 def layouts(g) -> list[tuple[str, str]]:
@@ -272,17 +272,17 @@ def test_cuda_pipeline_blocks_the_same_and_keeps_dense():
     depthwise convs stay NCHW ops (the pool's result enters the blocks through a
     layout_transform); dense stays dense on CUDA (dlight's GEMV) and becomes a packed 1x1
     conv on the CPU."""
-    cuda = run_pipeline(resnet_like(), stop_after="block-activations",
+    cuda = compile_passes(resnet_like(), stop_after="block-activations",
                         target=Target.make("cuda"))
     assert layouts(cuda) == [("NCHW", "NCHW"), *layouts(blocked(resnet_like()))[1:]]
     assert activation_transforms(cuda) == [(P, "p_nchw16c")]
-    cuda = run_pipeline(mobilenet_like(), stop_after="block-activations",
+    cuda = compile_passes(mobilenet_like(), stop_after="block-activations",
                         target=Target.make("cuda"))
     assert [n.op for n in cuda.nodes if "conv" in n.op] == \
         ["conv2d_packed", "conv2d", "conv2d_packed", "conv2d", "conv2d_packed"]
     g = graph({"x": ((1, 64), 8)}, [("dense", ["x", "w", "b"], "y", {})], ["y"],
               {"w": rand((10, 64), 8, 50), "b": rand((10,), 12, 51)})
-    ops = {t: [n.op for n in run_pipeline(g, target=Target.make(t)).nodes]
+    ops = {t: [n.op for n in compile_passes(g, target=Target.make(t)).nodes]
            for t in ("llvm", "cuda")}
     assert ops == {"llvm": ["reshape", "conv2d_packed", "reshape"], "cuda": ["dense"]}
 

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 import cvmc
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import compile_and_run
-from tests.oputil import sum_bound
+from tests.oputil import compile_passes, sum_bound
 
 # (A shape, B shape, transposeA, transposeB, B constant, epilogue)
 CASES = {
@@ -79,7 +78,7 @@ def test_matmul_within_bound_and_thread_count_free(name, mcpu, rule):
 def test_constant_transposed_weight_is_transposed_at_compile_time():
     graph = _graph("linear-bias-relu")
     w = graph.constants["w"]
-    graph = run_pipeline(graph, target=Target.make("llvm", "znver3"))
+    graph = compile_passes(graph, target=Target.make("llvm", "znver3"))
     (mm,) = [n for n in graph.nodes if n.op.startswith("matmul")]
     # transposed back, then packed into 2 panels of 16 columns (matmul_packed)
     packed = graph.constants[mm.inputs[1]]

@@ -96,7 +96,7 @@ def test_shared_values_outputs_and_reductions_end_groups():
 def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path):
     from cvmc.frontend.nnef import parse_nnef
     from cvmc.frontend.printer import graph_dumper, print_graph
-    from cvmc.passes.pipeline import run_pipeline
+    from tests.oputil import compile_passes
 
     fused = fuse_kernels(diamond(), Target.make())
     assert fused.kernels == [["a"], ["b"], ["c"], ["d", "e"], ["t"], ["u"]]
@@ -111,7 +111,7 @@ def test_fusion_is_a_pass_whose_kernels_lowering_builds_and_dumps_show(tmp_path)
     # a pass that rewrites the nodes drops the stale partition
     assert fused.replace(nodes=fused.nodes[:1], outputs=["a"]).kernels == []
     # --dump-ir: each kernel is a comment before its first node; the text parses back
-    run_pipeline(diamond(), after_pass=graph_dumper(tmp_path),
+    compile_passes(diamond(), after_pass=graph_dumper(tmp_path),
                  target=Target.make())
     (dump,) = tmp_path.glob("*-fuse-kernels.nnef")  # its index: the passes before it
     text = dump.read_text()

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 import cvmc
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import compile_and_run
-from tests.oputil import sum_bound
+from tests.oputil import compile_passes, sum_bound
 
 # (A shape, B shape as written, transposeB, epilogue): K > 256 is K-blocked where there are
 # 8 panels or more (`_MIN_PANELS`)
@@ -101,9 +100,9 @@ def test_weight_packed_at_compile_time(mcpu, cols):
     graph = _graph("transposed-weight")
     w = graph.constants["w"]  # (150, 300): N x K
     target = Target.make("llvm", mcpu)
-    graph = run_pipeline(graph, target=target)
+    graph = compile_passes(graph, target=target)
     assert [n.op for n in graph.nodes] == ["matmul_packed", "cinn.add", "nnef.select_max"]
-    again = run_pipeline(graph, target=target)
+    again = compile_passes(graph, target=target)
     assert again.nodes == graph.nodes and again.constants.keys() == graph.constants.keys()
     packed = graph.constants[graph.nodes[0].inputs[1]]
     panels = -(-150 // cols)

@@ -14,10 +14,9 @@ import cvmc
 from cvmc.codegen.targets import backend
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.lowering.lower import lower_graph
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import mean_bound, random_inputs, run_at_1_and_2_threads, softmax_bound
-from tests.oputil import sum_bound
+from tests.oputil import compile_passes, sum_bound
 from tests.passes.test_transformer import (
     MASKED,
     _attention_bound,
@@ -37,7 +36,7 @@ def _doc(shape, body: str) -> str:
 
 def _rules(text: str) -> set[str]:
     """The schedule rules the kernels of document `text` get on a znver3."""
-    graph = run_pipeline(parse_nnef(text, "doc.nnef"), target=TARGET)
+    graph = compile_passes(parse_nnef(text, "doc.nnef"), target=TARGET)
     return set(backend(TARGET).schedule(lower_graph(graph, TARGET)[0], TARGET)[1].values())
 
 

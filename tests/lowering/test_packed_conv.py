@@ -265,11 +265,11 @@ def test_dlight_schedules_a_one_pixel_packed_conv():
     packed conv with one output pixel (its epilogue has one loop): the rule is skipped."""
     from cvmc.lowering.lower import lower_graph
     from cvmc.lowering.schedule import cuda_target, has_thread_binding, schedule_cuda
-    from cvmc.passes.pipeline import run_pipeline
+    from tests.oputil import compile_passes
 
     k = MAX_PACKED_REDUCTION
     cuda = Target.make("cuda")
-    graph = run_pipeline(conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2),
+    graph = compile_passes(conv_graph((1, k, 1, 1), (1, k, 1, 1), {}, False, False, p=2),
                          target=cuda)
     mod, _, _ = lower_graph(graph, cuda)
     scheduled = schedule_cuda(mod, cuda_target(cuda))

@@ -18,11 +18,10 @@ import pytest
 from cvmc.codegen.build import _emit_llvm
 from cvmc.codegen.targets import backend
 from cvmc.lowering.lower import lower_graph
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.codegen.op_cases import CONV_PACKED_CASES
 from tests.lowering.test_blocked_activations import benchmark_network
-from tests.oputil import one_op_graph
+from tests.oputil import compile_passes, one_op_graph
 
 # int8 rows by --mcpu; the float rows: znver4 avx512, znver3 avx2, x86-64 generic
 INT8_ROWS = {"znver4": "x86-avx512-vnni", "znver3": "x86-avx2", "x86-64": "cpu-packed-vector"}
@@ -35,7 +34,7 @@ def conv_kernels(graph, mcpu: str) -> dict[str, tuple[str, str]]:
     """{kernel symbol: (its schedule rule, its scheduled TIR)} of every packed conv kernel
     of `graph` compiled for llvm on `mcpu`, its rule checked."""
     target = Target.make("llvm", mcpu)
-    mod, _, plan = lower_graph(run_pipeline(graph, target=target), target)
+    mod, _, plan = lower_graph(compile_passes(graph, target=target), target)
     scheduled, rules = backend(target).schedule(mod, target)
     kernels = {}
     for kernel in plan["kernels"]:
@@ -80,7 +79,7 @@ def test_one_parallel_launch_in_the_kernel_code(tmp_path):
     lives in the task, on its stack or arena, not in a buffer shared by the tasks)."""
     graph = benchmark_network("resnet18", tmp_path)
     target = Target.make("llvm", "znver3")
-    mod, _, plan = lower_graph(run_pipeline(graph, target=target), target)
+    mod, _, plan = lower_graph(compile_passes(graph, target=target), target)
     symbol = next(k["symbol"] for k in plan["kernels"] if k["ops"][0] == "conv2d_packed")
     import tvm
 

@@ -17,9 +17,8 @@ import cvmc
 from cvmc.codegen.targets import backend
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.lowering.lower import lower_graph, lower_node
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
-from tests.oputil import ulp_distance
+from tests.oputil import compile_passes, ulp_distance
 
 SWEEP = 1 << 21
 
@@ -76,7 +75,7 @@ def test_exp_specials():
 
 
 def _lowered(target: Target) -> str:
-    graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
+    graph = compile_passes(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
     return lower_graph(graph, target)[0].script()
 
 
@@ -92,14 +91,14 @@ def test_a_kernel_lowered_alone_gets_its_targets_exp():
     graph = parse_nnef(_exp_document(64), "exp.nnef")
     for target, libm in ((Target.make("llvm", "znver3"), False), (Target.make("cuda"), True)):
         alone = lower_node(graph.nodes[0], graph.types, "k0_exp", target)
-        whole = lower_graph(run_pipeline(graph, target=target), target)[0]["k0_exp"]
+        whole = lower_graph(compile_passes(graph, target=target), target)[0]["k0_exp"]
         assert tvm_ffi.structural_equal(alone, whole), target.kind
         assert ("expf" in alone.script()) == libm, target.kind
 
 
 def test_exp_kernel_is_vectorised():
     target = Target.make("llvm", "znver3")
-    graph = run_pipeline(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
+    graph = compile_passes(parse_nnef(_exp_document(64), "exp.nnef"), target=target)
     mod, chosen = backend(target).schedule(lower_graph(graph, target)[0], target)
     assert set(chosen.values()) == {"cpu-default"}
     assert "T.vectorized" in mod.script()

@@ -11,7 +11,6 @@ import cvmc
 from cvmc.codegen import compile_model
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.fusion import kernel_groups
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import (
     random_inputs,
@@ -19,7 +18,7 @@ from tests.nnefutil import (
     same_digests_at_1_and_2_threads,
     with_random_weights,
 )
-from tests.oputil import sum_bound
+from tests.oputil import compile_passes, sum_bound
 
 # A ResNet-style block: conv + bias + relu, conv + residual add + relu, min/max clip; a
 # depth-wise conv (multiplier 1: left to its own rule), a 'reflect' conv (left as it is)
@@ -65,7 +64,7 @@ def _ops(graph) -> list[str]:
 def test_packs_plain_2d_convs_only(mcpu, block):
     """Two convs become conv_packed on a filter packed OIHW{8|16}o (16 with AVX-512); the
     depth-wise, 'reflect' and 3-D convs stay conv."""
-    g = run_pipeline(_graph(), target=Target.make("llvm", mcpu))
+    g = compile_passes(_graph(), target=Target.make("llvm", mcpu))
     packed = [n for n in g.nodes if n.op == "conv_packed"]
     assert len(packed) == 2 and _ops(g).count("conv") == 3
     assert [g.types[n.inputs[1]].shape for n in packed] == \
@@ -74,7 +73,7 @@ def test_packs_plain_2d_convs_only(mcpu, block):
 
 
 def test_cuda_keeps_conv():
-    g = run_pipeline(_graph(), target=Target.make("cuda"))
+    g = compile_passes(_graph(), target=Target.make("cuda"))
     assert "conv_packed" not in _ops(g)
 
 
@@ -84,7 +83,7 @@ def test_packed_graph_has_the_reference_values():
     g = _graph()
     feeds = random_inputs(g)
     want = cvmc.reference_run(g, feeds)
-    got = cvmc.reference_run(run_pipeline(g, target=Target.make("llvm", "znver3")), feeds)
+    got = cvmc.reference_run(compile_passes(g, target=Target.make("llvm", "znver3")), feeds)
     for key in want:
         assert np.array_equal(want[key], got[key]), key
 
@@ -92,7 +91,7 @@ def test_packed_graph_has_the_reference_values():
 def test_epilogues_run_in_the_conv_kernel():
     """bias + relu (select(x > 0, x, 0), one select_max after the simplify pass), residual
     add + relu, and a clamp (one select_clamp): each in its conv's kernel."""
-    g = run_pipeline(_graph(), target=Target.make("llvm", "znver3"))
+    g = compile_passes(_graph(), target=Target.make("llvm", "znver3"))
     groups = [grp.ops for grp in kernel_groups(g) if grp.ops[0] == "conv_packed"]
     assert groups == [["conv_packed", "nnef.select_max"],
                       ["conv_packed", "add", "nnef.select_max"]], groups

@@ -11,7 +11,6 @@ import cvmc
 from cvmc.codegen import compile_model
 from cvmc.frontend.nnef import parse_nnef
 from cvmc.passes.fusion import kernel_groups
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import (
     random_inputs,
@@ -19,7 +18,7 @@ from tests.nnefutil import (
     same_digests_at_1_and_2_threads,
     with_random_weights,
 )
-from tests.oputil import sum_bound
+from tests.oputil import compile_passes, sum_bound
 
 ZNVER3 = Target.make("llvm", "znver3")
 
@@ -180,7 +179,7 @@ def test_the_pass_keeps_the_chain_blocked():
     the sum and the scale run blocked; transforms: none for x (the stem conv reads NCHW),
     one back for each of the graph's outputs p and q, one in for the excitation (its convs
     on 1x1 maps write NCHW; the squeeze's 4 channels are not whole blocks anyway)."""
-    g = run_pipeline(_graph(), target=ZNVER3)
+    g = compile_passes(_graph(), target=ZNVER3)
     ops = [n.op for n in g.nodes]
     assert "conv" not in ops and ops.count("conv_packed") == 1  # cx: NCHW in and out
     assert ops.count("conv_packed_blocked") == 5 and ops.count("depthwise_conv_blocked") == 1
@@ -212,13 +211,13 @@ graph G( x ) -> ( y )
     y = conv(h1, w, 0.0, padding = [(1, 1), (1, 1)]);
 }
 """
-    after = run_pipeline(with_random_weights(parse_nnef(doc, "g.nnef")), target=ZNVER3)
+    after = compile_passes(with_random_weights(parse_nnef(doc, "g.nnef")), target=ZNVER3)
     assert [n.op for n in after.nodes if "conv" in n.op] == ["conv_packed", "conv_packed"]
     assert not [n for n in after.nodes if "layout_transform" in n.op]
 
 
 def test_avx512_blocks_of_16():
-    g = run_pipeline(_graph(), target=Target.make("llvm", "skylake-avx512"))
+    g = compile_passes(_graph(), target=Target.make("llvm", "skylake-avx512"))
     shapes = [g.types[n.outputs[0]].shape for n in g.nodes if n.op == "depthwise_conv_blocked"]
     assert shapes == [(1, 2, 10, 12, 16)]
 
@@ -241,7 +240,7 @@ graph G( x ) -> ( y )
 }
 """
     g = with_random_weights(parse_nnef(doc, "g.nnef"))
-    after = run_pipeline(g, target=ZNVER3)
+    after = compile_passes(g, target=ZNVER3)
     layouts = [(n.attrs["data_layout"], n.attrs["out_layout"])
                for n in after.nodes if n.op == "conv_packed_blocked"]
     assert layouts == [("NCHW", "NCHW8c"), ("NCHW8c", "NCHW8c"), ("NCHW8c", "NCHW")]
@@ -262,7 +261,7 @@ def test_rewritten_graph_has_the_reference_values():
     g = _graph()
     feeds = random_inputs(g)
     want = cvmc.reference_run(g, feeds)
-    got = cvmc.reference_run(run_pipeline(g, target=ZNVER3), feeds)
+    got = cvmc.reference_run(compile_passes(g, target=ZNVER3), feeds)
     for key in want:
         assert np.array_equal(want[key], got[key]), key
 
@@ -316,7 +315,7 @@ graph G( x ) -> ( p, q )
     g = g.replace(constants={**g.constants,
                              "w": rng.integers(-2, 3, (16, 3, 3, 3)).astype(np.float32),
                              "v": rng.integers(-2, 3, (8, 16, 1, 1)).astype(np.float32)})
-    after = run_pipeline(g, target=ZNVER3)
+    after = compile_passes(g, target=ZNVER3)
     pools = [n for n in after.nodes if n.op in ("nnef.max_window", "box")]
     assert [len(after.types[n.outputs[0]].shape) for n in pools] == [5, 5]
     assert not [n for n in after.nodes if n.op == "float_layout_transform"]

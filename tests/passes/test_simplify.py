@@ -4,8 +4,8 @@ import pytest
 
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops.infer import retype
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
+from tests.oputil import compile_passes
 
 
 def graph():
@@ -45,7 +45,7 @@ def test_dead_code_removes_unused_nodes_and_weights():
 
 
 def test_pipeline_stop_after():
-    g = run_pipeline(retype(graph()), stop_after="infer-precision")
+    g = compile_passes(retype(graph()), stop_after="infer-precision")
     assert len(g.nodes) == 3 and g.types["b"].precision == 8
 
 

@@ -13,7 +13,6 @@ import pytest
 
 import cvmc
 from cvmc.frontend.nnef import parse_nnef
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.passes.target import Target
 from tests.nnefutil import (
     mean_bound,
@@ -22,6 +21,7 @@ from tests.nnefutil import (
     run_at_1_and_2_threads,
     softmax_bound,
 )
+from tests.oputil import compile_passes
 
 U = 2.0**-24
 CHAIN = """
@@ -48,7 +48,7 @@ def _document(shape=(2, 5, 48), axes="2", extra_output: str = "") -> str:
 
 
 def _fused(text: str):
-    return run_pipeline(parse_nnef(text, "ln.nnef"), target=Target.make("llvm", "znver3"))
+    return compile_passes(parse_nnef(text, "ln.nnef"), target=Target.make("llvm", "znver3"))
 
 
 def _layer_norm_bound(x: np.ndarray, axes: tuple[int, ...], eps: float, y: np.ndarray):

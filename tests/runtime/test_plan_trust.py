@@ -246,11 +246,11 @@ def test_a_library_without_signature_is_refused(artifact, tmp_path):
     from cvmc.codegen.targets import backend
     from cvmc.frontend import load_graph
     from cvmc.lowering.lower import lower_graph
-    from cvmc.passes.pipeline import run_pipeline
     from cvmc.passes.target import Target
+    from tests.oputil import compile_passes
 
     target = Target.make()
-    mod, _, _ = lower_graph(run_pipeline(load_graph(str(EXAMPLE)), target=target), target)
+    mod, _, _ = lower_graph(compile_passes(load_graph(str(EXAMPLE)), target=target), target)
     library = build_llvm(mod, target, backend(target).schedules).library
     with zipfile.ZipFile(artifact) as z:
         members = {n: z.read(n) for n in z.namelist()}

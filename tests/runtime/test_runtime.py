@@ -15,8 +15,8 @@ from cvmc_runtime.model import ALIGNMENT, aligned_empty
 
 from cvmc.codegen import compile_model
 from cvmc.frontend import load_graph
-from cvmc.passes.pipeline import run_pipeline
 from cvmc.reference import reference_run
+from tests.oputil import compile_passes
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "small_cnn" / "graph.nnef"
@@ -40,7 +40,7 @@ np.save(sys.argv[4], out["logits"])
 def example(tmp_path_factory):
     """(artifact path, input path, reference logits) for the bundled example."""
     d = tmp_path_factory.mktemp("rt")
-    graph = run_pipeline(load_graph(EXAMPLE))
+    graph = compile_passes(load_graph(EXAMPLE))
     compile_model(graph, d / "m.cvmx", "llvm")
     x = np.random.default_rng(3).integers(-127, 128, SHAPE, np.int8)
     np.save(d / "x.npy", x)
