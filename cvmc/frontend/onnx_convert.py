@@ -43,6 +43,9 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
   coordinates and floor rounding (the converter assumes opset 11's half_pixel);
 - `Clip` before opset 11 and `Slice` before 10 take as attributes what the converter reads
   as inputs (it would fail): they become constant inputs;
+- a constant `Clip` bound of -inf (min) or +inf (max) is dropped (the converter would
+  write a bare `inf`, which NNEF has no literal for), a Clip left with no bound becomes an
+  Identity (the converter would write `max(x)`); a bound infinite the other way is refused;
 - `Split` into equal parts (no `split` sizes; opset 18's `num_outputs`) gets the sizes
   of its outputs (the converter would fail);
 - `Flatten` with an axis other than 1 becomes the reshape to its 2-D shape (the converter
@@ -518,6 +521,8 @@ def _adjust_op(op, opset: int) -> None:
                         f"converts it with exactly two (a third one would be dropped)")
     if op.type in _ATTRIBUTES_BECAME_INPUTS and opset < _ATTRIBUTES_BECAME_INPUTS[op.type][0]:
         _attributes_as_inputs(op, *_ATTRIBUTES_BECAME_INPUTS[op.type][1:])
+    if op.type == "Clip":
+        _infinite_clip_bounds(op)
     if op.type in _REDUCTIONS:
         _reduction_axes(op)
     elif op.type == "Softmax":
@@ -566,6 +571,27 @@ def _attributes_as_inputs(op, names: tuple[str, ...], dtype: type) -> None:
         empty if v is None else Tensor(op.graph, name=f"{_label(op)}_{name}",
                                        shape=np.shape(v), dtype=dtype, data=np.array(v, dtype))
         for name, v in zip(names, values)))
+
+
+def _infinite_clip_bounds(op) -> None:
+    """Drop a constant Clip bound that bounds nothing (min -inf, max +inf): the converter
+    would write it as a bare `inf`, which NNEF has no literal for; a Clip left with no bound
+    is an Identity. A bound infinite the other way (min +inf, max -inf) is refused."""
+    empty = next(t for t in op.graph.tensors if t.name == "")  # the reader's empty input
+    inputs = list(op.inputs)
+    for k, (bound, free) in enumerate((("min", -np.inf), ("max", np.inf)), start=1):
+        if k >= len(inputs) or not inputs[k].name:
+            continue
+        values = _constant(inputs[k])
+        if values is None or len(values) != 1 or np.isfinite(values[0]):
+            continue
+        if values[0] != free:
+            raise CvmcError(f"Clip '{_label(op)}': its {bound} is {values[0]}, an "
+                            f"infinite bound NNEF has no literal for")
+        inputs[k] = empty
+    if not any(t.name for t in inputs[1:]):  # no bound left: the converter writes `max(x)`
+        op.type, inputs = "Identity", inputs[:1]
+    op.inputs = tuple(inputs)
 
 
 def _flatten_as_reshape(op) -> None:
