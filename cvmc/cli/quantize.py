@@ -21,6 +21,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from cvmc.frontend.onnx_convert import check_destination, convert_onnx
     from cvmc.frontend.printer import graph_dumper
     from cvmc.quantize import Options, quantize_graph
+    from cvmc.quantize.calibrate import check_shape
     from cvmc.quantize.qdq import QdqRewriter, load_qdq
     from cvmc.quantize.rewrite import Rewriter
 
@@ -52,6 +53,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")
         else:
             graph = load_checked(model)
+        if samples is not None:  # each [N, *input shape], whichever form the file holds
+            samples = {n: check_shape(n, d, graph.types[n].shape) if n in graph.inputs
+                       else d for n, d in samples.items()}
         made = []  # the rewriter, for the fixed-point error it records
 
         def build(layers, thresholds, opts):
@@ -82,7 +86,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def _check_calib_shapes(model: str, samples: dict, shapes: dict) -> None:
     """--calib against the ONNX model's declared input shapes (or --input-shape's), before
-    the model is converted (seconds for a real model)."""
+    the model is converted (seconds for a real model): `check_shape`'s two forms."""
     import onnx
     from google.protobuf.message import DecodeError
 

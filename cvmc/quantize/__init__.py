@@ -54,7 +54,7 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
     source = split_unruled(group_layers(graph))
     dump(0, "group-layers", source.graph)
     if samples is not None:
-        check_samples(source, samples)
+        samples = check_samples(source, samples)
     layers = fold_batch_norm(source)
     dump(1, "fold-batch-norm", layers.graph)
     layers = fuse_elementwise(layers)

@@ -54,18 +54,27 @@ class Stats:
         return t if t > 0 else (self.absmax if self.absmax > 0 else 1.0)
 
 
-def check_shape(name: str, data: np.ndarray, shape) -> None:
-    """Samples of input `name` are reals of shape [N, *shape] (a None or named dim of
-    `shape` takes any size)."""
-    if data.dtype.kind not in "fiu" or data.ndim != len(shape) + 1 or any(
-            isinstance(d, int) and d != n for d, n in zip(shape, data.shape[1:])):
-        raise CvmcError(f"--calib {name}: expected samples of shape [N, "
-                        f"{', '.join(map(str, shape))}] with real values, got "
-                        f"{list(data.shape)} {data.dtype}")
+def check_shape(name: str, data: np.ndarray, shape) -> np.ndarray:
+    """Samples of input `name` as [N, *shape] reals. A file holds them as [N, *shape] or,
+    where the input's first dimension is 1 (its batch), as [N, *shape[1:]] (the form `cvmc
+    eval --data` reads). A None or named dim of `shape` takes any size."""
+    def fits(dims) -> bool:
+        return len(dims) == len(shape) and all(
+            not isinstance(d, int) or d == n for d, n in zip(shape, dims))
+    if data.dtype.kind in "fiu" and data.ndim >= 1:
+        if fits(data.shape[1:]):
+            return data
+        if shape and shape[0] == 1 and fits((1, *data.shape[1:])):
+            return data[:, None]
+    rows = f" (the batch of 1 may be left out: [N, {', '.join(map(str, shape[1:]))}])" \
+        if shape and shape[0] == 1 else ""
+    raise CvmcError(f"--calib {name}: expected samples of shape [N, {', '.join(map(str, shape))}"
+                    f"] with real values, got {list(data.shape)} {data.dtype}{rows}")
 
 
-def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
-    """The number of samples, after checking names, shapes and values (one error each)."""
+def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The samples, each [N, *input shape] (`check_shape`), after checking names, shapes,
+    values and that every input has N of them (one error each)."""
     g = layers.graph
     missing = [n for n in g.inputs if n not in samples]
     if missing:
@@ -76,8 +85,9 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
         raise CvmcError(f"--calib {extra[0]}: the model has no input '{extra[0]}' (inputs: "
                         f"{', '.join(g.inputs)})")
     counts = set()
+    samples = {name: check_shape(name, data, g.types[name].shape)
+               for name, data in samples.items()}
     for name, data in samples.items():
-        check_shape(name, data, g.types[name].shape)
         if data.shape[0] == 0:
             raise CvmcError(f"--calib {name}: holds no samples (shape {list(data.shape)})")
         bad = np.argwhere(~np.isfinite(data))
@@ -88,7 +98,7 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> int:
     if len(counts) > 1:
         raise CvmcError(f"--calib: the inputs hold different numbers of samples "
                         f"({', '.join(f'{n}: {samples[n].shape[0]}' for n in samples)})")
-    return counts.pop()
+    return samples
 
 
 def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:

@@ -2,8 +2,9 @@
 processes, or on a Ray cluster through Ray Data (`cvmc eval`).
 
 The artifact has one input whose first dimension is its compiled batch size B; the
-dataset holds N samples of that input without the batch dimension, [N, *input shape[1:]].
-It is cut into batches of B, the last one padded with zeros and its padding dropped; a
+dataset holds N samples of that input without the batch dimension, [N, *input shape[1:]],
+or N whole inputs, [N, *input shape] (N * B samples: the form `cvmc quantize --calib`
+reads). It is cut into batches of B, the last one padded with zeros and its padding dropped; a
 sample's prediction is the argmax of its row of the first output (its first occurrence,
 as NumPy's). Float data for an input with a scale is quantized by `cvmc_runtime.quantize`
 (as `Model.run` does). Each worker loads the artifact once and runs one kernel thread, so
@@ -42,8 +43,21 @@ def batch_size(model: Model, samples: tuple[int, ...] | None = None) -> int:
         raise ModelError(f"data of shape {list(samples)} does not hold samples of input "
                          f"'{spec.name}' {list(spec.shape)}: expected [N, "
                          f"{', '.join(str(d) for d in spec.shape[1:])}] (N samples, without "
-                         f"the batch dimension {spec.shape[0]})")
+                         f"the batch dimension {spec.shape[0]}) or [N, "
+                         f"{', '.join(str(d) for d in spec.shape)}] (N whole inputs)")
     return spec.shape[0]
+
+
+def dataset_rows(model: Model, data: object) -> object:
+    """`data` as samples without the batch dimension: N whole inputs [N, *input shape]
+    become their N * B samples; any other array is returned as it is (check_dataset
+    checks it)."""
+    if not isinstance(data, np.ndarray) or len(model.inputs) != 1:
+        return data
+    shape = model.inputs[0].shape
+    if data.ndim == len(shape) + 1 and tuple(data.shape[1:]) == shape:
+        return data.reshape(-1, *shape[1:])
+    return data
 
 
 CHECK_CHUNK_BYTES = 64 << 20  # data checked this much at a time (bounded temporaries)
@@ -114,6 +128,7 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
     if type(workers) is not int or workers < 1:
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     model = load(path)
+    data = dataset_rows(model, data)
     size = check_dataset(model, data)
     batches = -(-len(data) // size)
     workers = min(workers, batches)
@@ -192,7 +207,10 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     if address is not None and not isinstance(address, str):
         raise ModelError(f"address must be a Ray cluster address (a str), got {address!r:.40}")
-    size = check_dataset(load(path), data)
+    model = load(path)
+    data = dataset_rows(model, data)
+    size = check_dataset(model, data)
+    del model
     if not len(data):
         return np.zeros(0, np.int64)
     if not ray.is_initialized():

@@ -51,3 +51,31 @@ def test_clip_with_a_bound_infinite_the_other_way_is_refused(tmp_path, low, high
     onnx.save(_clip_model(low, high), tmp_path / "m.onnx")
     with pytest.raises(CvmcError, match=f"Clip '/act/Clip': its {bound}, an infinite bound"):
         convert_onnx(tmp_path / "m.onnx", tmp_path / "nnef")
+
+
+def test_calibration_samples_in_either_form(tmp_path, capsys):
+    """[N, 1, 1, 12, 12] and [N, 1, 12, 12] samples of a [1, 1, 12, 12] input calibrate
+    the same model, from ONNX and from NNEF; a third shape is refused before the model is
+    converted, naming the input, both forms and the shape given."""
+    from tests.quantize.onnx_nets import conv_bn_net
+    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
+    rows = np.random.default_rng(5).standard_normal((6, 1, 12, 12)).astype(np.float32)
+    np.save(tmp_path / "rows.npy", rows)
+    np.save(tmp_path / "whole.npy", rows[:, None])
+    assert main(["convert", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "float")]) == 0
+    made = {}
+    for model in ("net.onnx", "float"):
+        for form in ("rows", "whole"):
+            out = tmp_path / f"q-{model}-{form}"
+            assert main(["quantize", str(tmp_path / model), "-o", str(out), "--calib",
+                         f"x={tmp_path / form}.npy"]) == 0
+            made[model, form] = [(out / f).read_text() for f in ("graph.nnef",
+                                                                  "quantization.json")]
+    assert len({tuple(v) for v in made.values()}) == 1
+    np.save(tmp_path / "bad.npy", rows[:, :, :6])
+    capsys.readouterr()
+    assert main(["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q-bad"),
+                 "--calib", f"x={tmp_path / 'bad.npy'}"]) == 1
+    assert capsys.readouterr().err == ("error: --calib x: expected samples of shape [N, 1, 1, "
+                                       "12, 12] with real values, got [6, 1, 6, 12] float32 "
+                                       "(the batch of 1 may be left out: [N, 1, 12, 12])\n")
