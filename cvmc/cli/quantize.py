@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import tempfile
+from functools import partial
 from pathlib import Path
 
 from cvmc_runtime import atomic_write_bytes
@@ -17,12 +18,15 @@ from cvmc.errors import CvmcError
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantize a float model: calibrate, rewrite, write DIR and quantization.json."""
+    from cvmc.codegen import Quiet
+    from cvmc.codegen.progress import RichProgress
     from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import check_destination, convert_onnx
     from cvmc.frontend.printer import graph_dumper
     from cvmc.quantize import Options, quantize_graph
-    from cvmc.quantize.calibrate import check_shape
+    from cvmc.quantize.calibrate import calibrate, check_shape
     from cvmc.quantize.qdq import QdqRewriter, load_qdq
+    from cvmc.quantize.report import layer_report
     from cvmc.quantize.rewrite import Rewriter
 
     if not 2 <= args.bits <= 8 or not 2 <= args.output_bits <= 16:
@@ -36,6 +40,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.report_json and not Path(args.report_json).absolute().parent.is_dir():
         raise CvmcError(f"--report-json {args.report_json}: no such folder")
     samples = read_inputs(args.calib, "--calib")
+    progress = RichProgress(console) if console.is_terminal else Quiet()
     options = Options(args.bits, args.output_bits, args.per_channel)
     with tempfile.TemporaryDirectory(prefix="cvmc-quantize-") as tmp:
         model = args.model
@@ -47,8 +52,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
             graph, samples = qdq[0], None
         elif is_onnx(model):
             _check_calib_shapes(model, samples, input_shapes(args))
-            graph = load_checked(convert_onnx(model, Path(tmp) / "nnef",
-                                              input_shapes=input_shapes(args)))
+            with progress.stage("convert"):
+                graph = load_checked(convert_onnx(model, Path(tmp) / "nnef",
+                                                  input_shapes=input_shapes(args)))
         elif args.input_shape:
             raise CvmcError("--input-shape applies to ONNX models (MODEL.onnx)")
         else:
@@ -63,9 +69,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                         else Rewriter(layers, thresholds, opts))
             return made[-1]
         # Layers are read back from the source text, so quantize while the folder exists.
-        q = quantize_graph(graph, samples, options, args.calib_method, args.percentile,
-                           args.lam, args.samples,
-                           graph_dumper(args.dump_ir) if args.dump_ir else None, build)
+        # The bar counts calibration samples (none for a QDQ model).
+        with progress.stage("quantize", _count(samples, args)) as bar:
+            q = quantize_graph(graph, samples, options, args.calib_method, args.percentile,
+                               args.lam, args.samples,
+                               graph_dumper(args.dump_ir) if args.dump_ir else None, build,
+                               partial(calibrate, advance=bar.advance))
     from cvmc.quantize.writer import write_model
     out = write_model(q, args.output, args.model, args.force)
     ops = len(q.graph.nodes)
@@ -80,7 +89,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                       f"{rw.worst_units:.3g} output units; CVM's shifts round halves up where "
                       f"ONNX rounds them to even (1 unit on exact ties)")
     if args.report or args.report_json:
-        _report(q, samples, args)
+        with progress.stage("report", _count(samples, args)) as bar:
+            rows = layer_report(q, samples, _count(samples, args), bar.advance)
+        _report(rows, _count(samples, args), args)
     return 0
 
 
@@ -103,11 +114,15 @@ def _check_calib_shapes(model: str, samples: dict, shapes: dict) -> None:
             check_shape(vi.name, samples[vi.name], shapes.get(vi.name, dims))
 
 
-def _report(q, samples: dict, args: argparse.Namespace) -> None:
-    """Per-layer SQNR and max error of the integer model against the float one."""
-    from cvmc.quantize.report import layer_report
-    count = min(next(iter(samples.values())).shape[0], args.samples or 1 << 62)
-    rows = layer_report(q, samples, count)
+def _count(samples: dict | None, args: argparse.Namespace) -> int:
+    """The number of samples calibration and the report run (`--samples` bounds it)."""
+    if not samples:
+        return 0
+    return min(next(iter(samples.values())).shape[0], args.samples or 1 << 62)
+
+
+def _report(rows: list[dict], count: int, args: argparse.Namespace) -> None:
+    """Print and write the per-layer SQNR and max error of the integer model."""
     if args.report_json:
         # Strict JSON (no Infinity): an SQNR that is not finite is null, and max_abs_error
         # tells which it was (0: the integer layer is exact, +inf dB; else the float layer

@@ -8,6 +8,7 @@ mean and std are over all their values, the percentile over a fixed-size even su
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,21 +102,35 @@ def check_samples(layers: Layers, samples: dict[str, np.ndarray]) -> dict[str, n
     return samples
 
 
-def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int) -> dict[str, Stats]:
+def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int,
+              advance: Callable[[], None] | None = None) -> dict[str, Stats]:
     """Statistics of every input and layer output (each of a split's) over the first
-    `count` samples; a layer output that is not finite (the float model overflows float32)
-    is an error."""
+    `count` samples, run on the reference interpreter; a layer output that is not finite
+    (the float model overflows float32) is an error. `advance` is called after each sample
+    (a progress bar's)."""
     g = layers.graph
-    names = [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
-    stats = {name: Stats() for name in names}
+    stats = {name: Stats() for name in calibrated_names(layers)}
     for k in range(count):
-        env = run_float(layers, {n: samples[n][k] for n in g.inputs})
-        for name in names:
-            bad = env[name][~np.isfinite(env[name])]
-            if bad.size:
-                node = next(n for n in g.nodes if name in n.outputs)  # inputs are finite
-                raise unsupported(node, f"its float output holds {bad[0]} on calibration "
-                                        f"sample {k}: no scale covers a value that is not "
-                                        f"finite (float32 overflowed, or a weight is not)")
-            stats[name].add(env[name])
+        add_sample(layers, stats, run_float(layers, {n: samples[n][k] for n in g.inputs}), k)
+        if advance is not None:
+            advance()
     return stats
+
+
+def calibrated_names(layers: Layers) -> list[str]:
+    """The values calibration keeps statistics of: the inputs and every layer output."""
+    g = layers.graph
+    return [*g.inputs, *(o for n in g.nodes for o in n.outputs)]
+
+
+def add_sample(layers: Layers, stats: dict[str, Stats], env: dict[str, np.ndarray],
+               k: int) -> None:
+    """Take in calibration sample k's values (`env`: at least every name of `stats`)."""
+    for name, s in stats.items():
+        bad = env[name][~np.isfinite(env[name])]
+        if bad.size:
+            node = next(n for n in layers.graph.nodes if name in n.outputs)  # inputs are finite
+            raise unsupported(node, f"its float output holds {bad[0]} on calibration "
+                                    f"sample {k}: no scale covers a value that is not "
+                                    f"finite (float32 overflowed, or a weight is not)")
+        s.add(env[name])

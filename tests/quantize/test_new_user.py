@@ -79,3 +79,30 @@ def test_calibration_samples_in_either_form(tmp_path, capsys):
     assert capsys.readouterr().err == ("error: --calib x: expected samples of shape [N, 1, 1, "
                                        "12, 12] with real values, got [6, 1, 6, 12] float32 "
                                        "(the batch of 1 may be left out: [N, 1, 12, 12])\n")
+
+
+def test_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
+    """On a terminal, quantize shows compile's bars: conversion, calibration and the report
+    each count their samples; in a pipe (the tests' captured output) nothing of them."""
+    import io
+
+    from rich.console import Console
+
+    from tests.quantize.onnx_nets import conv_bn_net
+    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(5).standard_normal((6, 1, 12, 12))
+            .astype(np.float32))
+    argv = ["quantize", str(tmp_path / "net.onnx"), "--calib", f"x={tmp_path / 'x.npy'}",
+            "--samples", "5", "--report-json", str(tmp_path / "r.json")]
+    capsys.readouterr()
+    assert main([*argv, "-o", str(tmp_path / "q1")]) == 0
+    piped = capsys.readouterr().out
+    assert "5/5" not in piped and "quantized" in piped
+    screen = io.StringIO()
+    monkeypatch.setattr("cvmc.cli.quantize.console",
+                        Console(file=screen, force_terminal=True, width=120))
+    assert main([*argv, "-o", str(tmp_path / "q2")]) == 0
+    shown = screen.getvalue()
+    for stage in ("convert", "quantize", "report"):
+        assert stage in shown
+    assert shown.count("5/5") >= 2  # calibration's and the report's bars, complete
