@@ -18,7 +18,7 @@ from cvmc_runtime import ModelError
 
 from cvmc.cli.bench import cmd_bench
 from cvmc.cli.check import cmd_check
-from cvmc.cli.common import cuda_arch, positive, shape_arg
+from cvmc.cli.common import cuda_arch, output_bits, positive, shape_arg
 from cvmc.cli.compile import cmd_compile
 from cvmc.cli.convert import cmd_convert
 from cvmc.cli.eval import cmd_eval
@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     chan.add_argument("--per-tensor", dest="per_channel", action="store_false",
                       help="one weight scale per weight tensor (default)")
     sp.add_argument("--bits", type=int, default=8, metavar="B", help="activation bits, 2..8 (default 8)")
-    sp.add_argument("--output-bits", type=int, default=8, metavar="B",
-                    help="bits of the model's outputs, 2..16 (default 8)")
+    sp.add_argument("--output-bits", type=output_bits, default=(8, 0), metavar="B[+R]",
+                    help="bits of the model's outputs, 2..16 (default 8); +R: R of them "
+                         "add range (2^R times the calibrated), the rest resolution")
     sp.add_argument("--samples", type=positive, metavar="N",
                     help="use at most the first N calibration samples (default: all)")
     sp.add_argument("--report", action="store_true",

@@ -29,9 +29,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from cvmc.quantize.report import layer_report
     from cvmc.quantize.rewrite import Rewriter
 
-    if not 2 <= args.bits <= 8 or not 2 <= args.output_bits <= 16:
-        raise CvmcError(f"--bits must be in 2..8 (conv2d and dense take at most 8-bit data) "
-                        f"and --output-bits in 2..16, got {args.bits} and {args.output_bits}")
+    if not 2 <= args.bits <= 8:
+        raise CvmcError(f"--bits must be in 2..8 (conv2d and dense take at most 8-bit data), "
+                        f"got {args.bits}")
     if not 0 < args.percentile <= 100:
         raise CvmcError(f"--percentile must be in (0, 100], got {args.percentile}")
     if args.dump_ir and Path(args.dump_ir).exists() and not Path(args.dump_ir).is_dir():
@@ -41,14 +41,16 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise CvmcError(f"--report-json {args.report_json}: no such folder")
     samples = read_inputs(args.calib, "--calib")
     progress = RichProgress(console) if console.is_terminal else Quiet()
-    options = Options(args.bits, args.output_bits, args.per_channel)
+    bits, range_bits = args.output_bits
+    options = Options(args.bits, bits, args.per_channel, range_bits)
     with tempfile.TemporaryDirectory(prefix="cvmc-quantize-") as tmp:
         model = args.model
         qdq = load_qdq(Path(model), Path(tmp), input_shapes(args)) if is_onnx(model) else None
         if qdq is not None:
-            if samples or args.report or args.report_json:
+            if samples or args.report or args.report_json or range_bits:
                 raise CvmcError(f"{model} is already quantized (QDQ / QLinear ops): its own "
-                                f"scales are used, so --calib and --report do not apply")
+                                f"scales are used, so --calib, --report and the +R of "
+                                f"--output-bits do not apply")
             graph, samples = qdq[0], None
         elif is_onnx(model):
             _check_calib_shapes(model, samples, input_shapes(args))

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from cvmc_runtime.model import Model, load, set_num_threads
+from cvmc_runtime.quant import Saturation
 from cvmc_runtime.signature import ModelError, precision_bound
 
 RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'cvmc[ray]'"
@@ -92,20 +93,23 @@ def check_dataset(model: Model, data: object) -> int:
     return size
 
 
-def predict_batches(model: Model, data: np.ndarray) -> np.ndarray:
-    """int64 top-1 class of every sample in `data` ([n, *sample shape], any n)."""
+def predict_batches(model: Model, data: np.ndarray) -> tuple[np.ndarray, Saturation]:
+    """int64 top-1 class of every sample in `data` ([n, *sample shape], any n), and what
+    the runs clipped (a last batch's zero padding included: zeros clip nothing, and an
+    output row of it at the ends of its range is counted)."""
     size = batch_size(model, data.shape)
     name, first = model.inputs[0].name, model.outputs[0].name
-    predictions = []
+    predictions, saturation = [], Saturation()
     for start in range(0, len(data), size):
         batch = data[start:start + size]
         count = len(batch)
         if count < size:
             batch = np.concatenate([batch, np.zeros((size - count, *batch.shape[1:]),
                                                     batch.dtype)])
-        out = model.run({name: batch})[first]
+        out = model.run({name: batch}, warn_saturation=False)[first]
+        saturation.merge(model.saturation)
         predictions.append(np.argmax(out.reshape(size, -1), axis=1)[:count])
-    return np.concatenate(predictions) if predictions else np.zeros(0, np.int64)
+    return (np.concatenate(predictions) if predictions else np.zeros(0, np.int64)), saturation
 
 
 _worker_model: Model | None = None  # the model a local worker process loaded
@@ -117,14 +121,15 @@ def _start_worker(path: str) -> None:
     _worker_model = load(path)
 
 
-def _worker_predict(data: np.ndarray) -> np.ndarray:
+def _worker_predict(data: np.ndarray) -> tuple[np.ndarray, Saturation]:
     assert _worker_model is not None, "worker not started"
     return predict_batches(_worker_model, data)
 
 
 def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.ndarray:
     """Top-1 class of every sample in `data`, computed by `workers` local processes (one
-    loaded model and one kernel thread each; workers=1: in this process, all threads)."""
+    loaded model and one kernel thread each; workers=1: in this process, all threads).
+    What a quantized model clipped over the whole dataset is one SaturationWarning."""
     if type(workers) is not int or workers < 1:
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     model = load(path)
@@ -133,7 +138,9 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
     batches = -(-len(data) // size)
     workers = min(workers, batches)
     if workers <= 1:
-        return predict_batches(model, data)
+        predictions, saturation = predict_batches(model, data)
+        saturation.warn()
+        return predictions
     del model
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -144,8 +151,12 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
                                initializer=_start_worker, initargs=(os.fspath(path),))
     try:
         with _workers_ignore_interrupts():
-            results = pool.map(_worker_predict, _pieces(data, size, workers))  # spawns them
-        return np.concatenate(list(results))
+            results = list(pool.map(_worker_predict, _pieces(data, size, workers)))
+        saturation = Saturation()
+        for _, part in results:
+            saturation.merge(part)
+        saturation.warn()
+        return np.concatenate([p for p, _ in results])
     except BrokenProcessPool as e:  # a worker killed (out of memory) or failing to start
         raise ModelError(f"{path}: a worker process died ({e})") from None
     finally:
@@ -189,8 +200,12 @@ class RayPredictor:
             self.model = load(path)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Predictions of one batch of the dataset's `data` column."""
-        return {"prediction": predict_batches(self.model, batch["data"])}
+        """Predictions of one batch of the dataset's `data` column, and what it clipped:
+        a column of Saturation objects (the batch's in its first row, empty ones after)."""
+        predictions, saturation = predict_batches(self.model, batch["data"])
+        column = np.empty(len(predictions), object)
+        column[:] = [saturation, *(Saturation() for _ in predictions[1:])]
+        return {"prediction": predictions, "saturation": column}
 
 
 def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None = None,
@@ -229,6 +244,10 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         RayPredictor, fn_constructor_kwargs={"artifact": Path(path).read_bytes()},
         batch_size=size, batch_format="numpy", num_cpus=1,
         compute=ray.data.ActorPoolStrategy(size=workers))
-    parts = [b["prediction"] for b in dataset.iter_batches(batch_size=None,
-                                                             batch_format="numpy")]
+    parts, saturation = [], Saturation()
+    for b in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+        parts.append(b["prediction"])
+        for part in b["saturation"]:
+            saturation.merge(part)
+    saturation.warn()
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -106,3 +106,96 @@ def test_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch):
     for stage in ("convert", "quantize", "report"):
         assert stage in shown
     assert shown.count("5/5") >= 2  # calibration's and the report's bars, complete
+
+
+def test_saturation_counts_hand_computed():
+    """quantize clips |round(x s)| > 2^(p-1) - 1, i.e. |x s| >= 127.5 at 8 bits (halves
+    away from zero); an output value at +-127 is at the end of its range."""
+    from cvmc_runtime import Saturation
+    s = Saturation()
+    s.count_input("x", np.array([12.74, 12.75, -12.75, -12.7, np.inf]), 10.0, 8)
+    s.count_output("y", np.array([[127, -127, 126, 0]], np.int32), 8)
+    s.count_output("y", np.array([[-127, 5, 5, 5]], np.int32), 8)
+    assert s.inputs == {"x": [3, 5]} and s.outputs == {"y": [3, 8]}
+    assert s.message().startswith("saturated: 3 of 5 values of input 'x' beyond its "
+                                  "calibrated range; 3 of 8 values of output 'y' at the "
+                                  "ends of its integer range")
+    assert Saturation().message() is None
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """conv_bn_net quantized with 8-bit outputs and with --output-bits 10+2, compiled."""
+    from tests.quantize.onnx_nets import conv_bn_net
+    tmp = tmp_path_factory.mktemp("saturation")
+    onnx.save(conv_bn_net(), tmp / "net.onnx")
+    x = np.random.default_rng(7).standard_normal((8, 1, 1, 12, 12)).astype(np.float32)
+    np.save(tmp / "x.npy", x)
+    for name, bits in (("q", "8"), ("wide", "10+2")):
+        assert main(["quantize", str(tmp / "net.onnx"), "-o", str(tmp / name), "--calib",
+                     f"x={tmp / 'x.npy'}", "--output-bits", bits]) == 0
+        assert main(["compile", str(tmp / name), "-o", str(tmp / f"{name}.cvmx")]) == 0
+    return tmp, x
+
+
+def test_model_run_warns_once_with_the_counts(compiled):
+    import json
+    import warnings
+
+    import cvmc_runtime
+    tmp, x = compiled
+    scale = json.loads((tmp / "q" / "quantization.json").read_text())["inputs"]["x"]["scale"]
+    model = cvmc_runtime.load(tmp / "q.cvmx")
+    big = 4 * x[0]
+    with pytest.warns(cvmc_runtime.SaturationWarning) as caught:
+        out = model.run({"x": big})["logits"]
+    clipped_in = int(np.count_nonzero(np.abs(big.astype(np.float64) * scale) >= 127.5))
+    clipped_out = int(np.count_nonzero(np.abs(out) == 127))
+    assert clipped_in > 0 and len(caught) == 1
+    assert str(caught[0].message).startswith(
+        f"saturated: {clipped_in} of 144 values of input 'x' beyond its calibrated range"
+        + (f"; {clipped_out} of 10 values of output 'logits'" if clipped_out else " ("))
+    assert model.saturation.inputs == {"x": [clipped_in, 144]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.run({"x": np.zeros_like(big)})
+    assert model.saturation.inputs == {"x": [0, 144]}
+
+
+def test_output_bits_add_range(compiled):
+    """--output-bits 10+2: the outputs' threshold is 4 times the calibrated absmax, so the
+    scale is 511 / (4 absmax) against 8 bits' 127 / absmax, and the calibration samples
+    reach at most a quarter of the 10-bit range (plus rounding)."""
+    import json
+
+    import cvmc_runtime
+    tmp, x = compiled
+    scales = {name: json.loads((tmp / name / "quantization.json").read_text())
+              ["outputs"]["logits"]["scale"] for name in ("q", "wide")}
+    assert scales["wide"] == pytest.approx(scales["q"] * 511 / (4 * 127), rel=1e-9)
+    model = cvmc_runtime.load(tmp / "wide.cvmx")
+    peak = max(int(np.abs(model.run({"x": s})["logits"]).max()) for s in x)
+    assert 120 <= peak <= 129
+
+
+def test_run_and_eval_print_one_warning_line(compiled, capsys):
+    tmp, x = compiled
+    np.save(tmp / "big.npy", 4 * x[0])
+    np.save(tmp / "big_rows.npy", 4 * x[:, 0])
+    capsys.readouterr()
+    assert main(["run", str(tmp / "q.cvmx"), "--input", f"x={tmp / 'big.npy'}"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: saturated: ")
+    assert main(["eval", str(tmp / "q.cvmx"), "--data", str(tmp / "big_rows.npy"),
+                 "--compare", str(tmp / "wide.cvmx")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    # one line per artifact, over all 8 samples (input values: 8 * 144)
+    assert len(err) == 2 and all(" of 1152 values of input 'x'" in e for e in err)
+
+
+@pytest.mark.parametrize("bits", ["1", "17", "8+7", "8+", "x"])
+def test_output_bits_shape_is_checked(bits, capsys):
+    with pytest.raises(SystemExit):
+        main(["quantize", "m.onnx", "-o", "q", "--output-bits", bits])
+    assert f"expected B or B+R with 2 <= B <= 16 and 0 <= R <= B - 2, got '{bits}'" in \
+        capsys.readouterr().err
