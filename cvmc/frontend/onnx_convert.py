@@ -104,13 +104,15 @@ _ASSUMED = {"Elu": {"alpha": 1.0}, "LpPool": {"p": 2},
 
 
 def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
-                 input_shapes: dict[str, list[int]] | None = None, force: bool = False) -> Path:
+                 input_shapes: dict[str, list[int]] | None = None, force: bool = False,
+                 origins: dict[str, str] | None = None) -> Path:
     """Convert an ONNX model into the NNEF folder `out_dir` (graph.nnef + .dat files).
 
     `input_shapes` fixes inputs whose ONNX shape has symbolic dimensions. `out_dir` must
     not exist or be empty; with `force`, a previous model folder (one holding graph.nnef)
     is replaced. The folder is written beside `out_dir` first and renamed into place, so a
     failed or interrupted conversion leaves no partial folder and keeps the previous one.
+    `origins`, where given, is filled with each NNEF tensor's ONNX origin (`_origins`).
     """
     onnx_path, out_dir = Path(onnx_path), Path(out_dir)
     tools = _import_tools()
@@ -121,7 +123,7 @@ def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
     try:
         folder = tmp / "nnef"  # made by mkdir: the user's umask, not mkdtemp's 0700
         folder.mkdir()
-        _run_converter(tools, model, onnx_path, folder, opset, input_shapes)
+        _run_converter(tools, model, onnx_path, folder, opset, input_shapes, origins)
         move_into_place(folder, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -254,7 +256,8 @@ def move_into_place(folder: Path, out_dir: Path) -> None:
 
 
 def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path, opset: int,
-                   input_shapes: dict[str, list[int]] | None) -> None:
+                   input_shapes: dict[str, list[int]] | None,
+                   origins: dict[str, str] | None = None) -> None:
     """Read, adjust, convert and write the checked `model` into `folder` (see the module
     docstring). NNEF-Tools' steps run under `_nnef_tools`, cvmc's own under
     `internal_errors`, so that a failure is told as what it is: the model's, the
@@ -279,6 +282,8 @@ def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path,
             graph = converter(graph)
         with internal_errors("renaming the converted tensors"):
             _nnef_names(graph)
+            if origins is not None:
+                origins.update(_origins(graph, converter.tensor_mapping()))
         with _nnef_tools(tools):
             writer(graph, str(folder))
     except CvmcError as e:
@@ -731,6 +736,21 @@ def _check_nearest_resize(op) -> None:
 
 
 # ---- the converter's output -------------------------------------------------------------
+def _origins(graph, mapping: dict[str, str]) -> dict[str, str]:
+    """{NNEF tensor: where it came from in the ONNX model}: the ONNX node that computes it
+    (every op the converter makes of a node carries the node's name), else the ONNX tensor
+    it holds (an initializer, or the output of a node without a name; `mapping` is the
+    converter's ONNX -> NNEF tensor names)."""
+    onnx_of = {nnef: name for name, nnef in mapping.items()}
+    found = {}
+    for op in graph.operations:
+        for tensor in op.outputs:
+            where = op.name or onnx_of.get(tensor.name)
+            if tensor.name and where:
+                found[tensor.name] = where
+    return found
+
+
 def _nnef_names(graph) -> None:
     """Make every tensor name an NNEF identifier that is no keyword, all distinct.
 

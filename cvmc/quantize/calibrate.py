@@ -9,11 +9,13 @@ mean and std are over all their values, the percentile over a fixed-size even su
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from cvmc.errors import CvmcError
+from cvmc.ir import Graph
+from cvmc.ops.infer import retype
 from cvmc.quantize.layers import Layers, run_float, unsupported
 
 METHODS = ("absmax", "percentile", "lambda")
@@ -134,3 +136,37 @@ def add_sample(layers: Layers, stats: dict[str, Stats], env: dict[str, np.ndarra
                                     f"sample {k}: no scale covers a value that is not "
                                     f"finite (float32 overflowed, or a weight is not)")
         s.add(env[name])
+
+
+def calibration_graph(layers: Layers, batch: int | None) -> Graph | None:
+    """The float layers as one graph of primitives whose outputs are every layer output
+    calibration keeps: what a compiled calibration runs. With a `batch`, its inputs' first
+    dimension (a batch of 1) becomes `batch`, and it is None where the graph does not take
+    that: an input whose first dimension is not 1, or a value whose type does not follow
+    it (a reshape to a fixed batch, a reduction over the batch)."""
+    g = layers.graph
+    outputs = [n for n in calibrated_names(layers) if n not in g.inputs]
+    nodes = [n for layer in g.nodes for n in layers.bodies.get(layer.name, [layer])]
+    types = dict(g.types)
+    for name in g.inputs if batch is not None else ():
+        if g.types[name].shape[:1] != (1,):
+            return None
+        types[name] = replace(g.types[name], shape=(batch, *g.types[name].shape[1:]))
+    try:
+        graph = retype(g.replace(nodes=nodes, outputs=outputs, types=types, kernels=[]))
+    except CvmcError:
+        if batch is None:
+            raise
+        return None
+    if batch is not None and any(g.types[n].shape[:1] != (1,) or graph.types[n].shape !=
+                                 (batch, *g.types[n].shape[1:]) for n in outputs):
+        return None
+    return graph
+
+
+def add_batch(layers: Layers, stats: dict[str, Stats], env: dict[str, np.ndarray],
+              first: int, count: int) -> None:
+    """Take in `count` samples from a batch of values (`env`: every name of `stats`, its
+    rows the samples first, first + 1, ...), one at a time as `calibrate` does."""
+    for row in range(count):
+        add_sample(layers, stats, {n: v[row:row + 1] for n, v in env.items()}, first + row)

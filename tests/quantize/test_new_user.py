@@ -199,3 +199,79 @@ def test_output_bits_shape_is_checked(bits, capsys):
         main(["quantize", "m.onnx", "-o", "q", "--output-bits", bits])
     assert f"expected B or B+R with 2 <= B <= 16 and 0 <= R <= B - 2, got '{bits}'" in \
         capsys.readouterr().err
+
+
+def _named_net():
+    """conv / relu / sigmoid / flatten / gemm with PyTorch-style node and weight names."""
+    r = np.random.default_rng(0)
+    inits = {"layer1.conv1.weight": r.standard_normal((4, 1, 3, 3)),
+             "layer1.conv1.bias": r.standard_normal(4), "fc.weight": r.standard_normal((3, 144))}
+    nodes = [helper.make_node("Conv", ["input", "layer1.conv1.weight", "layer1.conv1.bias"],
+                              ["/layer1/conv1/Conv_output_0"], name="/layer1/conv1/Conv",
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["/layer1/conv1/Conv_output_0"], ["/layer1/relu/Relu_o"],
+                              name="/layer1/relu/Relu"),
+             helper.make_node("Sigmoid", ["/layer1/relu/Relu_o"], ["/act/Sigmoid_o"],
+                              name="/act/Sigmoid"),
+             helper.make_node("Flatten", ["/act/Sigmoid_o"], ["/Flatten_o"], name="/Flatten"),
+             helper.make_node("Gemm", ["/Flatten_o", "fc.weight"], ["output"], name="/fc/Gemm",
+                              transB=1)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 1, 6, 6])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_converter_records_each_tensor_onnx_origin(tmp_path):
+    """Every converted op carries its ONNX node's name; weights map to their initializers."""
+    onnx.save(_named_net(), tmp_path / "m.onnx")
+    origins = {}
+    folder = convert_onnx(tmp_path / "m.onnx", tmp_path / "nnef", origins=origins)
+    text = (folder / "graph.nnef").read_text()
+    defined = {line.split("=")[0].strip(): line for line in text.splitlines() if " = " in line}
+    conv = next(n for n, line in defined.items() if "= conv(" in line)
+    sig = next(n for n, line in defined.items() if "= sigmoid(" in line)
+    assert origins[conv] == "/layer1/conv1/Conv" and origins[sig] == "/act/Sigmoid"
+    assert origins["output"] == "/fc/Gemm"
+    weights = {origins[n] for n, line in defined.items() if "= variable<" in line}
+    assert weights == {"layer1.conv1.weight", "layer1.conv1.bias", "fc.weight"}
+
+
+def test_report_and_folder_name_the_onnx_nodes(tmp_path, capsys):
+    import json
+    onnx.save(_named_net(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).standard_normal((4, 1, 6, 6))
+            .astype(np.float32))
+    capsys.readouterr()
+    assert main(["quantize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "q"), "--calib",
+                 f"input={tmp_path / 'x.npy'}", "--report", "--report-json",
+                 str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads((tmp_path / "r.json").read_text())["layers"]
+    by_node = {r["onnx_node"]: r for r in rows}
+    assert {"/layer1/conv1/Conv", "/act/Sigmoid", "/fc/Gemm"} <= set(by_node)
+    for node, r in by_node.items():
+        assert any(node in line and r["layer"] in line for line in out.splitlines())
+    nodes = json.loads((tmp_path / "q" / "onnx_nodes.json").read_text())
+    assert nodes["output"] == "/fc/Gemm" and nodes[by_node["/act/Sigmoid"]["layer"]] == \
+        "/act/Sigmoid"
+
+
+def test_an_error_names_the_onnx_node_not_the_deleted_folder(tmp_path, capsys):
+    graph = helper.make_graph(
+        [helper.make_node("Div", ["x", "x"], ["y"], name="/head/Div")], "sq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "sq.onnx")
+    np.save(tmp_path / "x.npy", np.ones((2, 3, 3), np.float32))
+    capsys.readouterr()
+    assert main(["quantize", str(tmp_path / "sq.onnx"), "-o", str(tmp_path / "q"),
+                 "--calib", f"x={tmp_path}/x.npy"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cvmc quantize: layer 'y' (div): ")
+    assert err.endswith(" (ONNX node '/head/Div')\n") and "cvmc-quantize-" not in err
