@@ -2,7 +2,7 @@
 weights and BatchNorm statistics, built with onnx.helper: no PyTorch needed), compiled
 (`--calib-on llvm`) against the reference interpreter (`--calib-on reference`).
 
-    python benchmarks/calibration.py [--samples 256] [--reference-samples 4] [--batch 16]
+    python benchmarks/calibration.py [--samples 256] [--reference-samples 4] [--batch 4]
 
 Prints the seconds of each calibration (the float model's compile included for llvm) and
 per sample, and of the whole `cvmc quantize` run.
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--reference-samples", type=int, default=4,
                         help="samples for the reference interpreter's per-sample time (0: skip)")
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="cvmc-calib-bench-") as tmp:
         d = Path(tmp)

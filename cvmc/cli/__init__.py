@@ -191,8 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--calib-on", choices=("llvm", "reference"), default="llvm",
                     help="run calibration on the float model compiled for this CPU "
                          "(default) or on the reference interpreter")
-    sp.add_argument("--calib-batch", type=positive, default=16, metavar="B",
-                    help="samples per compiled calibration run (default 16)")
+    sp.add_argument("--calib-batch", type=positive, default=4, metavar="B",
+                    help="samples per compiled calibration run (default 4)")
     sp.add_argument("--report", action="store_true",
                     help="print each layer's SQNR and max error against the float model")
     sp.add_argument("--report-json", metavar="FILE", help="write that report as JSON too")

@@ -1,10 +1,13 @@
 """Calibration: every float tensor's statistics over all samples, and its threshold.
 
-The float graph runs on the reference interpreter, one sample at a time, so that every
-intermediate tensor is at hand (a compiled graph would have to export each one); it costs
-seconds for MNIST-sized nets, minutes for ImageNet ones (`--samples` bounds it). Unlike
-MRT (the last batch wins), every sample counts: absmax is the maximum over all of them,
-mean and std are over all their values, the percentile over a fixed-size even subsample.
+`calibrate` runs the float layers on the reference interpreter, one sample at a time
+(seconds for MNIST-sized nets, about 1 s per sample for a ResNet-18): the oracle.
+`calibration_graph` is the same layers as one graph whose outputs are every calibrated
+value, in batches where the graph takes them, which `cvmc quantize` compiles and runs
+(cvmc.cli.quantize, `--calib-on llvm`: quantize does not import the code generator) and
+feeds to `add_batch` / `add_sample`. Unlike MRT (the last batch wins), every sample
+counts: absmax is the maximum over all of them, mean and std are over all their values,
+the percentile over a fixed-size even subsample of each sample.
 """
 from __future__ import annotations
 
@@ -33,14 +36,17 @@ class Stats:
     kept: list[np.ndarray] = field(default_factory=list)
 
     def add(self, v: np.ndarray) -> None:
-        """Take in one sample's values."""
-        v = np.abs(v.astype(np.float64).reshape(-1)) if v.size else np.zeros(1)
-        self.absmax = max(self.absmax, float(v.max()))
-        self.count += v.size
-        self.total += float(v.sum())
-        self.squares += float(np.square(v).sum())
-        step = max(1, v.size // _KEEP)
-        self.kept.append(v[::step])
+        """Take in one sample's values (a NaN makes absmax NaN)."""
+        a = np.abs(v.reshape(-1)) if v.size else np.zeros(1, np.float32)
+        w = a.astype(np.float64)
+        peak = float(w.max())
+        if not peak <= self.absmax:  # larger, or NaN
+            self.absmax = peak
+        self.count += w.size
+        self.total += float(w.sum())
+        self.squares += float(np.einsum("i,i->", w, w))  # not BLAS: its threads would spin
+        # float32 (the float model's values), a copy: a view would keep all of `a` alive
+        self.kept.append(a[::max(1, a.size // _KEEP)].astype(np.float32))
 
     def threshold(self, method: str, percentile: float, lam: float) -> float:
         """The real value mapped to the largest integer: by absmax, the percentile of |x|,
@@ -129,13 +135,13 @@ def add_sample(layers: Layers, stats: dict[str, Stats], env: dict[str, np.ndarra
                k: int) -> None:
     """Take in calibration sample k's values (`env`: at least every name of `stats`)."""
     for name, s in stats.items():
-        bad = env[name][~np.isfinite(env[name])]
-        if bad.size:
+        s.add(env[name])
+        if not np.isfinite(s.absmax):
+            bad = env[name][~np.isfinite(env[name])]
             node = next(n for n in layers.graph.nodes if name in n.outputs)  # inputs are finite
             raise unsupported(node, f"its float output holds {bad[0]} on calibration "
                                     f"sample {k}: no scale covers a value that is not "
                                     f"finite (float32 overflowed, or a weight is not)")
-        s.add(env[name])
 
 
 def calibration_graph(layers: Layers, batch: int | None) -> Graph | None:
