@@ -170,9 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="calibration samples of input NAME, shape [N, *input shape] "
                          "(repeat per input; not for a QDQ / QLinear ONNX model, which "
                          "brings its own scales)")
-    sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda"),
+    sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda", "mse"),
                     default="absmax", help="threshold of each tensor: its largest |value| "
-                    "(default), a percentile of |value|, or MRT's |mean| + lambda * std")
+                    "(default), a percentile of |value|, MRT's |mean| + lambda * std, or the "
+                    "least quantization error (mse)")
     sp.add_argument("--percentile", type=float, default=99.99, metavar="P",
                     help="percentile of --calib-method percentile (default 99.99)")
     sp.add_argument("--lambda", dest="lam", type=float, default=10.0, metavar="L",

@@ -72,7 +72,8 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
             pass  # a scale ratio at unit thresholds: the calibrated ranges decide
         count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
         stats = calibrator(layers, samples, count)
-        thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
+        thresholds = {n: s.threshold(method, percentile, lam, options.bits)
+                      for n, s in stats.items()}
         for name in layers.graph.outputs:  # range beyond the calibrated one, where asked
             thresholds[name] *= 2.0 ** options.output_range_bits
     int_graph, scales, inputs = rewriter(layers, thresholds, options).run()

@@ -21,8 +21,10 @@ from cvmc.ir import Graph
 from cvmc.ops.infer import retype
 from cvmc.quantize.layers import Layers, run_float, unsupported
 
-METHODS = ("absmax", "percentile", "lambda")
-_KEEP = 1 << 16  # values kept per tensor per sample for the percentile
+METHODS = ("absmax", "percentile", "lambda", "mse")
+_KEEP = 1 << 16  # values kept per tensor per sample for the percentile and mse
+_BINS = 4096  # the mse search's histogram of |x| over [0, absmax]
+_CANDIDATES = 256  # mse's thresholds: absmax * k / 256, k = 1..256
 
 
 @dataclass
@@ -48,19 +50,40 @@ class Stats:
         # float32 (the float model's values), a copy: a view would keep all of `a` alive
         self.kept.append(a[::max(1, a.size // _KEEP)].astype(np.float32))
 
-    def threshold(self, method: str, percentile: float, lam: float) -> float:
+    def threshold(self, method: str, percentile: float, lam: float, bits: int = 8) -> float:
         """The real value mapped to the largest integer: by absmax, the percentile of |x|,
-        or MRT's |mean| + lambda * std of |x| (never above absmax)."""
+        MRT's |mean| + lambda * std of |x| (never above absmax), or the least quantization
+        error at `bits` (mse)."""
         if method == "absmax":
             t = self.absmax
         elif method == "percentile":
             t = float(np.percentile(np.concatenate(self.kept), percentile))
+        elif method == "mse":
+            t = self.least_error(bits)
         else:
             mean = self.total / self.count
             std = np.sqrt(max(self.squares / self.count - mean * mean, 0.0))
             t = min(self.absmax, abs(mean) + lam * std)
         # A tensor that is zero on every sample still needs a scale: any one will do.
         return t if t > 0 else (self.absmax if self.absmax > 0 else 1.0)
+
+
+    def least_error(self, bits: int) -> float:
+        """The candidate threshold t = absmax k / 256 (k = 1..256) whose `bits`-bit grid
+        (step t / (2^(bits-1) - 1), values beyond t clipped to it) gives the least summed
+        squared error over the kept values of |x|, each counted at its bin's centre in a
+        4096-bin histogram over [0, absmax]."""
+        if not self.absmax > 0:
+            return self.absmax
+        counts, edges = np.histogram(np.concatenate(self.kept), bins=_BINS,
+                                     range=(0.0, self.absmax))
+        centres = (edges[:-1] + edges[1:]) / 2
+        top = (1 << (bits - 1)) - 1
+        t = self.absmax * np.arange(1, _CANDIDATES + 1)[:, None] / _CANDIDATES
+        step = t / top
+        grid = np.minimum(np.floor(centres / step + 0.5), top) * step  # clipped at t
+        error = (counts * np.square(centres - grid)).sum(axis=1)
+        return float(t[int(np.argmin(error)), 0])
 
 
 def check_shape(name: str, data: np.ndarray, shape) -> np.ndarray:

@@ -275,3 +275,24 @@ def test_an_error_names_the_onnx_node_not_the_deleted_folder(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: cvmc quantize: layer 'y' (div): ")
     assert err.endswith(" (ONNX node '/head/Div')\n") and "cvmc-quantize-" not in err
+
+
+def test_calib_method_mse_through_the_command(tmp_path):
+    """The input's scale is 127 / t for the t that mse chose: within 1% of the least
+    squared error of the 256 candidates, each rounded exactly by NumPy (the oracle)."""
+    import json
+
+    from tests.quantize.onnx_nets import conv_bn_net
+    onnx.save(conv_bn_net(), tmp_path / "net.onnx")
+    x = np.random.default_rng(9).standard_t(2, (8, 1, 1, 12, 12)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q"), "--calib",
+                 f"x={tmp_path / 'x.npy'}", "--calib-method", "mse"]) == 0
+    scale = json.loads((tmp_path / "q" / "quantization.json").read_text())["inputs"]["x"]["scale"]
+
+    def error(t: float) -> float:
+        q = np.clip(np.round(x / (t / 127)), -127, 127) * (t / 127)
+        return float(np.square(x - q).sum())
+    top = float(np.abs(x).max())
+    best = min(error(top * k / 256) for k in range(1, 257))
+    assert error(127 / scale) <= 1.01 * best < error(top)
