@@ -80,7 +80,7 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
 
     bits, range_bits = args.output_bits
     options = Options(args.bits, bits, args.per_channel, range_bits)
-    qdq = load_qdq(Path(model), tmp, input_shapes(args)) if is_onnx(model) else None
+    qdq = load_qdq(Path(model), tmp, input_shapes(args), origins) if is_onnx(model) else None
     if qdq is not None:
         if samples or args.report or args.report_json or range_bits:
             raise CvmcError(f"{model} is already quantized (QDQ / QLinear ops): its own "
