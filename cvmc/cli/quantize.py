@@ -159,7 +159,7 @@ def compiled_calibration(layers, samples: dict, count: int, progress, batch: int
     compile_model(graph, folder / "calibrate.cvmx", "llvm", progress=progress)
     model = cvmc_runtime.load(folder / "calibrate.cvmx")
     inputs = layers.graph.inputs
-    stats = {name: Stats() for name in [*inputs, *graph.outputs]}
+    stats = Stats.of([*inputs, *graph.outputs], count)
     with progress.stage("calibrate (compiled)", count) as bar:
         for start in range(0, count, rows or 1):
             if rows:

@@ -22,7 +22,8 @@ from cvmc.ops.infer import retype
 from cvmc.quantize.layers import Layers, run_float, unsupported
 
 METHODS = ("absmax", "percentile", "lambda", "mse")
-_KEEP = 1 << 16  # values kept per tensor per sample for the percentile and mse
+_KEEP = 1 << 16  # values kept per tensor per sample for the percentile and mse, at most
+_KEEP_ALL = 1 << 22  # and per tensor over all samples (16 MB of float32)
 _BINS = 4096  # the mse search's histogram of |x| over [0, absmax]
 _CANDIDATES = 256  # mse's thresholds: absmax * k / 256, k = 1..256
 
@@ -36,6 +37,14 @@ class Stats:
     total: float = 0.0
     squares: float = 0.0
     kept: list[np.ndarray] = field(default_factory=list)
+    keep: int = _KEEP  # values kept of each sample (an even subsample)
+
+    @staticmethod
+    def of(names: list[str], count: int) -> dict[str, Stats]:
+        """Empty statistics of `names` for `count` samples: each keeps at most
+        min(2^16, 2^22 / count) values of a sample."""
+        keep = max(1, min(_KEEP, _KEEP_ALL // max(count, 1)))
+        return {name: Stats(keep=keep) for name in names}
 
     def add(self, v: np.ndarray) -> None:
         """Take in one sample's values (a NaN makes absmax NaN)."""
@@ -48,7 +57,7 @@ class Stats:
         self.total += float(w.sum())
         self.squares += float(np.einsum("i,i->", w, w))  # not BLAS: its threads would spin
         # float32 (the float model's values), a copy: a view would keep all of `a` alive
-        self.kept.append(a[::max(1, a.size // _KEEP)].astype(np.float32))
+        self.kept.append(a[::max(1, -(-a.size // self.keep))].astype(np.float32))
 
     def threshold(self, method: str, percentile: float, lam: float, bits: int = 8) -> float:
         """The real value mapped to the largest integer: by absmax, the percentile of |x|,
@@ -140,7 +149,7 @@ def calibrate(layers: Layers, samples: dict[str, np.ndarray], count: int,
     (the float model overflows float32) is an error. `advance` is called after each sample
     (a progress bar's)."""
     g = layers.graph
-    stats = {name: Stats() for name in calibrated_names(layers)}
+    stats = Stats.of(calibrated_names(layers), count)
     for k in range(count):
         add_sample(layers, stats, run_float(layers, {n: samples[n][k] for n in g.inputs}), k)
         if advance is not None:
