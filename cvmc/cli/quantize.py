@@ -69,7 +69,6 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
     """(the Quantized model, its samples as [N, *input shape] (None for a QDQ model), the
     QDQ model's rewriter (its fixed-point error) or None) of args.model, an ONNX one
     converted in `tmp` (each NNEF value's ONNX node recorded in `origins`)."""
-    model = args.model
     from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import convert_onnx
     from cvmc.frontend.printer import graph_dumper
@@ -78,6 +77,7 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
     from cvmc.quantize.qdq import QdqRewriter, load_qdq
     from cvmc.quantize.rewrite import Rewriter
 
+    model = args.model
     bits, range_bits = args.output_bits
     options = Options(args.bits, bits, args.per_channel, range_bits)
     qdq = load_qdq(Path(model), tmp, input_shapes(args), origins) if is_onnx(model) else None
@@ -156,29 +156,35 @@ def compiled_calibration(layers, samples: dict, count: int, progress, batch: int
     rows = batch if graph is not None else 0  # 0: one sample a run, its own shape
     if graph is None:
         graph = calibration_graph(layers, None)
-    compile_model(graph, folder / "calibrate.cvmx", "llvm", progress=progress)
+    try:
+        compile_model(graph, folder / "calibrate.cvmx", "llvm", progress=progress)
+    except CvmcError as e:
+        e.message += " (compiling the float model to calibrate it; `--calib-on reference` " \
+            "runs it on the reference interpreter instead)"
+        raise
     model = cvmc_runtime.load(folder / "calibrate.cvmx")
     inputs = layers.graph.inputs
+    dtypes = {n: layers.graph.types[n].dtype for n in inputs}
     stats = Stats.of([*inputs, *graph.outputs], count)
     with progress.stage("calibrate (compiled)", count) as bar:
         for start in range(0, count, rows or 1):
             if rows:
-                feeds = {n: _batch_of(samples[n], start, min(count, start + rows), rows)
-                         for n in inputs}
+                feeds = {n: _batch_of(samples[n], start, min(count, start + rows), rows,
+                                      dtypes[n]) for n in inputs}
                 env = {**model.run(feeds), **feeds}
                 add_batch(layers, stats, env, start, min(rows, count - start))
             else:
-                feeds = {n: np.asarray(samples[n][start], np.float32) for n in inputs}
+                feeds = {n: np.asarray(samples[n][start], dtypes[n]) for n in inputs}
                 add_sample(layers, stats, {**model.run(feeds), **feeds}, start)
             for _ in range(min(rows or 1, count - start)):
                 bar.advance()
     return stats
 
 
-def _batch_of(data: np.ndarray, start: int, stop: int, rows: int) -> np.ndarray:
-    """Samples start..stop-1 of `data` ([N, 1, *rest]) as one batch [rows, *rest], zeros
-    after them."""
-    batch = np.zeros((rows, *data.shape[2:]), np.float32)
+def _batch_of(data: np.ndarray, start: int, stop: int, rows: int, dtype: str) -> np.ndarray:
+    """Samples start..stop-1 of `data` ([N, 1, *rest]) as one batch [rows, *rest] of
+    `dtype`, zeros after them."""
+    batch = np.zeros((rows, *data.shape[2:]), dtype)
     batch[:stop - start] = data[start:stop, 0]
     return batch
 
