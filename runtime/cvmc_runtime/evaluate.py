@@ -4,10 +4,11 @@ processes, or on a Ray cluster through Ray Data (`cvmc eval`).
 The artifact has one input whose first dimension is its compiled batch size B; the
 dataset holds N samples of that input without the batch dimension, [N, *input shape[1:]],
 or N whole inputs, [N, *input shape] (N * B samples: the form `cvmc quantize --calib`
-reads). It is cut into batches of B, the last one padded with zeros and its padding dropped; a
-sample's prediction is the argmax of its row of the first output (its first occurrence,
-as NumPy's). Float data for an input with a scale is quantized by `cvmc_runtime.quantize`
-(as `Model.run` does). Each worker loads the artifact once and runs one kernel thread, so
+reads). It is cut into batches of B, the last one padded with zeros and its padding
+dropped; a sample's prediction is the argmax of its row of the first output (its first
+occurrence, as NumPy's). Float data for an input with a scale is quantized by
+`cvmc_runtime.quantize` (as `Model.run` does), and what the quantized model clipped over
+the whole dataset is one SaturationWarning. Each worker loads the artifact once and runs one kernel thread, so
 that W workers use W cores; the predictions do not depend on W.
 """
 from __future__ import annotations
