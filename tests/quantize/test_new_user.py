@@ -296,3 +296,32 @@ def test_calib_method_mse_through_the_command(tmp_path):
     top = float(np.abs(x).max())
     best = min(error(top * k / 256) for k in range(1, 257))
     assert error(127 / scale) <= 1.01 * best < error(top)
+
+
+def test_a_qdq_model_folder_names_its_onnx_nodes(tmp_path):
+    """An ONNX QDQ model's float ops keep their node names: onnx_nodes.json maps the conv's
+    output (the model output y) to its node."""
+    import json
+
+    r = np.random.default_rng(2)
+    inits = {"xs": np.array(0.02, np.float32), "xz": np.array(0, np.int8),
+             "w": r.integers(-127, 128, (2, 1, 3, 3)).astype(np.int8),
+             "ws": np.array(0.01, np.float32), "wz": np.array(0, np.int8),
+             "ys": np.array(0.05, np.float32), "yz": np.array(0, np.int8)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"], name="/in/Q"),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"], name="/in/DQ"),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], name="/w/DQ"),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="/body/conv/Conv",
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["cq"], name="/out/Q"),
+             helper.make_node("DequantizeLinear", ["cq", "ys", "yz"], ["y"], name="/out/DQ")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "qdq.onnx")
+    assert main(["quantize", str(tmp_path / "qdq.onnx"), "-o", str(tmp_path / "q")]) == 0
+    nodes = json.loads((tmp_path / "q" / "onnx_nodes.json").read_text())
+    assert nodes["y"] == "/body/conv/Conv"
