@@ -18,7 +18,7 @@ from cvmc_runtime import ModelError
 
 from cvmc.cli.bench import cmd_bench
 from cvmc.cli.check import cmd_check
-from cvmc.cli.common import cuda_arch, positive, shape_arg
+from cvmc.cli.common import cuda_arch, output_bits, positive, shape_arg
 from cvmc.cli.compile import cmd_compile
 from cvmc.cli.convert import cmd_convert
 from cvmc.cli.eval import cmd_eval
@@ -171,9 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="calibration samples of input NAME, shape [N, *input shape] "
                          "(repeat per input; not for a QDQ / QLinear ONNX model, which "
                          "brings its own scales)")
-    sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda"),
+    sp.add_argument("--calib-method", choices=("absmax", "percentile", "lambda", "mse"),
                     default="absmax", help="threshold of each tensor: its largest |value| "
-                    "(default), a percentile of |value|, or MRT's |mean| + lambda * std")
+                    "(default), a percentile of |value|, MRT's |mean| + lambda * std, or the "
+                    "least quantization error (mse)")
     sp.add_argument("--percentile", type=float, default=99.99, metavar="P",
                     help="percentile of --calib-method percentile (default 99.99)")
     sp.add_argument("--lambda", dest="lam", type=float, default=10.0, metavar="L",
@@ -184,10 +185,16 @@ def build_parser() -> argparse.ArgumentParser:
     chan.add_argument("--per-tensor", dest="per_channel", action="store_false",
                       help="one weight scale per weight tensor (default)")
     sp.add_argument("--bits", type=int, default=8, metavar="B", help="activation bits, 2..8 (default 8)")
-    sp.add_argument("--output-bits", type=int, default=8, metavar="B",
-                    help="bits of the model's outputs, 2..16 (default 8)")
+    sp.add_argument("--output-bits", type=output_bits, default=(8, 0), metavar="B[+R]",
+                    help="bits of the model's outputs, 2..16 (default 8); +R: R of them "
+                         "add range (2^R times the calibrated), the rest resolution")
     sp.add_argument("--samples", type=positive, metavar="N",
                     help="use at most the first N calibration samples (default: all)")
+    sp.add_argument("--calib-on", choices=("llvm", "reference"), default="llvm",
+                    help="run calibration on the float model compiled for this CPU "
+                         "(default) or on the reference interpreter")
+    sp.add_argument("--calib-batch", type=positive, default=4, metavar="B",
+                    help="samples per compiled calibration run (default 4)")
     sp.add_argument("--report", action="store_true",
                     help="print each layer's SQNR and max error against the float model")
     sp.add_argument("--report-json", metavar="FILE", help="write that report as JSON too")

@@ -116,6 +116,18 @@ def input_shapes(args: argparse.Namespace) -> dict[str, list[int]]:
     return shapes
 
 
+def output_bits(text: str) -> tuple[int, int]:
+    """An argparse type: B or B+R (bits, and how many of them add range), 2 <= B <= 16,
+    0 <= R <= B - 2."""
+    bits, sep, extra = text.partition("+")
+    ok = bits.isdigit() and (not sep or extra.isdigit()) and 2 <= int(bits) <= 16 \
+        and 0 <= int(extra or 0) <= int(bits) - 2
+    if not ok:
+        raise argparse.ArgumentTypeError(f"expected B or B+R with 2 <= B <= 16 and 0 <= R "
+                                         f"<= B - 2, got '{text}'")
+    return int(bits), int(extra or 0)
+
+
 def positive(text: str) -> int:
     """An argparse type: an integer >= 1."""
     if not text.isdigit() or int(text) < 1:

@@ -49,7 +49,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
                         "(agreement with another artifact), or both")
     data = read_npy(args.data, "--data")
     if data.ndim == 0:
-        raise CvmcError("--data: a 0-d array holds no samples; expected [N, *input shape[1:]]")
+        raise CvmcError("--data: a 0-d array holds no samples; expected [N, *input shape[1:]] "
+                        "or [N, *input shape]")
+    data = cvmc_runtime.dataset_rows(cvmc_runtime.load(args.model), data)
     labels = None if args.labels is None else _labels(args.labels, len(data))
     paths = list(dict.fromkeys(a for a in (args.model, args.compare) if a))
     for path in paths if labels is not None else ():

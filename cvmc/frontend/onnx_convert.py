@@ -43,6 +43,9 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
   coordinates and floor rounding (the converter assumes opset 11's half_pixel);
 - `Clip` before opset 11 and `Slice` before 10 take as attributes what the converter reads
   as inputs (it would fail): they become constant inputs;
+- a constant `Clip` bound of -inf (min) or +inf (max) is dropped (the converter would
+  write a bare `inf`, which NNEF has no literal for), a Clip left with no bound becomes an
+  Identity (the converter would write `max(x)`); a bound infinite the other way is refused;
 - `Split` into equal parts (no `split` sizes; opset 18's `num_outputs`) gets the sizes
   of its outputs (the converter would fail);
 - `Flatten` with an axis other than 1 becomes the reshape to its 2-D shape (the converter
@@ -101,13 +104,15 @@ _ASSUMED = {"Elu": {"alpha": 1.0}, "LpPool": {"p": 2},
 
 
 def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
-                 input_shapes: dict[str, list[int]] | None = None, force: bool = False) -> Path:
+                 input_shapes: dict[str, list[int]] | None = None, force: bool = False,
+                 origins: dict[str, str] | None = None) -> Path:
     """Convert an ONNX model into the NNEF folder `out_dir` (graph.nnef + .dat files).
 
     `input_shapes` fixes inputs whose ONNX shape has symbolic dimensions. `out_dir` must
     not exist or be empty; with `force`, a previous model folder (one holding graph.nnef)
     is replaced. The folder is written beside `out_dir` first and renamed into place, so a
     failed or interrupted conversion leaves no partial folder and keeps the previous one.
+    `origins`, where given, is filled with each NNEF tensor's ONNX origin (`_origins`).
     """
     onnx_path, out_dir = Path(onnx_path), Path(out_dir)
     tools = _import_tools()
@@ -118,7 +123,7 @@ def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
     try:
         folder = tmp / "nnef"  # made by mkdir: the user's umask, not mkdtemp's 0700
         folder.mkdir()
-        _run_converter(tools, model, onnx_path, folder, opset, input_shapes)
+        _run_converter(tools, model, onnx_path, folder, opset, input_shapes, origins)
         move_into_place(folder, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -251,7 +256,8 @@ def move_into_place(folder: Path, out_dir: Path) -> None:
 
 
 def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path, opset: int,
-                   input_shapes: dict[str, list[int]] | None) -> None:
+                   input_shapes: dict[str, list[int]] | None,
+                   origins: dict[str, str] | None = None) -> None:
     """Read, adjust, convert and write the checked `model` into `folder` (see the module
     docstring). NNEF-Tools' steps run under `_nnef_tools`, cvmc's own under
     `internal_errors`, so that a failure is told as what it is: the model's, the
@@ -276,6 +282,8 @@ def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path,
             graph = converter(graph)
         with internal_errors("renaming the converted tensors"):
             _nnef_names(graph)
+            if origins is not None:
+                origins.update(_origins(graph, converter.tensor_mapping()))
         with _nnef_tools(tools):
             writer(graph, str(folder))
     except CvmcError as e:
@@ -518,6 +526,8 @@ def _adjust_op(op, opset: int) -> None:
                         f"converts it with exactly two (a third one would be dropped)")
     if op.type in _ATTRIBUTES_BECAME_INPUTS and opset < _ATTRIBUTES_BECAME_INPUTS[op.type][0]:
         _attributes_as_inputs(op, *_ATTRIBUTES_BECAME_INPUTS[op.type][1:])
+    if op.type == "Clip":
+        _infinite_clip_bounds(op)
     if op.type in _REDUCTIONS:
         _reduction_axes(op)
     elif op.type == "Softmax":
@@ -566,6 +576,27 @@ def _attributes_as_inputs(op, names: tuple[str, ...], dtype: type) -> None:
         empty if v is None else Tensor(op.graph, name=f"{_label(op)}_{name}",
                                        shape=np.shape(v), dtype=dtype, data=np.array(v, dtype))
         for name, v in zip(names, values)))
+
+
+def _infinite_clip_bounds(op) -> None:
+    """Drop a constant Clip bound that bounds nothing (min -inf, max +inf): the converter
+    would write it as a bare `inf`, which NNEF has no literal for; a Clip left with no bound
+    is an Identity. A bound infinite the other way (min +inf, max -inf) is refused."""
+    empty = next(t for t in op.graph.tensors if t.name == "")  # the reader's empty input
+    inputs = list(op.inputs)
+    for k, (bound, free) in enumerate((("min", -np.inf), ("max", np.inf)), start=1):
+        if k >= len(inputs) or not inputs[k].name:
+            continue
+        values = _constant(inputs[k])
+        if values is None or len(values) != 1 or np.isfinite(values[0]):
+            continue
+        if values[0] != free:
+            raise CvmcError(f"Clip '{_label(op)}': its {bound} is {values[0]}, an "
+                            f"infinite bound NNEF has no literal for")
+        inputs[k] = empty
+    if not any(t.name for t in inputs[1:]):  # no bound left: the converter writes `max(x)`
+        op.type, inputs = "Identity", inputs[:1]
+    op.inputs = tuple(inputs)
 
 
 def _flatten_as_reshape(op) -> None:
@@ -705,6 +736,21 @@ def _check_nearest_resize(op) -> None:
 
 
 # ---- the converter's output -------------------------------------------------------------
+def _origins(graph, mapping: dict[str, str]) -> dict[str, str]:
+    """{NNEF tensor: where it came from in the ONNX model}: the ONNX node that computes it
+    (every op the converter makes of a node carries the node's name), else the ONNX tensor
+    it holds (an initializer, or the output of a node without a name; `mapping` is the
+    converter's ONNX -> NNEF tensor names)."""
+    onnx_of = {nnef: name for name, nnef in mapping.items()}
+    found = {}
+    for op in graph.operations:
+        for tensor in op.outputs:
+            where = op.name or onnx_of.get(tensor.name)
+            if tensor.name and where:
+                found[tensor.name] = where
+    return found
+
+
 def _nnef_names(graph) -> None:
     """Make every tensor name an NNEF identifier that is no keyword, all distinct.
 

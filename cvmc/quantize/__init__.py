@@ -17,7 +17,7 @@ import numpy as np
 
 from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed
-from cvmc.quantize.calibrate import METHODS, calibrate, check_samples
+from cvmc.quantize.calibrate import METHODS, Stats, calibrate, check_samples
 from cvmc.quantize.fixedpoint import FixedPointError
 from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
 from cvmc.quantize.rewrite import Options, Rewriter, split_unruled
@@ -45,17 +45,19 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
                    method: str = "absmax", percentile: float = 99.99, lam: float = 10.0,
                    max_samples: int | None = None,
                    after_pass: Callable[[int, str, Graph], None] | None = None,
-                   rewriter: Callable[[Layers, dict, Options], Rewriter] = Rewriter
+                   rewriter: Callable[[Layers, dict, Options], Rewriter] = Rewriter,
+                   calibrator: Callable[[Layers, dict, int], dict[str, Stats]] = calibrate
                    ) -> Quantized:
-    """Quantize a checked float graph, calibrated on `samples` ({input: [N, *shape]}), or
-    with no samples by a `rewriter` that knows the scales (a QDQ model, qdq.py)."""
+    """Quantize a checked float graph, calibrated on `samples` ({input: [N, *shape]}) by
+    `calibrator` (`calibrate`'s signature), or with no samples by a `rewriter` that knows
+    the scales (a QDQ model, qdq.py)."""
     def dump(index: int, name: str, g: Graph) -> None:
         if after_pass is not None:
             after_pass(index, name, g)
     source = split_unruled(group_layers(graph))
     dump(0, "group-layers", source.graph)
     if samples is not None:
-        check_samples(source, samples)
+        samples = check_samples(source, samples)
     layers = fold_batch_norm(source)
     dump(1, "fold-batch-norm", layers.graph)
     layers = fuse_elementwise(layers)
@@ -70,8 +72,11 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
         except FixedPointError:
             pass  # a scale ratio at unit thresholds: the calibrated ranges decide
         count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
-        stats = calibrate(layers, samples, count)
-        thresholds = {n: s.threshold(method, percentile, lam) for n, s in stats.items()}
+        stats = calibrator(layers, samples, count)
+        thresholds = {n: s.threshold(method, percentile, lam, options.bits)
+                      for n, s in stats.items()}
+        for name in layers.graph.outputs:  # range beyond the calibrated one, where asked
+            thresholds[name] *= 2.0 ** options.output_range_bits
     int_graph, scales, inputs = rewriter(layers, thresholds, options).run()
     dump(3, "quantize", int_graph)
     int_graph = require_typed(int_graph)  # GraphBuilder typed every node as it was made

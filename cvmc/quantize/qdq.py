@@ -595,11 +595,12 @@ class QdqRewriter(Rewriter):
         return near[np.arange(len(near)), ok.argmax(axis=1)].reshape(absmax.shape)
 
 
-def load_qdq(path: Path, tmp: Path, input_shapes: dict | None):
+def load_qdq(path: Path, tmp: Path, input_shapes: dict | None,
+             origins: dict[str, str] | None = None):
     """(the float graph, its grids, weight scales, {tensor: ONNX node}) of a quantized
-    ONNX model, converted in `tmp`; None when the model holds no quantization ops. Its
-    tensors and external data are checked as `cvmc convert` checks them before any data is
-    read."""
+    ONNX model, converted in `tmp` (`origins` as convert_onnx fills it); None when the
+    model holds no quantization ops. Its tensors and external data are checked as `cvmc
+    convert` checks them before any data is read."""
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -625,7 +626,7 @@ def load_qdq(path: Path, tmp: Path, input_shapes: dict | None):
     onnx.save_model(fm, tmp / "float.onnx")
     try:
         graph = load_checked(convert_onnx(tmp / "float.onnx", tmp / "nnef",
-                                          input_shapes=input_shapes))
+                                          input_shapes=input_shapes, origins=origins))
     except CvmcError as e:  # one line naming the model and, where known, the ONNX node
         message = e.message.removeprefix(f"{tmp / 'float.onnx'}: ").splitlines()[0]
         node = next((origin[t] for t in re.findall(r"'([^']*)'", message) if t in origin),

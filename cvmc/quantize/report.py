@@ -8,6 +8,7 @@ and the largest |f - d|.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from cvmc_runtime import dequantize, quantize
@@ -27,8 +28,10 @@ def run_integer(q: Quantized, feeds: dict[str, np.ndarray]) -> dict[str, np.ndar
     return env
 
 
-def layer_report(q: Quantized, samples: dict[str, np.ndarray], count: int) -> list[dict]:
-    """One row per compared layer, in graph order: name, op, sqnr_db, max_abs_error."""
+def layer_report(q: Quantized, samples: dict[str, np.ndarray], count: int,
+                 advance: Callable[[], None] | None = None) -> list[dict]:
+    """One row per compared layer, in graph order: name, op, sqnr_db, max_abs_error
+    (`advance` is called after each sample: a progress bar's)."""
     layers = q.source
     names = [(n.name, n.op) for n in layers.graph.nodes if n.name in q.scales
              and n.name in q.graph.types]
@@ -43,6 +46,8 @@ def layer_report(q: Quantized, samples: dict[str, np.ndarray], count: int) -> li
             signal[name] += float(np.square(f).sum())
             noise[name] += float(np.square(f - d).sum())
             worst[name] = max(worst[name], float(np.abs(f - d).max(initial=0.0)))
+        if advance is not None:
+            advance()
     return [{"layer": name, "op": op,
              "sqnr_db": (math.inf if noise[name] == 0 else
                          10 * math.log10(signal[name] / noise[name]) if signal[name] else

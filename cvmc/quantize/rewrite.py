@@ -68,6 +68,7 @@ class Options:
     bits: int = 8
     output_bits: int = 8
     per_channel: bool = False
+    output_range_bits: int = 0  # of output_bits: outputs' thresholds 2^R times calibrated
 
 
 class Rewriter:

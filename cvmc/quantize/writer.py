@@ -1,6 +1,7 @@
-"""Write a quantized model: an NNEF folder (graph.nnef, one .dat per weight) and
-quantization.json, all into a temporary folder beside DIR that is then renamed into place
-(as `cvmc convert` does), so a failed or interrupted run leaves no partial folder."""
+"""Write a quantized model: an NNEF folder (graph.nnef, one .dat per weight),
+quantization.json and, for an ONNX model, onnx_nodes.json, all into a temporary folder
+beside DIR that is then renamed into place (as `cvmc convert` does), so a failed or
+interrupted run leaves no partial folder."""
 from __future__ import annotations
 
 import json
@@ -18,9 +19,15 @@ from cvmc.quantize import Quantized
 _INLINE = 16  # weights with at most this many elements stay inline constants in the text
 
 
-def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bool) -> Path:
+ONNX_NODES = "onnx_nodes.json"
+
+
+def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bool,
+                origins: dict[str, str] | None = None) -> Path:
     """Write `q` as the model folder `out_dir` (new, empty, or with `force` a previous
-    model folder; never the folder of `source`)."""
+    model folder; never the folder of `source`). With `origins` (an ONNX model's: NNEF
+    value -> ONNX node), `onnx_nodes.json` maps each value of the integer graph that has
+    one to its ONNX node."""
     out_dir = Path(out_dir)
     check_destination(out_dir, force, Path(source))
     graph = q.graph.replace(labels={w: w for w in q.graph.constants
@@ -36,6 +43,9 @@ def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bo
             (folder / f"{label}.dat").write_bytes(tensor_bytes(data))
         (folder / "quantization.json").write_text(
             json.dumps(q.manifest(), indent=1, allow_nan=False) + "\n")
+        if origins:
+            nodes = {n: origins[n] for n in q.graph.types if n in origins}
+            (folder / ONNX_NODES).write_text(json.dumps(nodes, indent=1) + "\n")
         move_into_place(folder, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

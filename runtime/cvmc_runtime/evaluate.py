@@ -2,11 +2,13 @@
 processes, or on a Ray cluster through Ray Data (`cvmc eval`).
 
 The artifact has one input whose first dimension is its compiled batch size B; the
-dataset holds N samples of that input without the batch dimension, [N, *input shape[1:]].
-It is cut into batches of B, the last one padded with zeros and its padding dropped; a
-sample's prediction is the argmax of its row of the first output (its first occurrence,
-as NumPy's). Float data for an input with a scale is quantized by `cvmc_runtime.quantize`
-(as `Model.run` does). Each worker loads the artifact once and runs one kernel thread, so
+dataset holds N samples of that input without the batch dimension, [N, *input shape[1:]],
+or N whole inputs, [N, *input shape] (N * B samples: the form `cvmc quantize --calib`
+reads). It is cut into batches of B, the last one padded with zeros and its padding
+dropped; a sample's prediction is the argmax of its row of the first output (its first
+occurrence, as NumPy's). Float data for an input with a scale is quantized by
+`cvmc_runtime.quantize` (as `Model.run` does), and what the quantized model clipped over
+the whole dataset is one SaturationWarning. Each worker loads the artifact once and runs one kernel thread, so
 that W workers use W cores; the predictions do not depend on W.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from cvmc_runtime.model import Model, load, set_num_threads
+from cvmc_runtime.quant import Saturation
 from cvmc_runtime.signature import ModelError, precision_bound
 
 RAY_MISSING = "--ray needs Ray Data, which is not installed: pip install 'cvmc[ray]'"
@@ -42,8 +45,21 @@ def batch_size(model: Model, samples: tuple[int, ...] | None = None) -> int:
         raise ModelError(f"data of shape {list(samples)} does not hold samples of input "
                          f"'{spec.name}' {list(spec.shape)}: expected [N, "
                          f"{', '.join(str(d) for d in spec.shape[1:])}] (N samples, without "
-                         f"the batch dimension {spec.shape[0]})")
+                         f"the batch dimension {spec.shape[0]}) or [N, "
+                         f"{', '.join(str(d) for d in spec.shape)}] (N whole inputs)")
     return spec.shape[0]
+
+
+def dataset_rows(model: Model, data: object) -> object:
+    """`data` as samples without the batch dimension: N whole inputs [N, *input shape]
+    become their N * B samples; any other array is returned as it is (check_dataset
+    checks it)."""
+    if not isinstance(data, np.ndarray) or len(model.inputs) != 1:
+        return data
+    shape = model.inputs[0].shape
+    if data.ndim == len(shape) + 1 and tuple(data.shape[1:]) == shape:
+        return data.reshape(-1, *shape[1:])
+    return data
 
 
 CHECK_CHUNK_BYTES = 64 << 20  # data checked this much at a time (bounded temporaries)
@@ -78,20 +94,23 @@ def check_dataset(model: Model, data: object) -> int:
     return size
 
 
-def predict_batches(model: Model, data: np.ndarray) -> np.ndarray:
-    """int64 top-1 class of every sample in `data` ([n, *sample shape], any n)."""
+def predict_batches(model: Model, data: np.ndarray) -> tuple[np.ndarray, Saturation]:
+    """int64 top-1 class of every sample in `data` ([n, *sample shape], any n), and what
+    the runs clipped (a last batch's zero padding included: zeros clip nothing, and an
+    output row of it at the ends of its range is counted)."""
     size = batch_size(model, data.shape)
     name, first = model.inputs[0].name, model.outputs[0].name
-    predictions = []
+    predictions, saturation = [], Saturation()
     for start in range(0, len(data), size):
         batch = data[start:start + size]
         count = len(batch)
         if count < size:
             batch = np.concatenate([batch, np.zeros((size - count, *batch.shape[1:]),
                                                     batch.dtype)])
-        out = model.run({name: batch})[first]
+        out = model.run({name: batch}, warn_saturation=False)[first]
+        saturation.merge(model.saturation)
         predictions.append(np.argmax(out.reshape(size, -1), axis=1)[:count])
-    return np.concatenate(predictions) if predictions else np.zeros(0, np.int64)
+    return (np.concatenate(predictions) if predictions else np.zeros(0, np.int64)), saturation
 
 
 _worker_model: Model | None = None  # the model a local worker process loaded
@@ -103,22 +122,26 @@ def _start_worker(path: str) -> None:
     _worker_model = load(path)
 
 
-def _worker_predict(data: np.ndarray) -> np.ndarray:
+def _worker_predict(data: np.ndarray) -> tuple[np.ndarray, Saturation]:
     assert _worker_model is not None, "worker not started"
     return predict_batches(_worker_model, data)
 
 
 def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.ndarray:
     """Top-1 class of every sample in `data`, computed by `workers` local processes (one
-    loaded model and one kernel thread each; workers=1: in this process, all threads)."""
+    loaded model and one kernel thread each; workers=1: in this process, all threads).
+    What a quantized model clipped over the whole dataset is one SaturationWarning."""
     if type(workers) is not int or workers < 1:
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     model = load(path)
+    data = dataset_rows(model, data)
     size = check_dataset(model, data)
     batches = -(-len(data) // size)
     workers = min(workers, batches)
     if workers <= 1:
-        return predict_batches(model, data)
+        predictions, saturation = predict_batches(model, data)
+        saturation.warn()
+        return predictions
     del model
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
@@ -129,8 +152,12 @@ def predict(path: str | os.PathLike, data: np.ndarray, workers: int = 1) -> np.n
                                initializer=_start_worker, initargs=(os.fspath(path),))
     try:
         with _workers_ignore_interrupts():
-            results = pool.map(_worker_predict, _pieces(data, size, workers))  # spawns them
-        return np.concatenate(list(results))
+            results = list(pool.map(_worker_predict, _pieces(data, size, workers)))
+        saturation = Saturation()
+        for _, part in results:
+            saturation.merge(part)
+        saturation.warn()
+        return np.concatenate([p for p, _ in results])
     except BrokenProcessPool as e:  # a worker killed (out of memory) or failing to start
         raise ModelError(f"{path}: a worker process died ({e})") from None
     finally:
@@ -174,8 +201,12 @@ class RayPredictor:
             self.model = load(path)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Predictions of one batch of the dataset's `data` column."""
-        return {"prediction": predict_batches(self.model, batch["data"])}
+        """Predictions of one batch of the dataset's `data` column, and what it clipped:
+        a column of Saturation objects (the batch's in its first row, empty ones after)."""
+        predictions, saturation = predict_batches(self.model, batch["data"])
+        column = np.empty(len(predictions), object)
+        column[:] = [saturation, *(Saturation() for _ in predictions[1:])]
+        return {"prediction": predictions, "saturation": column}
 
 
 def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None = None,
@@ -192,7 +223,10 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         raise ModelError(f"workers must be a positive integer, got {workers!r:.40}")
     if address is not None and not isinstance(address, str):
         raise ModelError(f"address must be a Ray cluster address (a str), got {address!r:.40}")
-    size = check_dataset(load(path), data)
+    model = load(path)
+    data = dataset_rows(model, data)
+    size = check_dataset(model, data)
+    del model
     if not len(data):
         return np.zeros(0, np.int64)
     if not ray.is_initialized():
@@ -211,6 +245,10 @@ def predict_ray(path: str | os.PathLike, data: np.ndarray, workers: int | None =
         RayPredictor, fn_constructor_kwargs={"artifact": Path(path).read_bytes()},
         batch_size=size, batch_format="numpy", num_cpus=1,
         compute=ray.data.ActorPoolStrategy(size=workers))
-    parts = [b["prediction"] for b in dataset.iter_batches(batch_size=None,
-                                                             batch_format="numpy")]
+    parts, saturation = [], Saturation()
+    for b in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+        parts.append(b["prediction"])
+        for part in b["saturation"]:
+            saturation.merge(part)
+    saturation.warn()
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)

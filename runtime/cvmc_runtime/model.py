@@ -12,8 +12,8 @@ from cvmc_runtime.artifact import LIBRARY, read_artifact
 from cvmc_runtime.cpu import check_host_cpu
 from cvmc_runtime.library import check_library
 from cvmc_runtime.plan import tensor_bytes
+from cvmc_runtime.quant import Saturation, quantize
 from cvmc_runtime.quant import dequantize as reals_of
-from cvmc_runtime.quant import quantize
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
 ALIGNMENT = 64  # AVX-512 kernels assume 64-byte aligned buffers and nothing checks it
@@ -79,6 +79,7 @@ class Model:
         self.outputs = [TensorSpec.from_json(s) for s in plan["outputs"]]
         self._kernels = [(module[k["symbol"]], k["args"]) for k in plan["kernels"]]
         self._buf = _Buffers(module, plan["device"])
+        self.saturation = Saturation()  # what the last run clipped
         specs = [*plan["inputs"], *plan["weights"], *plan["outputs"]]
         for spec in {s["name"]: s for s in specs}.values():
             self._buf.allocate(spec["name"], spec["shape"], spec["dtype"])
@@ -95,27 +96,39 @@ class Model:
             self._buf.upload(name, value)
 
     def run(self, feeds: Mapping[str, object], saturate: bool = False,
-            dequantize: bool = False) -> dict[str, np.ndarray]:
+            dequantize: bool = False, warn_saturation: bool = True) -> dict[str, np.ndarray]:
         """Check the inputs, call every kernel in order, return the outputs by name.
 
         A float array for an input with a scale is quantized by `cvmc_runtime.quantize`;
         `dequantize=True` returns every output with a scale as float32 reals (q / scale).
+        `self.saturation` then counts what the quantized model clipped (float input values
+        beyond an input's range, outputs with a scale at the ends of their integer range);
+        where anything clipped, one SaturationWarning says so (unless `warn_saturation` is
+        False).
         """
-        for flag, value in (("saturate", saturate), ("dequantize", dequantize)):
+        for flag, value in (("saturate", saturate), ("dequantize", dequantize),
+                            ("warn_saturation", warn_saturation)):
             if not isinstance(value, (bool, np.bool_)):
                 raise ModelError(f"{flag} must be True or False, got {value!r:.40}")
         scaled = [s for s in self.outputs if s.scale is not None]
         if dequantize and not scaled:
             raise ModelError("dequantize: this artifact records no output scale (compile a "
                              "quantized model folder holding quantization.json)")
-        feeds = _quantize_feeds(self.inputs, feeds)
+        saturation = Saturation()
+        feeds = _quantize_feeds(self.inputs, feeds, saturation)
         for name, value in check_inputs(self.inputs, feeds, saturate).items():
             self._buf.upload(name, value)
         for index in range(len(self._kernels)):
             self._call(index)
         outputs = {s.name: self._buf.download(s.name) for s in self.outputs}
-        for spec in scaled if dequantize else ():
-            outputs[spec.name] = reals_of(outputs[spec.name], spec.scale)
+        for spec in scaled:
+            if spec.precision is not None:
+                saturation.count_output(spec.name, outputs[spec.name], spec.precision)
+            if dequantize:
+                outputs[spec.name] = reals_of(outputs[spec.name], spec.scale)
+        self.saturation = saturation
+        if warn_saturation:
+            saturation.warn()
         return outputs
 
     def _call(self, index: int) -> None:
@@ -156,10 +169,11 @@ class Model:
         return per_kernel, runs
 
 
-def _quantize_feeds(specs: list[TensorSpec], feeds: object) -> object:
+def _quantize_feeds(specs: list[TensorSpec], feeds: object, saturation: Saturation) -> object:
     """`feeds` with each float array given for an input with a scale quantized to its
-    precision; anything else as given, for check_inputs to check (an integer array for a
-    scaled input is taken as already quantized)."""
+    precision (the values it clips counted in `saturation`); anything else as given, for
+    check_inputs to check (an integer array for a scaled input is taken as already
+    quantized)."""
     scaled = {s.name: s for s in specs if s.scale is not None}
     if not scaled or not isinstance(feeds, Mapping):
         return feeds
@@ -176,6 +190,7 @@ def _quantize_feeds(specs: list[TensorSpec], feeds: object) -> object:
                 raise ModelError(f"input '{name}': expected shape {list(spec.shape)}, got "
                                  f"{list(value.shape)}")
             out[name] = quantize(f"input '{name}'", value, spec.scale, spec.precision)
+            saturation.count_input(name, value, spec.scale, spec.precision)
     return out
 
 

@@ -12,6 +12,8 @@ call `quantize`; nobody writes the rule again.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from cvmc_runtime.signature import ModelError, precision_bound
@@ -78,3 +80,63 @@ def dequantize(q: np.ndarray, scale: float) -> np.ndarray:
     v = _real_array("dequantize", q, "iu", "an integer")
     with np.errstate(over="ignore"):
         return (v.astype(np.float64) / scale).astype(np.float32)
+
+
+class SaturationWarning(UserWarning):
+    """A quantized model clipped values: inputs beyond their calibrated range, or outputs
+    at the ends of their integer range."""
+
+
+@dataclass
+class Saturation:
+    """Counts of clipped values of a quantized model's runs, per tensor: `inputs[name]` =
+    (float values beyond the range the input's scale and precision cover, values given),
+    `outputs[name]` = (values at +-(2^(p-1) - 1), values)."""
+
+    inputs: dict[str, list[int]] = field(default_factory=dict)
+    outputs: dict[str, list[int]] = field(default_factory=dict)
+
+    def count_input(self, name: str, x: np.ndarray, scale: float, precision: int) -> None:
+        """Count the float values of `x` that `quantize` clips (|round(x scale)| > bound)."""
+        bound = precision_bound(precision)
+        with np.errstate(over="ignore", invalid="ignore"):
+            clipped = int(np.count_nonzero(np.abs(np.asarray(x, np.float64) * scale) >=
+                                           bound + 0.5))
+        self._add(self.inputs, name, clipped, np.size(x))
+
+    def count_output(self, name: str, q: np.ndarray, precision: int) -> None:
+        """Count the integers of `q` at either end of `precision`."""
+        self._add(self.outputs, name,
+                  int(np.count_nonzero(np.abs(q) >= precision_bound(precision))), np.size(q))
+
+    def merge(self, other: Saturation) -> None:
+        """Add `other`'s counts to these."""
+        for mine, theirs in ((self.inputs, other.inputs), (self.outputs, other.outputs)):
+            for name, (hits, total) in theirs.items():
+                self._add(mine, name, hits, total)
+
+    @staticmethod
+    def _add(where: dict[str, list[int]], name: str, hits: int, total: int) -> None:
+        counts = where.setdefault(name, [0, 0])
+        counts[0] += hits
+        counts[1] += total
+
+    def message(self) -> str | None:
+        """One line of the counts of every tensor that clipped, or None where none did."""
+        parts = [f"{hits} of {total} values of input '{name}' beyond its calibrated range"
+                 for name, (hits, total) in self.inputs.items() if hits]
+        parts += [f"{hits} of {total} values of output '{name}' at the ends of its integer "
+                  f"range" for name, (hits, total) in self.outputs.items() if hits]
+        if not parts:
+            return None
+        return ("saturated: " + "; ".join(parts) + " (the quantized model clips them: "
+                "calibrate on data that reaches these values, or give the outputs range "
+                "with cvmc quantize --output-bits B+R)")
+
+    def warn(self) -> None:
+        """One SaturationWarning with the counts, where anything clipped."""
+        import warnings
+
+        text = self.message()
+        if text is not None:
+            warnings.warn(text, SaturationWarning, stacklevel=3)

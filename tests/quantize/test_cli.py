@@ -138,7 +138,7 @@ def test_calib_shape_is_checked_before_converting(tmp_path, capsys, monkeypatch)
         raise AssertionError("converted before checking --calib")
     monkeypatch.setattr("cvmc.frontend.onnx_convert.convert_onnx", convert)
     onnx.save(conv_bn_net(), tmp_path / "net.onnx")
-    for shape in [(4, 1, 1, 10, 10), (4, 1, 12, 12)]:
+    for shape in [(4, 1, 1, 10, 10), (4, 1, 12, 10)]:
         np.save(tmp_path / "wrong.npy", np.zeros(shape, np.float32))
         _one_error(capsys, ["quantize", str(tmp_path / "net.onnx"), "-o", str(tmp_path / "q"),
                             "--calib", f"x={tmp_path}/wrong.npy"],

@@ -112,3 +112,10 @@ def test_ray_data_gives_the_same_predictions(case):
         assert np.array_equal(cvmc_runtime.predict_ray(d / "f.cvmx", x), want_f)
     finally:
         ray.shutdown()
+
+
+def test_whole_inputs_are_samples_too(case):
+    """N whole inputs [N, 2, 4] of the batch-2 model are its 2N samples."""
+    d, x, _, want_q, _ = case
+    assert np.array_equal(cvmc_runtime.predict(d / "q.cvmx", x[:6].reshape(3, 2, 4)),
+                          want_q[:6])
