@@ -106,7 +106,6 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
         made.append(QdqRewriter(layers, *qdq[1:], opts) if qdq
                     else Rewriter(layers, thresholds, opts))
         return made[-1]
-    # Layers are read back from the source text, so quantize while the folder exists.
     calibrator = partial(compiled_calibration, batch=args.calib_batch, progress=progress,
                          folder=tmp) if args.calib_on == "llvm" else \
         partial(reference_calibration, progress=progress)
