@@ -17,22 +17,22 @@ import numpy as np
 from cvmc.ops.common import bitlen, require
 from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nn import (
-    _add_bias,
-    _bias_precision,
-    _conv2d_reference,
-    _conv_out_hw,
-    _exact_matmul,
-    _gather_windows,
-    _max_pool2d_reference,
-    _pair_attr,
-    _pool_geometry,
-    _require_low_precision,
-    _require_rank,
+    add_bias,
+    bias_precision,
+    conv2d_reference,
+    conv_out_hw,
+    exact_matmul,
+    gather_windows,
+    max_pool2d_reference,
+    pair_attr,
+    pool_geometry,
+    require_low_precision,
+    require_rank,
     lower_max_pool,
     max_pool2d,
 )
 from cvmc.ops.nnef_math import te_broadcast
-from cvmc.ops.nnef_nn import _conv_geometry, _conv_reference
+from cvmc.ops.nnef_nn import conv_geometry, conv_reference
 from cvmc.ops.nnef_std_nn import conv_shape, window_attrs
 from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
@@ -190,9 +190,9 @@ conv2d_packed = op(
     "conv2d_packed", family="layout", inputs=("data", "weight", "compensation", "bias?"),
     fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",),
     attrs=(
-        _pair_attr("padding", 0, (0, 0)),
-        _pair_attr("stride", 1, (1, 1)),
-        _pair_attr("dilation", 1, (1, 1)),
+        pair_attr("padding", 0, (0, 0)),
+        pair_attr("stride", 1, (1, 1)),
+        pair_attr("dilation", 1, (1, 1)),
         Attr("channels", "int", lo=1),  # OC before padding to a multiple of 16
         # Grouped: each group of OC / groups (a multiple of 16) output channels reads its
         # C / groups input channels, whose 4-channel words are padded per group.
@@ -210,9 +210,9 @@ def _data_shape(ins, a) -> tuple[int, int, int, int]:
     """The data's (N, C, H, W), whichever its layout."""
     x = ins[0]
     if a.data_layout == "NCHW":
-        _require_rank("conv2d_packed", "data", x, 4, "(N, C, H, W)")
+        require_rank("conv2d_packed", "data", x, 4, "(N, C, H, W)")
         return x.shape
-    _require_rank("conv2d_packed", "data", x, 5, f"(N, C/{OC_BLOCK}, H, W, {OC_BLOCK})")
+    require_rank("conv2d_packed", "data", x, 5, f"(N, C/{OC_BLOCK}, H, W, {OC_BLOCK})")
     require(x.shape[4] == OC_BLOCK, f"conv2d_packed: data in layout {BLOCKED_LAYOUT} must "
                                     f"have {OC_BLOCK} channels in its last axis")
     return _transformed_shape(x.shape, _TO_PLAIN)
@@ -220,7 +220,7 @@ def _data_shape(ins, a) -> tuple[int, int, int, int]:
 
 def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
     """(C, OC, KH, KW) after checking the packed weight against data and attributes."""
-    _require_rank("conv2d_packed", "weight", ins[1], 6, f"(OC/{OC_BLOCK}, C/{IC_BLOCK}, KH, KW, "
+    require_rank("conv2d_packed", "weight", ins[1], 6, f"(OC/{OC_BLOCK}, C/{IC_BLOCK}, KH, KW, "
                                                         f"{OC_BLOCK}, {IC_BLOCK})")
     c, (ocb, icb, kh, kw, ob, ib) = _data_shape(ins, a)[1], ins[1].shape
     oc, g = a.channels, a.groups
@@ -248,16 +248,16 @@ def _packed_geometry(ins, a) -> tuple[int, int, int, int]:
 def _conv2d_packed_shape(ins, a):
     _, oc, kh, kw = _packed_geometry(ins, a)
     data = _data_shape(ins, a)
-    out = (data[0], oc, *_conv_out_hw(data, (oc, data[1], kh, kw), a))
+    out = (data[0], oc, *conv_out_hw(data, (oc, data[1], kh, kw), a))
     return out if a.out_layout == "NCHW" else _transformed_shape(out, _TO_BLOCKED)
 
 
 @conv2d_packed.precision
 def _conv2d_packed_precision(ins, a):
     c, _, kh, kw = _packed_geometry(ins, a)
-    _require_low_precision("conv2d_packed", ins)
+    require_low_precision("conv2d_packed", ins)
     bias = ins[:2] + ins[3:]  # the bias rule reads the bias at index 2
-    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(c * kh * kw), bias)
+    return bias_precision(ins[0].precision + ins[1].precision + bitlen(c * kh * kw), bias)
 
 
 def _unpacked_weight(wp: np.ndarray, oc: int, c: int) -> np.ndarray:
@@ -277,12 +277,12 @@ def _conv2d_packed_reference(xs, a):
     oc, cg, kh, kw = w.shape
     (ph, pw), stride, dil = a.padding, a.stride, a.dilation
     u = np.pad(x + 128, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=128)
-    oh, ow = _conv_out_hw(x.shape, w.shape, a)
-    taps = _gather_windows(u, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
+    oh, ow = conv_out_hw(x.shape, w.shape, a)
+    taps = gather_windows(u, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
     # per group: output channels group*OC/g + o read input channels group*C/g + i
-    y = _exact_matmul(w.reshape(g, oc // g, cg * kh * kw),
+    y = exact_matmul(w.reshape(g, oc // g, cg * kh * kw),
                       taps.reshape(n, g, cg * kh * kw, oh * ow))
-    y = _add_bias(y.reshape(n, oc, oh, ow) - comp.reshape(1, oc, 1, 1), xs[:2] + xs[3:], 1)
+    y = add_bias(y.reshape(n, oc, oh, ow) - comp.reshape(1, oc, 1, 1), xs[:2] + xs[3:], 1)
     return y if a.out_layout == "NCHW" else _layout_transform_reference([y], _TO_BLOCKED)
 
 
@@ -294,7 +294,7 @@ def _conv2d_packed_lower(xs, a):
     n, c, h, w = _transformed_shape(shape_of(x), _TO_PLAIN) if blocked_in else shape_of(x)
     ocb, icb, kh, kw = shape_of(wp)[:4]
     (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
-    oh, ow = _conv_out_hw((n, c, h, w), (a.channels, c, kh, kw), a)
+    oh, ow = conv_out_hw((n, c, h, w), (a.channels, c, kh, kw), a)
     # The unsigned bytes keep the data's channel blocking: NCHW4c for NCHW data, NCHW16c
     # (4 words of 4 channels per pixel) for NCHW16c data, which then needs no
     # de-interleaving, only padding and + 128.
@@ -407,7 +407,7 @@ def _conv_packed_shape(ins, a):
                       _conv_attrs(a, x[1], w[1]))
 
 
-_CONV_REFERENCE = _conv_reference("conv", False)
+_CONV_REFERENCE = conv_reference("conv", False)
 
 
 @conv_packed.reference
@@ -430,7 +430,7 @@ def _conv_packed_acc(x, wp, a, data_block: int):
     nchw = shape_of(x)
     if data_block:  # one group: the filter's channels, the block's padding left out
         nchw = (nchw[0], cg, nchw[2], nchw[3])
-    out, dims, groups = _conv_geometry("conv_packed", _conv_attrs(a, nchw[1], cg), nchw,
+    out, dims, groups = conv_geometry("conv_packed", _conv_attrs(a, nchw[1], cg), nchw,
                                        (a.channels, cg, kh, kw), False)
     blocks_per_group = ocb // groups
     # Blocked data pads its lane axis by nothing: the padded stage stays NCHW{B}c.
@@ -636,7 +636,7 @@ def _depthwise_conv_blocked_lower(xs, a):
     x, w = xs[0], xs[1]
     n, cb, h, wd, block = shape_of(x)
     kh, kw = shape_of(w)[2:4]
-    out, dims, _ = _conv_geometry("depthwise_conv_blocked",
+    out, dims, _ = conv_geometry("depthwise_conv_blocked",
                                   _conv_attrs(a, cb * block, 1), (n, cb * block, h, wd),
                                   (cb * block, 1, kh, kw), False)
     padded = padded_input(x, [d.X for d in dims] + [block], [kh, kw, 1],
@@ -678,9 +678,9 @@ depthwise_conv2d_blocked = op(
     "depthwise_conv2d_blocked", family="layout", inputs=("data", "weight", "bias?"),
     fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",),
     attrs=(
-        _pair_attr("padding", 0, (0, 0)),
-        _pair_attr("stride", 1, (1, 1)),
-        _pair_attr("dilation", 1, (1, 1)),
+        pair_attr("padding", 0, (0, 0)),
+        pair_attr("stride", 1, (1, 1)),
+        pair_attr("dilation", 1, (1, 1)),
     ),
     precision_rule="as depthwise conv2d: p_x + p_w + bitlen(KH*KW); with bias max(that, "
                    "p_b) + 1")
@@ -688,7 +688,7 @@ depthwise_conv2d_blocked = op(
 
 def _blocked_data_shape(opname: str, x) -> tuple[int, int, int, int]:
     """(N, C, H, W) of NCHW16c data, C counting the padding channels."""
-    _require_rank(opname, "data", x, 5, f"(N, C/{OC_BLOCK}, H, W, {OC_BLOCK})")
+    require_rank(opname, "data", x, 5, f"(N, C/{OC_BLOCK}, H, W, {OC_BLOCK})")
     require(x.shape[4] == OC_BLOCK, f"{opname}: data in layout {BLOCKED_LAYOUT} must have "
                                     f"{OC_BLOCK} channels in its last axis")
     return _transformed_shape(x.shape, _TO_PLAIN)
@@ -697,7 +697,7 @@ def _blocked_data_shape(opname: str, x) -> tuple[int, int, int, int]:
 def _depthwise_geometry(ins, a) -> tuple[tuple[int, int, int, int], int, int]:
     """((N, C, H, W), KH, KW) after checking the weight (and bias) against the data."""
     data = _blocked_data_shape("depthwise_conv2d_blocked", ins[0])
-    _require_rank("depthwise_conv2d_blocked", "weight", ins[1], 5,
+    require_rank("depthwise_conv2d_blocked", "weight", ins[1], 5,
                   f"(C/{OC_BLOCK}, 1, KH, KW, {OC_BLOCK})")
     cb, one, kh, kw, ob = ins[1].shape
     require((cb, one, ob) == (data[1] // OC_BLOCK, 1, OC_BLOCK),
@@ -712,15 +712,15 @@ def _depthwise_geometry(ins, a) -> tuple[tuple[int, int, int, int], int, int]:
 @depthwise_conv2d_blocked.shape
 def _depthwise_blocked_shape(ins, a):
     data, kh, kw = _depthwise_geometry(ins, a)
-    out = (*data[:2], *_conv_out_hw(data, (data[1], 1, kh, kw), a))
+    out = (*data[:2], *conv_out_hw(data, (data[1], 1, kh, kw), a))
     return _transformed_shape(out, _TO_BLOCKED)
 
 
 @depthwise_conv2d_blocked.precision
 def _depthwise_blocked_precision(ins, a):
     _, kh, kw = _depthwise_geometry(ins, a)
-    _require_low_precision("depthwise_conv2d_blocked", ins)
-    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(kh * kw), ins)
+    require_low_precision("depthwise_conv2d_blocked", ins)
+    return bias_precision(ins[0].precision + ins[1].precision + bitlen(kh * kw), ins)
 
 
 def _depthwise_attrs(a, groups: int) -> Attrs:
@@ -732,7 +732,7 @@ def _depthwise_attrs(a, groups: int) -> Attrs:
 def _depthwise_blocked_reference(xs, a):
     x = _layout_transform_reference([xs[0]], _TO_PLAIN)
     w = _layout_transform_reference([xs[1]], _WEIGHT_TO_PLAIN)
-    y = _conv2d_reference([x, w, *xs[2:]], _depthwise_attrs(a, x.shape[1]))
+    y = conv2d_reference([x, w, *xs[2:]], _depthwise_attrs(a, x.shape[1]))
     return _layout_transform_reference([y], _TO_BLOCKED)
 
 
@@ -743,7 +743,7 @@ def _depthwise_blocked_lower(xs, a):
     n, cb, h, wd, ob = shape_of(x)
     kh, kw = shape_of(w)[2:4]
     (ph, pw), (sh, sw), (dh, dw) = a.padding, a.stride, a.dilation
-    oh, ow = _conv_out_hw((n, cb * ob, h, wd), (cb * ob, 1, kh, kw), a)
+    oh, ow = conv_out_hw((n, cb * ob, h, wd), (cb * ob, 1, kh, kw), a)
     read = x
     if ph or pw:
         # The padded input as its own int8 stage (data precision <= 8: exact), so the
@@ -791,7 +791,7 @@ max_pool2d_blocked = op(
 @max_pool2d_blocked.shape
 def _max_pool2d_blocked_shape(ins, a):
     data = _blocked_data_shape("max_pool2d_blocked", ins[0])
-    _, _, oh, ow = _pool_geometry(data, a)
+    _, _, oh, ow = pool_geometry(data, a)
     return (*ins[0].shape[:2], oh, ow, OC_BLOCK)
 
 
@@ -802,7 +802,7 @@ def _max_pool2d_blocked_precision(ins, a):
 
 @max_pool2d_blocked.reference
 def _max_pool2d_blocked_reference(xs, a):
-    y = _max_pool2d_reference([_layout_transform_reference([xs[0]], _TO_PLAIN)], a)
+    y = max_pool2d_reference([_layout_transform_reference([xs[0]], _TO_PLAIN)], a)
     return _layout_transform_reference([y], _TO_BLOCKED)
 
 

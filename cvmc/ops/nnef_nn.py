@@ -132,7 +132,7 @@ def _geometry(name: str, a: Attrs, shapes: list[tuple[int, ...]], size: Sequence
     return out, window_dims(a, up[first:], down[first:], size)
 
 
-def _conv_geometry(name: str, a: Attrs, x, w, reverse: bool):
+def conv_geometry(name: str, a: Attrs, x, w, reverse: bool):
     """(output shape, spatial dims, groups) of conv / deconv."""
     rule = deconv_shape if reverse else conv_shape
     out, dims = _geometry(name, a, [x, w], w[2:], rule, reverse, 2)
@@ -202,10 +202,11 @@ def _zero_outside(values: np.ndarray, inside: np.ndarray, border: str) -> np.nda
     return np.where(inside, values, 0.0) if border in ("constant", "ignore") else values
 
 
-def _conv_reference(name: str, reverse: bool) -> Callable:
+def conv_reference(name: str, reverse: bool) -> Callable:
+    """The reference rule of NNEF conv (`reverse` False) or deconv (True), in float64."""
     def rule(xs, a):
         x, w = xs[0], xs[1]
-        out, dims, groups = _conv_geometry(name, a, x.shape, w.shape, reverse)
+        out, dims, groups = conv_geometry(name, a, x.shape, w.shape, reverse)
         batch, cin, cout = x.shape[0], x.shape[1], out[1]
         acc = np.zeros((batch, groups, cout // groups) + out[2:])
         for _, js, srcs, inside, hit in _np_taps(dims, a.border, reverse, x.ndim, 2):
@@ -507,7 +508,7 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
         from cvmc.ops.te import DEPTHWISE, shape_of, te
 
         x, w = xs[0], xs[1]
-        out, dims, groups = _conv_geometry(name, a, shape_of(x), shape_of(w), reverse)
+        out, dims, groups = conv_geometry(name, a, shape_of(x), shape_of(w), reverse)
         cin_g, cout_g = shape_of(x)[1] // groups, out[1] // groups
         rc = te.reduce_axis((0, cin_g), "rc")
         taps, axes = _reduce_axes(dims, "rk")
@@ -888,7 +889,7 @@ for _name in ("box", "debox", "argmax_pool", "sample", "desample", "nnef.max_win
     lookup(_name).cost(lambda ins, outs, a: math.prod(a.size))  # window taps
 for _reverse, _name in ((False, "conv"), (True, "deconv")):
     lookup(_name).cost(lambda ins, outs, a: math.prod(ins[1].shape[1:]))  # C/G x taps
-    lookup(_name).reference(_conv_reference(_name, _reverse))
+    lookup(_name).reference(conv_reference(_name, _reverse))
     lookup(_name).lower(_conv_lower(_name, _reverse))
 for _reverse, _name in ((False, "box"), (True, "debox")):
     lookup(_name).reference(_box_reference(_name, _reverse))

@@ -24,7 +24,7 @@ import numpy as np
 
 from cvmc.ops.common import bitlen, require
 from cvmc.ops.conv_nd import conv_nd_compute, conv_nd_reference, out_sizes
-from cvmc.ops.nn import _bias_precision, _require_low_precision
+from cvmc.ops.nn import bias_precision, require_low_precision
 from cvmc.ops.registry import Attr, Fusion, op
 from cvmc.ops.transform import MAX_DIM, MAX_VOLUME
 
@@ -127,10 +127,10 @@ def _shape(ins, a):
 
 @convolution.precision
 def _precision(ins, a):
-    _require_low_precision(NAME, ins, ("src", "weights"))
+    require_low_precision(NAME, ins, ("src", "weights"))
     _, ws, _, _ = _geometry(ins, a)
     taps = ws[1] * int(np.prod(ws[2:]))
-    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(taps), ins)
+    return bias_precision(ins[0].precision + ins[1].precision + bitlen(taps), ins)
 
 
 @convolution.reference
