@@ -1,7 +1,7 @@
 """x86 schedules for `conv2d_packed` kernels: AVX-512 VNNI, AVX2 (`vpmaddwd`), and a
 plain vector loop.
 
-The kernel's stages (see `cvmc/ops/layout.py`): `conv2d_packed_data` (the input as
+The kernel's stages (see `cvmc/ops/packed.py`): `conv2d_packed_data` (the input as
 unsigned bytes, 4 channels per 32-bit word, kept as a buffer), `conv2d_packed_acc` (the
 u8 x s8 dot products into int32, 16 output channels per vector) and the epilogue
 (compensation, bias, shift, clip, relu, cast), inlined into the kernel's output stage.

@@ -1,4 +1,4 @@
-"""CPU schedules for float `conv_packed` kernels (`cvmc/ops/layout.py`): a register tile of
+"""CPU schedules for float `conv_packed` kernels (`cvmc/ops/packed_llvm.py`): a register tile of
 FMAs, output channels in the vector lanes.
 
 The kernel's stages: `conv_packed_pad` (the zero-padded input, kept as a buffer where a

@@ -10,7 +10,7 @@ panel of B from cache. Each output element is the sum of its K products in the o
 0, 1, ... whatever the thread count: the same bits at any TVM_NUM_THREADS.
 
 `matmul_packed` (a constant B packed into column panels at compile time, `cvmc/ops/
-matmul.py`): the same tile, one panel wide, reads its panel contiguously; where a panel
+packed_llvm.py`): the same tile, one panel wide, reads its panel contiguously; where a panel
 does not fit a 16 KB block of L1, its K loop is blocked: for each panel and K block, every
 row block, the panel's sums kept in a buffer from one K block to the next (each element's
 sum still runs k = 0, 1, ...: the unblocked tile's bits).

@@ -1,12 +1,10 @@
 """All operators. Importing this package registers every op and runs the self-check."""
 from cvmc.ops import (  # noqa: F401  (imported for their registrations)
-    arith,
     broadcast,
     cinn,
     cinn_conv,
     elemwise,
     layout,
-    matmul,
     nn,
     nnef_math,
     nnef_nn,
@@ -14,6 +12,8 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     nnef_std_nn,
     nnef_tensor,
     onednn,
+    packed,
+    packed_llvm,
     reduce,
     transform,
     transformer,
@@ -21,7 +21,6 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
 )
 from cvmc.ops.registry import Attrs, OpDef, all_ops, check_registry, lookup
 
-arith.register()
 check_registry()
 
 __all__ = ["Attrs", "OpDef", "all_ops", "lookup"]

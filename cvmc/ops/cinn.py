@@ -63,7 +63,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cvmc.ops.broadcast import broadcast_shapes, np_div, np_operands, te_broadcast, te_div
-from cvmc.ops.common import bitlen, prec_max, require
+from cvmc.ops.common import arith_per_input, bitlen, mac_ops, no_arith, prec_max, require
 from cvmc.ops.nnef_math import (
     FORMULAS,
     TRANSCENDENTAL_ULP,
@@ -83,11 +83,12 @@ _REDUCTION = Fusion.REDUCTION
 
 def _declare(name: str, inputs: Sequence[str], types: str, fusion: Fusion,
              attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("out",),
-             precision_rule: str = "", aliases: Sequence[str] = (), ulp: int = 0) -> OpDef:
+             precision_rule: str = "", aliases: Sequence[str] = (), ulp: int = 0,
+             multiply_add: bool = False) -> OpDef:
     """Register `cinn.<name>` (the spec's primitive, snake_case)."""
     return op(f"cinn.{name}", family="cinn", seeds=("cinn",), inputs=inputs, types=types,
               attrs=attrs, outputs=outputs, fusion=fusion, precision_rule=precision_rule,
-              aliases=tuple(f"cinn.{a}" for a in aliases), ulp=ulp)
+              aliases=tuple(f"cinn.{a}" for a in aliases), ulp=ulp, multiply_add=multiply_add)
 
 
 def holding(r: int) -> int:
@@ -230,6 +231,7 @@ for _name, _how in CLASSIFY.items():
 
 _identity = _declare("identity", ("x",), "? -> ?", _ELEMWISE)
 _attach(_identity, (np.copy, lambda x: x), (np.copy, lambda x: x), "identity")
+_identity.arith(no_arith)  # GOPS: it copies
 _attach(_declare("logical_not", ("x",), "logical -> logical", _ELEMWISE), None,
         (np.logical_not, lambda x: ~x), "logical_not")
 # ~x = -x - 1 reaches -2^(p-1), one past precision p's range
@@ -469,7 +471,9 @@ def _dot_k(ins) -> int:
 
 
 dot = _declare("dot", ("x", "y"), "numeric, numeric -> numeric", _REDUCTION,
-               precision_rule="bits of K * (2^(p_x-1) - 1) * (2^(p_y-1) - 1)")
+               precision_rule="bits of K * (2^(p_x-1) - 1) * (2^(p_y-1) - 1)", multiply_add=True)
+# GOPS: 2 per multiply-add, K of them per output element
+dot.arith(lambda ins, outs, a: mac_ops(outs[0].size, ins[0].shape[-1]))
 
 
 @dot.shape
@@ -581,6 +585,7 @@ def _channel_reduced(name: str, x: tuple[int, ...]) -> tuple[int, ...]:
 
 bn_mean_variance = _declare("bn_mean_variance", ("input",), "scalar -> scalar", _REDUCTION,
                             outputs=("sum", "square_sum"))
+bn_mean_variance.arith(arith_per_input(3))  # GOPS: sum x and sum x^2 per input element
 
 
 @bn_mean_variance.shape
@@ -609,6 +614,8 @@ def _bn_mean_variance_lower(xs, a):
 bn_grad_bias_scale = _declare("bn_grad_bias_scale", ("input", "grad", "save_mean"),
                               "scalar, scalar, scalar -> scalar", _REDUCTION,
                               outputs=("bias_grad", "scale_grad"))
+# GOPS: sum g and sum g (x - mean) per input element
+bn_grad_bias_scale.arith(arith_per_input(4))
 
 
 @bn_grad_bias_scale.shape
@@ -773,6 +780,7 @@ gather_rules(transpose, _transpose_map)
 const_scalar = _declare("const_scalar", (), "-> ?", Fusion.OPAQUE,
                         attrs=(Attr("value", "literal"),),
                         precision_rule="bits of |value| (integer values)")
+const_scalar.arith(no_arith)  # GOPS: it computes nothing
 
 
 @const_scalar.kind

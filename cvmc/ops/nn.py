@@ -8,10 +8,11 @@ is MAX_ATTR - 1.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
-from cvmc.ops.common import INT32_MIN, bitlen, check_window_fits, require
+from cvmc.ops.common import INT32_MIN, bitlen, check_window_fits, mac_ops, require
 from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, op
 
 _HI = MAX_ATTR - 1
@@ -130,6 +131,7 @@ def gather_windows(xp: np.ndarray, oh: int, ow: int, k, stride, dil) -> np.ndarr
 # ---- conv2d ---------------------------------------------------------------------------
 conv2d = op(
     "conv2d", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
+    multiply_add=True,
     attrs=(
         pair_attr("padding", 0, (0, 0)),
         pair_attr("stride", 1, (1, 1), aliases=("strides",), cvm_name="strides"),
@@ -254,6 +256,12 @@ def _conv2d_lower(xs, a):
     return _lower_bias(y, xs, 1, "conv2d_bias")
 
 
+@conv2d.arith
+def _conv2d_arith(ins, outs, a):
+    """2 per multiply-add: output elements x C/groups x KH x KW."""
+    return mac_ops(outs[0].size, math.prod(ins[1].shape[1:]))
+
+
 @conv2d.cost
 def _conv2d_cost(ins, outs, a):
     _, ic, kh, kw = ins[1].shape
@@ -263,6 +271,7 @@ def _conv2d_cost(ins, outs, a):
 # ---- dense ----------------------------------------------------------------------------
 dense = op(
     "dense", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
+    multiply_add=True,
     attrs=(
         # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
         Attr("units", "int?", None, lo=1),
@@ -305,6 +314,12 @@ def _dense_lower(xs, a):
     rk = te.reduce_axis((0, k), name="rk")
     y = te.compute((m, units), lambda i, j: te.sum(x[i, rk] * w[j, rk], axis=rk), name="dense")
     return _lower_bias(y, xs, 1, "dense_bias")
+
+
+@dense.arith
+def _dense_arith(ins, outs, a):
+    """2 per multiply-add: output elements x input features."""
+    return mac_ops(outs[0].size, ins[1].shape[1])
 
 
 @dense.cost
@@ -424,7 +439,7 @@ def _max_pool2d_lower(xs, a):
 def lower_max_pool(x, a, name: str):
     """TE of max_pool2d on `x` (N, C, H, W), or (N, C/16, H, W, 16) blocked: rows and
     columns are axes 2 and 3 in both layouts, a blocked tensor's inner channel axis rides
-    along (`cvmc.ops.layout`'s max_pool2d_blocked)."""
+    along (`cvmc.ops.packed`'s max_pool2d_blocked)."""
     from cvmc.ops.te import INTERIOR, shape_of, te, tirx
     ph, pw, oh, ow = pool_geometry(shape_of(x), a)
     (kh, kw), (sh, sw) = a.pool_size, a.strides
@@ -458,6 +473,12 @@ def lower_max_pool(x, a, name: str):
                           attrs={INTERIOR: [3, start, stop]})
     return te.compute((*shape[:2], oh, ow), lambda n, c, p, q: window_max(n, c, p, q),
                       name=name, attrs={INTERIOR: [3, start, stop]})
+
+
+@max_pool2d.arith
+def _max_pool2d_arith(ins, outs, a):
+    """One comparison per window tap of each output element."""
+    return outs[0].size * math.prod(a.pool_size)
 
 
 @max_pool2d.cost

@@ -54,7 +54,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from cvmc.ops.common import require
+from cvmc.ops.common import arith_per_output, mac_ops, no_arith, require
 from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nnef_math import np_broadcast, te_broadcast
 from cvmc.ops.nnef_std import BORDERS, declare
@@ -84,9 +84,9 @@ _GROUPS = Attr("groups", "int", 1, lo=0)
 # conv anchors a kernel with its element-wise epilogue (bias, relu, clamp) on the CPU; on
 # CUDA dlight wants it alone (`Target.epilogue_anchors`).
 declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
-        (*window_attrs(CONV_BORDERS), _GROUPS), fusion=Fusion.OUT_ELEMWISE)
+        (*window_attrs(CONV_BORDERS), _GROUPS), fusion=Fusion.OUT_ELEMWISE, multiply_add=True)
 declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
-        (*window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS))
+        (*window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS), multiply_add=True)
 
 _SIZE = Attr("size", "ints", lo=1)
 _NORMALIZE = Attr("normalize", "bool", False)
@@ -887,6 +887,21 @@ def _index_precision(ins, a) -> int:
 # Operations per output element: the reference interpreter bounds a node's work by them.
 for _name in ("box", "debox", "argmax_pool", "sample", "desample", "nnef.max_window"):
     lookup(_name).cost(lambda ins, outs, a: math.prod(a.size))  # window taps
+# GOPS: 2 per multiply-add, output elements x C/G x taps (a deconv: its input elements);
+# windows one comparison or addition per tap (debox: each input element into each output of
+# its window); multilinear a multiply-add per corner; RoI cells as large as the rois'
+# values make them: one per output element; sample and desample only select values.
+lookup("conv").arith(lambda ins, outs, a: mac_ops(outs[0].size, math.prod(ins[1].shape[1:])))
+lookup("deconv").arith(lambda ins, outs, a: mac_ops(ins[0].size, math.prod(ins[1].shape[1:])))
+for _name in ("box", "argmax_pool", "nnef.max_window"):
+    lookup(_name).arith(lambda ins, outs, a: outs[0].size * math.prod(a.size))
+lookup("debox").arith(lambda ins, outs, a: ins[0].size * math.prod(a.size))
+lookup("multilinear_upsample").arith(
+    lambda ins, outs, a: mac_ops(outs[0].size, 2 ** len(a.factor)))
+for _name in ("avg_roi_pool", "max_roi_pool", "roi_resample"):
+    lookup(_name).arith(arith_per_output)
+for _name in ("sample", "desample"):
+    lookup(_name).arith(no_arith)
 for _reverse, _name in ((False, "conv"), (True, "deconv")):
     lookup(_name).cost(lambda ins, outs, a: math.prod(ins[1].shape[1:]))  # C/G x taps
     lookup(_name).reference(conv_reference(_name, _reverse))

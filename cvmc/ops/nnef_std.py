@@ -35,13 +35,15 @@ def fmt(values: Sequence[int]) -> str:
 
 def declare(name: str, rule: ShapeRule, inputs: Sequence[str], types: str,
             attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("output",),
-            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "", ulp: int = 0) -> OpDef:
+            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "", ulp: int = 0,
+            multiply_add: bool = False) -> OpDef:
     """Register an NNEF primitive (`types` as its stdlib declaration has them, see
     `registry`) whose shape rule sees plain input shapes; the caller attaches the
     reference and lower rules (and the precision rule `precision_rule` describes, for an
     integer result)."""
     d = op(name, family="nnef", seeds=("nnef",), types=types, inputs=inputs, attrs=attrs,
-           outputs=outputs, fusion=fusion, precision_rule=precision_rule, ulp=ulp)
+           outputs=outputs, fusion=fusion, precision_rule=precision_rule, ulp=ulp,
+           multiply_add=multiply_add)
     label = name.removeprefix("nnef.")  # messages use the name the document spells
 
     @d.shape

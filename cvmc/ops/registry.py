@@ -33,11 +33,14 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   2 per multiply-add, the convention of every GOPS figure. Default by fusion kind:
   element-wise and broadcast ops their output elements x (inputs - 1), at least 1;
   reductions their input elements; injective ops (data movement) 0; any other op its
-  output elements. `cvmc/ops/arith.py` gives the ops these do not fit.
+  output elements. The entries these do not fit attach their own (`common.mac_ops`,
+  `no_arith`, `arith_per_input`, `arith_per_output` help).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
 Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
-and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes).
+and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes),
+`multiply_add` (the `arith` operations are multiply-adds, 2 each: the MACs `cvmc check`
+totals) and `backends` (the targets that compile the op).
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
 Two kinds of ops share the registry:
@@ -223,8 +226,11 @@ class OpDef:
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
                  types: str = "", cvm_name: str = "", ulp: int = 0,
-                 backends: Sequence[str] = ("llvm", "cuda")):
+                 backends: Sequence[str] = ("llvm", "cuda"), multiply_add: bool = False):
         self.name = name
+        # a convolution or matrix product: its `arith` operations are multiply-adds (2
+        # each), whose count `cvmc check` totals as MACs
+        self.multiply_add = multiply_add
         # the targets that compile the op: ("llvm",) for the float layouts that only the
         # llvm pipeline's passes write (pack-float-convs, block-float-activations,
         # pack-matmul-weights); CUDA refuses them (`lower_graph`)

@@ -34,7 +34,7 @@ import numpy as np
 from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
-from cvmc.ops.layout import (
+from cvmc.ops.packed import (
     BLOCKED_LAYOUT,
     DEPTHWISE_WEIGHT_LAYOUT,
     MAX_PACKED_REDUCTION,
