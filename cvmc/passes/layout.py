@@ -70,7 +70,7 @@ def pack_conv_weights(graph: Graph, target: Target) -> Graph:
         return output
 
     def fresh(stem: str) -> str:
-        return _fresh(stem, taken)
+        return fresh_name(stem, taken)
 
     def packed_conv(x: str, w: str, oc: int, bias: list[str], attrs: dict, out: str,
                     span) -> None:
@@ -179,9 +179,9 @@ def block_activations(graph: Graph, target: Target | None = None) -> Graph:
     taken = set(graph.values())
     # The blocked version's name: a new one where the NCHW value stays too (seeds, values
     # with other readers or that are graph outputs).
-    name = {v: _fresh(f"{v}_{BLOCKED_LAYOUT.lower()}", taken)
-            if v in seeds or v in outputs or not all(aware(c, v) for c in consumers[v]) else v
-            for v in sorted(blocked)}
+    name = {v: fresh_name(f"{v}_{BLOCKED_LAYOUT.lower()}", taken)
+                if v in seeds or v in outputs or not all(aware(c, v) for c in consumers[v]) else v
+                for v in sorted(blocked)}
 
     def transform(value: str, to_blocked: bool, span=None) -> Node:
         src, dst = (value, name[value]) if to_blocked else (name[value], value)
@@ -221,7 +221,7 @@ def _blocked_form(node: Node, taken: set[str]) -> tuple[Node, list[Node]]:
         attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
         return Node("max_pool2d_blocked", node.inputs, node.outputs, attrs, span=node.span), []
     x, w, *bias = node.inputs
-    packed = _fresh(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}", taken)
+    packed = fresh_name(f"{w}_{DEPTHWISE_WEIGHT_LAYOUT.lower()}", taken)
     transform = Node("layout_transform", (w,), (packed,),
                      {"src_layout": "OIHW", "dst_layout": DEPTHWISE_WEIGHT_LAYOUT},
                      span=node.span)
@@ -231,7 +231,7 @@ def _blocked_form(node: Node, taken: set[str]) -> tuple[Node, list[Node]]:
                 span=node.span), [transform]
 
 
-def _fresh(stem: str, taken: set[str]) -> str:
+def fresh_name(stem: str, taken: set[str]) -> str:
     """A value name not yet in `taken` (added to it)."""
     name, k = stem, 0
     while name in taken:

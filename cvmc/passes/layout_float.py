@@ -25,7 +25,7 @@ from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
 from cvmc.ops.registry import Fusion
-from cvmc.passes.layout import _fresh
+from cvmc.passes.layout import fresh_name
 from cvmc.passes.simplify import eliminate_dead_code, fold_constants
 from cvmc.passes.target import Target
 
@@ -60,8 +60,8 @@ def pack_float_convs(graph: Graph, target: Target) -> Graph:
         (x, w, *bias), a = node.inputs, node.attrs
         oc = graph.types[w].shape[0]
         value = _pack_filter(graph, w, block, taken, nodes, node.span)
-        nodes.append(_node("conv_packed", (x, value, *bias), node.outputs[0],
-                           {**_window(a), "channels": oc}, node.span))
+        nodes.append(normalized_node("conv_packed", (x, value, *bias), node.outputs[0],
+                                     {**_window(a), "channels": oc}, node.span))
     return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph
 
 
@@ -82,8 +82,8 @@ def append_chain(value: str, steps: list[tuple[str, dict]], taken: set[str],
     from `value` (a compile-time packing that constant folding evaluates); the last name."""
     source = value
     for op, attrs in steps:
-        out = _fresh(f"{source}_packed", taken)
-        nodes.append(_node(op, (value,), out, attrs, span))
+        out = fresh_name(f"{source}_packed", taken)
+        nodes.append(normalized_node(op, (value,), out, attrs, span))
         value = out
     return value
 
@@ -94,7 +94,7 @@ def _window(a) -> dict:
     return {k: a[k] for k in ("border", "padding", "stride", "dilation")}
 
 
-def _node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span) -> Node:
+def normalized_node(op: str, inputs: tuple[str, ...], output: str, attrs: dict, span) -> Node:
     """`output = op(inputs, attrs)`, its attributes normalized."""
     return Node(op, inputs, (output,), dict(lookup(op).normalize_attrs(attrs)), span=span)
 
@@ -210,7 +210,7 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
     layout = f"NCHW{block}c"
     name = {v: v if v not in outputs and all(_reads_blocked(graph, c, v, blocked)
                                              for c in consumers.get(v, []))
-            else _fresh(f"{v}_{layout.lower()}", taken) for v in sorted(blocked)}
+            else fresh_name(f"{v}_{layout.lower()}", taken) for v in sorted(blocked)}
     brought: dict[str, str] = {}  # an NCHW operand -> its blocked copy
 
     def bring(value: str, shape: tuple[int, ...], span) -> str:
@@ -223,18 +223,18 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
         if value not in brought:
             padded = [*operand, *(1,) * (4 - len(operand))]
             if padded[1] == 1:  # the same for every channel: lanes of 1
-                out = _fresh(f"{value}_{layout.lower()}", taken)
-                nodes.append(_node("nnef.reshape", (value,), out,
-                                   {"shape": [*padded, 1]}, span))
+                out = fresh_name(f"{value}_{layout.lower()}", taken)
+                nodes.append(normalized_node("nnef.reshape", (value,), out,
+                                             {"shape": [*padded, 1]}, span))
             else:
                 source = value
                 if len(operand) < 4:
-                    source = _fresh(f"{value}_nchw", taken)
-                    nodes.append(_node("nnef.reshape", (value,), source, {"shape": padded},
-                                       span))
-                out = _fresh(f"{value}_{layout.lower()}", taken)
-                nodes.append(_node("float_layout_transform", (source,), out,
-                                   {"src_layout": "NCHW", "dst_layout": layout}, span))
+                    source = fresh_name(f"{value}_nchw", taken)
+                    nodes.append(normalized_node("nnef.reshape", (value,), source,
+                                                 {"shape": padded}, span))
+                out = fresh_name(f"{value}_{layout.lower()}", taken)
+                nodes.append(normalized_node("float_layout_transform", (source,), out,
+                                             {"src_layout": "NCHW", "dst_layout": layout}, span))
             brought[value] = out
         return brought[value]
 
@@ -247,18 +247,18 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
             if data or computes:
                 attrs = {**node.attrs, "data_layout": layout if data else "NCHW",
                          "out_layout": layout if computes else "NCHW"}
-                node = _node("conv_packed_blocked", (name[x] if data else x, *rest), out,
-                             attrs, node.span)
+                node = normalized_node("conv_packed_blocked", (name[x] if data else x, *rest), out,
+                                       attrs, node.span)
         elif computes and node.op == "conv":
             (x, w, *bias), a = node.inputs, node.attrs
             packed = _pack_filter(graph, w, block, taken, nodes, node.span)
-            node = _node("depthwise_conv_blocked", (name[x], packed, *bias), out, _window(a),
-                         node.span)
+            node = normalized_node("depthwise_conv_blocked", (name[x], packed, *bias), out,
+                                   _window(a), node.span)
         elif computes and node.op in _POOLS:
             # () (the defaults: 1s, NNEF's automatic padding) means the same on any rank
             attrs = {**node.attrs, **{k: (*node.attrs[k], v) for k, v in _LANE_WINDOW.items()
                                       if node.attrs[k] != ()}}
-            node = _node(node.op, (name[node.inputs[0]],), out, attrs, node.span)
+            node = normalized_node(node.op, (name[node.inputs[0]],), out, attrs, node.span)
         elif computes:
             shape = types[out].shape
             node = dataclasses.replace(node, inputs=tuple(bring(i, shape, node.span)
@@ -267,8 +267,8 @@ def block_float_activations(graph: Graph, target: Target) -> Graph:
             node = dataclasses.replace(node, outputs=(name[out],))
         nodes.append(node)
         if computes and name[out] != out:
-            nodes.append(_node("float_layout_transform", (name[out],), out,
-                               {"src_layout": layout, "dst_layout": "NCHW"}, node.span))
+            nodes.append(normalized_node("float_layout_transform", (name[out],), out,
+                                         {"src_layout": layout, "dst_layout": "NCHW"}, node.span))
     # a new name declares its element type; `retype` gives its shape
     types = {**types, **{name[v]: types[v] for v in blocked},
              **{v: types[k] for k, v in brought.items()}}

@@ -29,8 +29,8 @@ from __future__ import annotations
 from cvmc.ir import Graph, Node
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
-from cvmc.passes.layout import _fresh
-from cvmc.passes.layout_float import _node, append_chain, float_conv_block
+from cvmc.passes.layout import fresh_name
+from cvmc.passes.layout_float import append_chain, float_conv_block, normalized_node
 from cvmc.passes.target import Target
 
 
@@ -47,7 +47,7 @@ def untranspose_matmul_weights(graph: Graph, target: Target | None = None) -> Gr
             continue
         rank = graph.types[b].ndim
         axes = [*range(rank - 2), rank - 1, rank - 2]
-        wt = _fresh(f"{b}_t", taken)
+        wt = fresh_name(f"{b}_t", taken)
         nodes.append(Node("nnef.transpose", (b,), (wt,),
                           dict(lookup("nnef.transpose").normalize_attrs({"axes": axes})),
                           span=node.span))
@@ -84,6 +84,6 @@ def pack_matmul_weights(graph: Graph, target: Target) -> Graph:
             [("nnef.reshape", {"shape": [*batch, k, -(-n // cols), cols]}),
              ("nnef.transpose", {"axes": [*range(rank - 2), rank - 1, rank - 2, rank]})]
         value = append_chain(w, steps, taken, nodes, node.span)
-        nodes.append(_node("matmul_packed", (a, value), node.outputs[0], {"columns": n},
-                           node.span))
+        nodes.append(normalized_node("matmul_packed", (a, value), node.outputs[0], {"columns": n},
+                                     node.span))
     return retype(graph.replace(nodes=nodes)) if len(nodes) > len(graph.nodes) else graph
