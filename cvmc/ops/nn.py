@@ -137,10 +137,13 @@ conv2d = op(
         pair_attr("stride", 1, (1, 1), aliases=("strides",), cvm_name="strides"),
         pair_attr("dilation", 1, (1, 1)),
         Attr("groups", "int", 1, lo=1),
-        # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
-        Attr("channels", "int?", None, lo=1),
-        Attr("kernel_size", "ints", None, lo=1, length=2),
-        Attr("use_bias", "bool", None),
+        # CVM-Runtime attributes: optional, and when given they must agree with the inputs;
+        # CVM-Runtime requires them, so export writes them from the weight's shape and the
+        # bias where a node leaves them unset.
+        Attr("channels", "int?", None, lo=1, cvm_derive=lambda shapes: shapes[1][0]),
+        Attr("kernel_size", "ints", None, lo=1, length=2,
+             cvm_derive=lambda shapes: tuple(shapes[1][2:])),
+        Attr("use_bias", "bool", None, cvm_derive=lambda shapes: len(shapes) == 3),
         Attr("layout", "str", "NCHW", choices=("NCHW",)),
         Attr("kernel_layout", "str", "OIHW", choices=("OIHW",)),
     ),
@@ -273,9 +276,10 @@ dense = op(
     "dense", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
     multiply_add=True,
     attrs=(
-        # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
-        Attr("units", "int?", None, lo=1),
-        Attr("use_bias", "bool", None),
+        # CVM-Runtime attributes: optional, and when given they must agree with the inputs
+        # (export writes them from the weight's shape and the bias, as for conv2d).
+        Attr("units", "int?", None, lo=1, cvm_derive=lambda shapes: shapes[1][0]),
+        Attr("use_bias", "bool", None, cvm_derive=lambda shapes: len(shapes) == 3),
     ),
     precision_rule="p_x + p_w + bitlen(K); with bias max(that, p_b) + 1; p_x, p_w <= 8")
 

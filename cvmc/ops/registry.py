@@ -106,6 +106,8 @@ class Attr:
     length: required list length for "ints" (a single int is broadcast to it when
     scalar_ok). aliases: other spellings accepted on input (CVM-Runtime, spec variants).
     cvm_name: the alias CVM-Runtime's JSON spells it by, which export writes ("": name).
+    cvm_derive: for an optional attribute that CVM-Runtime requires, its value from the
+    node's input shapes, which export writes where the node leaves it unset.
     """
 
     name: str
@@ -118,6 +120,7 @@ class Attr:
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     cvm_name: str = ""
+    cvm_derive: Callable[[list[tuple[int, ...]]], Any] | None = None
 
     @property
     def nnef_type(self) -> str:

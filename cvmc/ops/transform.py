@@ -12,6 +12,7 @@ because `//`, `%`, `+` and `*` mean the same on both for the non-negative indice
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -435,7 +436,9 @@ def _take_low(xs, a):
 # first spec file lists X first but only defines cvm_lut as take(X, indices, axis=None).
 cvm_lut = op("cvm_lut", family="transform", inputs=("indices", "table"),
              fusion=Fusion.INJECTIVE, precision_rule="p_table (indices are clipped)",
-             attrs=(Attr("in_dim", "int?", None, lo=1),))  # CVM-Runtime's; not in the spec
+             # CVM-Runtime's, not in the spec: its parser requires it (the table's size)
+             attrs=(Attr("in_dim", "int?", None, lo=1,
+                         cvm_derive=lambda shapes: math.prod(shapes[1])),))
 
 
 @cvm_lut.shape
