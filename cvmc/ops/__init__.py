@@ -2,6 +2,7 @@
 from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     broadcast,
     cinn,
+    cinn_array,
     cinn_conv,
     elemwise,
     layout,
