@@ -131,7 +131,7 @@ def gather_windows(xp: np.ndarray, oh: int, ow: int, k, stride, dil) -> np.ndarr
 # ---- conv2d ---------------------------------------------------------------------------
 conv2d = op(
     "conv2d", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
-    multiply_add=True,
+    multiply_add=True, packed_on=("llvm", "cuda"), epilogue_on=("llvm", "cuda"),
     attrs=(
         pair_attr("padding", 0, (0, 0)),
         pair_attr("stride", 1, (1, 1), aliases=("strides",), cvm_name="strides"),
@@ -274,7 +274,11 @@ def _conv2d_cost(ins, outs, a):
 # ---- dense ----------------------------------------------------------------------------
 dense = op(
     "dense", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
-    multiply_add=True,
+    multiply_add=True, epilogue_on=("llvm", "cuda"),
+    # CUDA keeps dense as it is (its own dp4a rule, a warp per output): as a conv on one
+    # pixel it gives too few threads (H200: dense 1024 -> 1000 81 us, under 15 us as
+    # dlight's GEMV on int32)
+    packed_on=("llvm",),
     attrs=(
         # CVM-Runtime attributes: optional, and when given they must agree with the inputs
         # (export writes them from the weight's shape and the bias, as for conv2d).

@@ -65,7 +65,7 @@ CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
 _OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
 _GROUPS = Attr("groups", "int", 1, lo=0)
 # conv anchors a kernel with its element-wise epilogue (bias, relu, clamp) on the CPU; on
-# CUDA dlight wants it alone (`Target.epilogue_anchors`).
+# CUDA dlight wants it alone (`epilogue_on` llvm only, as every op's by default).
 declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*window_attrs(CONV_BORDERS), _GROUPS), fusion=Fusion.OUT_ELEMWISE, multiply_add=True)
 declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",

@@ -52,6 +52,7 @@ _ACTIVATION_LAYOUTS = ("NCHW", BLOCKED_LAYOUT)
 conv2d_packed = op(
     "conv2d_packed", family="layout", inputs=("data", "weight", "compensation", "bias?"),
     fusion=Fusion.OUT_ELEMWISE, seeds=("cvmc",), multiply_add=True,
+    epilogue_on=("llvm", "cuda"),
     attrs=(
         pair_attr("padding", 0, (0, 0)),
         pair_attr("stride", 1, (1, 1)),

@@ -40,7 +40,9 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
 Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
 and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes),
 `multiply_add` (the `arith` operations are multiply-adds, 2 each: the MACs `cvmc check`
-totals) and `backends` (the targets that compile the op).
+totals), `backends` (the targets that compile the op), `packed_on` (the targets whose
+layout pass packs the op's weight into `conv2d_packed`) and `epilogue_on` (the targets on
+which a kernel the op anchors takes its element-wise epilogue).
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
 Two kinds of ops share the registry:
@@ -229,11 +231,20 @@ class OpDef:
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
                  types: str = "", cvm_name: str = "", ulp: int = 0,
-                 backends: Sequence[str] = ("llvm", "cuda"), multiply_add: bool = False):
+                 backends: Sequence[str] = ("llvm", "cuda"), multiply_add: bool = False,
+                 packed_on: Sequence[str] = (), epilogue_on: Sequence[str] = ("llvm",)):
         self.name = name
         # a convolution or matrix product: its `arith` operations are multiply-adds (2
         # each), whose count `cvmc check` totals as MACs
         self.multiply_add = multiply_add
+        # the targets whose layout pass (cvmc.passes.layout) gives the op's constant weight
+        # the packed layout of `conv2d_packed`
+        self.packed_on = tuple(packed_on)
+        # the targets on which a kernel the op anchors (out-elementwise-fusable) takes its
+        # element-wise epilogue: on llvm every anchor; on CUDA those a row of the CUDA
+        # schedule table is anchored on (dlight, which schedules the rest, wants a
+        # reduction alone)
+        self.epilogue_on = tuple(epilogue_on)
         # the targets that compile the op: ("llvm",) for the float layouts that only the
         # llvm pipeline's passes write (pack-float-convs, block-float-activations,
         # pack-matmul-weights); CUDA refuses them (`lower_graph`)

@@ -1,4 +1,5 @@
-"""The text generated from the op records: NNEF declarations and the docs' op table.
+"""The text generated from the op records (NNEF declarations, the docs' op table), and
+the records' packing and epilogue facts against the Target's (cvmc.passes.target).
 
 Oracle for the declarations: Khronos' stdlib (`cvmc/frontend/stdlib.nnef`, the spec's
 text verbatim), parsed by the frontend's fragment reader. Every primitive it declares
@@ -61,3 +62,18 @@ def test_docs_op_table_is_what_the_records_give():
     """docs/ops.md is generated: rerun `cvmc ops --markdown > docs/ops.md` after changing
     an op's record."""
     assert (ROOT / "docs" / "ops.md").read_text() == op_table()
+
+
+def test_packing_and_epilogue_facts_are_the_targets():
+    """The records' `packed_on` / `epilogue_on` and what each Target packs and anchors with
+    an epilogue (cvmc.passes.target) say the same."""
+    from cvmc.ops import all_ops
+    from cvmc.passes.target import Target
+
+    llvm, cuda = Target("llvm"), Target("cuda")
+    for target in (llvm, cuda):
+        assert {d.name for d in all_ops() if target.packs(d.name)} == \
+            {d.name for d in all_ops() if target.kind in d.packed_on}
+    # llvm: every anchor takes its epilogue (None: any op)
+    assert llvm.epilogue_anchors is None and all("llvm" in d.epilogue_on for d in all_ops())
+    assert cuda.epilogue_anchors == {d.name for d in all_ops() if "cuda" in d.epilogue_on}
