@@ -9,6 +9,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     nn,
     nnef_math,
     nnef_nn,
+    nnef_pool,
     nnef_resample,
     nnef_std,
     nnef_std_nn,

@@ -1,9 +1,10 @@
-"""NNEF's sliding-window primitives (spec 4.3): conv, deconv, box, debox, argmax_pool,
-sample, desample (and cvmc's max_window): their entries (declarations, reference and lower
-rules). Their shape rules and argument checks are in `nnef_std_nn`; the up-sampling and RoI
-primitives are in `nnef_resample`. The stdlib compounds built on them (max_pool, avg_pool,
-rms_pool, separable_conv, nearest/area down-sampling, the local normalizations) expand
-into them.
+"""NNEF's sliding-window primitives (spec 4.3): conv, deconv, box, debox here, with the
+window geometry, taps and borders they share with the index-based ones (argmax_pool,
+sample, desample, cvmc's max_window: `nnef_pool`); their entries (declarations, reference
+and lower rules). Their shape rules and argument checks are in `nnef_std_nn`; the
+up-sampling and RoI primitives are in `nnef_resample`. The stdlib compounds built on them
+(max_pool, avg_pool, rms_pool, separable_conv, nearest/area down-sampling, the local
+normalizations) expand into them.
 
 Every reference is the spec formula in NumPy (float64): a window tap j of output position i
 reads the extended input at i * s + j * d - p (basic ops) or (i + p - j * d) / s where that
@@ -40,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from cvmc.ops.common import mac_ops, no_arith, require
+from cvmc.ops.common import mac_ops
 from cvmc.ops.conv_nd import padded_input
 from cvmc.ops.nnef_math import np_broadcast, te_broadcast
 from cvmc.ops.nnef_std import BORDERS, declare
@@ -50,52 +51,34 @@ from cvmc.ops.nnef_std_nn import (
     conv_shape,
     debox_shape,
     deconv_shape,
-    desample_shape,
-    sample_shape,
     window_attrs,
     window_dims,
 )
 from cvmc.ops.registry import Attr, Attrs, Fusion, lookup
 
-INDEX_BITS = 29  # argmax_pool windows have at most 2^29 taps (the low bits of its key)
-
 # ---- the entries' declarations (their shape rules: nnef_std_nn) -------------------------
 CONV_BORDERS = BORDERS[1:]  # every mode but 'ignore' (spec 4.3.1)
 
-_OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)
+OUTPUT_SHAPE = Attr("output_shape", "ints", (), lo=1)  # deconv, debox, desample
 _GROUPS = Attr("groups", "int", 1, lo=0)
 # conv anchors a kernel with its element-wise epilogue (bias, relu, clamp) on the CPU; on
 # CUDA dlight wants it alone (`epilogue_on` llvm only, as every op's by default).
 declare("conv", conv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
         (*window_attrs(CONV_BORDERS), _GROUPS), fusion=Fusion.OUT_ELEMWISE, multiply_add=True)
 declare("deconv", deconv_shape, ("input", "filter", "bias?"), "scalar, scalar, scalar -> scalar",
-        (*window_attrs(CONV_BORDERS), _OUTPUT_SHAPE, _GROUPS), multiply_add=True)
+        (*window_attrs(CONV_BORDERS), OUTPUT_SHAPE, _GROUPS), multiply_add=True)
 
-_SIZE = Attr("size", "ints", lo=1)
+WINDOW_SIZE = Attr("size", "ints", lo=1)  # the window ops (nnef_pool's too)
 _NORMALIZE = Attr("normalize", "bool", False)
 declare("box", box_shape, ("input",), "scalar -> scalar",
-        (_SIZE, *window_attrs(BORDERS), _NORMALIZE))
+        (WINDOW_SIZE, *window_attrs(BORDERS), _NORMALIZE))
 declare("debox", debox_shape, ("input",), "scalar -> scalar",
-        (_SIZE, *window_attrs(BORDERS), _OUTPUT_SHAPE, _NORMALIZE))
-declare("argmax_pool", box_shape, ("input",), "scalar -> integer",
-        (_SIZE, *window_attrs(BORDERS)), ("index",),
-        precision_rule="bitlen(window volume - 1) + 1: an index into the window")
-# sample accepts 'ignore' although 4.3.3 omits it: the stdlib max_pool forwards its border
-# (alexnet uses 'ignore') to sample through max_pool_with_index.
-declare("sample", sample_shape, ("input", "index"), "scalar, integer -> scalar",
-        (_SIZE, *window_attrs(BORDERS)))
-# cvmc's own: the stdlib's max_pool (sample at argmax_pool's index) as one window reduction;
-# the compile pipeline's `simplify` pass writes it where the index has no other use.
-declare("nnef.max_window", box_shape, ("input",), "scalar -> scalar",
-        (_SIZE, *window_attrs(BORDERS)))
-declare("desample", desample_shape, ("input", "index"), "scalar, integer -> scalar",
-        (_SIZE, *window_attrs(("constant",)), _OUTPUT_SHAPE))
-
+        (WINDOW_SIZE, *window_attrs(BORDERS), OUTPUT_SHAPE, _NORMALIZE))
 
 
 # ---- shared geometry ------------------------------------------------------------------
-def _geometry(name: str, a: Attrs, shapes: list[tuple[int, ...]], size: Sequence[int],
-              rule: Callable, reverse: bool, first: int) -> tuple[tuple[int, ...], list[Dim]]:
+def window_geometry(name: str, a: Attrs, shapes: list[tuple[int, ...]], size: Sequence[int],
+                    rule: Callable, reverse: bool, first: int) -> tuple[tuple[int, ...], list[Dim]]:
     """(output shape, window dims of axes first..) of a sliding-window op."""
     out = tuple(rule(name, shapes, a))
     up, down = (out, shapes[0]) if reverse else (shapes[0], out)
@@ -105,12 +88,12 @@ def _geometry(name: str, a: Attrs, shapes: list[tuple[int, ...]], size: Sequence
 def conv_geometry(name: str, a: Attrs, x, w, reverse: bool):
     """(output shape, spatial dims, groups) of conv / deconv."""
     rule = deconv_shape if reverse else conv_shape
-    out, dims = _geometry(name, a, [x, w], w[2:], rule, reverse, 2)
+    out, dims = window_geometry(name, a, [x, w], w[2:], rule, reverse, 2)
     groups = (out[1] if reverse else x[1]) // w[1]  # filter channels * groups = up-scaled C
     return out, dims, groups
 
 
-def _row_major(sizes: Sequence[int]) -> list[int]:
+def row_major(sizes: Sequence[int]) -> list[int]:
     """Row-major strides of a window of `sizes` (flat tap index = sum j_k * stride_k)."""
     return [math.prod(sizes[k + 1:]) for k in range(len(sizes))]
 
@@ -139,8 +122,8 @@ def along_axis(v: np.ndarray, axis: int, ndim: int) -> np.ndarray:
     return v.reshape(shape)
 
 
-def _np_taps(dims: Sequence[Dim], border: str, reverse: bool, ndim: int, first: int
-             ) -> Iterator[tuple[int, tuple[int, ...], list[np.ndarray], np.ndarray, np.ndarray]]:
+def np_taps(dims: Sequence[Dim], border: str, reverse: bool, ndim: int, first: int
+            ) -> Iterator[tuple[int, tuple[int, ...], list[np.ndarray], np.ndarray, np.ndarray]]:
     """Per window tap j, in row-major order: (flat tap index, j, input index per window
     axis, where the read position is inside the input, where the tap takes part: reverse
     ops skip (i + p - j * d) not divisible by s). Window axes are first, first + 1, ..."""
@@ -160,7 +143,7 @@ def _np_taps(dims: Sequence[Dim], border: str, reverse: bool, ndim: int, first: 
         yield t, js, srcs, inside, hit
 
 
-def _gather(x: np.ndarray, srcs: Sequence[np.ndarray], first: int) -> np.ndarray:
+def gather_taps(x: np.ndarray, srcs: Sequence[np.ndarray], first: int) -> np.ndarray:
     """x indexed by srcs[k] along axis first + k."""
     for k, src in enumerate(srcs):
         x = np.take(x, src, axis=first + k)
@@ -179,8 +162,8 @@ def conv_reference(name: str, reverse: bool) -> Callable:
         out, dims, groups = conv_geometry(name, a, x.shape, w.shape, reverse)
         batch, cin, cout = x.shape[0], x.shape[1], out[1]
         acc = np.zeros((batch, groups, cout // groups) + out[2:])
-        for _, js, srcs, inside, hit in _np_taps(dims, a.border, reverse, x.ndim, 2):
-            values = zero_outside(_gather(x, srcs, 2), inside, a.border)
+        for _, js, srcs, inside, hit in np_taps(dims, a.border, reverse, x.ndim, 2):
+            values = zero_outside(gather_taps(x, srcs, 2), inside, a.border)
             values = values.reshape((batch, groups, cin // groups) + values.shape[2:])
             taps = w[(slice(None), slice(None), *js)]
             if reverse:  # filter [c, C/G]: input channel k2 feeds output channel k1
@@ -198,11 +181,11 @@ def conv_reference(name: str, reverse: bool) -> Callable:
 def _box_reference(name: str, reverse: bool) -> Callable:
     def rule(xs, a):
         x = xs[0]
-        out, dims = _geometry(name, a, [x.shape], a.size, debox_shape if reverse else box_shape,
-                              reverse, 0)
+        out, dims = window_geometry(name, a, [x.shape], a.size,
+                                    debox_shape if reverse else box_shape, reverse, 0)
         total, count = np.zeros(out), np.zeros(out)
-        for _, _, srcs, inside, hit in _np_taps(dims, a.border, reverse, x.ndim, 0):
-            values = zero_outside(_gather(x, srcs, 0), inside, a.border)
+        for _, _, srcs, inside, hit in np_taps(dims, a.border, reverse, x.ndim, 0):
+            values = zero_outside(gather_taps(x, srcs, 0), inside, a.border)
             total += np.where(hit, values, 0.0)
             count += hit & inside
         if not a.normalize:
@@ -211,61 +194,6 @@ def _box_reference(name: str, reverse: bool) -> Callable:
             return total / np.maximum(count, 1)
         return total / math.prod(a.size)
     return rule
-
-
-def _argmax_pool_reference(xs, a):
-    x = xs[0]
-    out, dims = _geometry("argmax_pool", a, [x.shape], a.size, box_shape, False, 0)
-    best = best_value = best_class = None
-    for t, _, srcs, inside, _ in _np_taps(dims, a.border, False, x.ndim, 0):
-        values = np.broadcast_to(zero_outside(_gather(x, srcs, 0), inside, a.border), out)
-        # value classes: 0 ignored border, 1 a number, 2 NaN (np.argmax: NaN is the largest)
-        cls = np.where(np.isnan(values), 2, 1)
-        if a.border == "ignore":
-            cls = np.where(inside, cls, 0)
-        if best is None:
-            best, best_value, best_class = np.zeros(out, np.int64), values, cls
-            continue
-        better = (cls > best_class) | ((cls == best_class) & (cls == 1) & (values > best_value))
-        best = np.where(better, t, best)  # strict: ties keep the first tap
-        best_value = np.where(better, values, best_value)
-        best_class = np.where(better, cls, best_class)
-    return best
-
-
-def _outside_value(border: str) -> float:
-    """What sample reads at a border position of 'constant' (0) or 'ignore' (-inf)."""
-    return -np.inf if border == "ignore" else 0.0
-
-
-def _sample_reference(xs, a):
-    x, index = xs
-    out, dims = _geometry("sample", a, [x.shape, index.shape], a.size, box_shape, False, 0)
-    flat = np.clip(index, 0, math.prod(a.size) - 1)
-    result = np.zeros(out)
-    for t, _, srcs, inside, _ in _np_taps(dims, a.border, False, x.ndim, 0):
-        values = _gather(x, srcs, 0)
-        if a.border in ("constant", "ignore"):
-            values = np.where(inside, values, _outside_value(a.border))
-        result = np.where(flat == t, values, result)
-    return result
-
-
-def _max_window_reference(xs, a):
-    """The stdlib's max_pool literally: sample at argmax_pool's index."""
-    return _sample_reference([xs[0], _argmax_pool_reference(xs, a)], a)
-
-
-def _desample_reference(xs, a):
-    x, index = xs
-    out, dims = _geometry("desample", a, [x.shape, index.shape], a.size, desample_shape, True, 0)
-    result = np.zeros(out)
-    for t, _, srcs, inside, hit in _np_taps(dims, "constant", True, x.ndim, 0):
-        take = hit & inside & (_gather(index, srcs, 0) == t)
-        result += np.where(take, _gather(x, srcs, 0), 0.0)
-    return result
-
-
 
 
 # ---- TE lowering ------------------------------------------------------------------------
@@ -311,8 +239,8 @@ def te_index(pos, z: int, border: str, within: bool):
     return te_clamp(pos, 0, last), None
 
 
-def _te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: str,
-                  reverse: bool):
+def te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: str,
+                 reverse: bool):
     """(load index per window axis, conditions for the tap to take part, conditions for
     the read to be inside) for output indices `idx` and taps (reduce vars or ints)."""
     from cvmc.ops.te import tirx
@@ -337,7 +265,7 @@ def _te_positions(dims: Sequence[Dim], idx: Sequence, taps: Sequence, border: st
     return loads, hit, inside
 
 
-def _reduce_axes(dims: Sequence[Dim], prefix: str):
+def te_reduce_axes(dims: Sequence[Dim], prefix: str):
     """One reduce axis per window dim of size > 1 (0 for the others), and the axes."""
     from cvmc.ops.te import te
 
@@ -360,7 +288,7 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
         out, dims, groups = conv_geometry(name, a, shape_of(x), shape_of(w), reverse)
         cin_g, cout_g = shape_of(x)[1] // groups, out[1] // groups
         rc = te.reduce_axis((0, cin_g), "rc")
-        taps, axes = _reduce_axes(dims, "rk")
+        taps, axes = te_reduce_axes(dims, "rk")
 
         # Zero borders: a materialised padded copy of the input (conv_nd's), read without
         # a test, so the reduction's loads stay affine and vectorise.
@@ -375,7 +303,7 @@ def _conv_lower(name: str, reverse: bool) -> Callable:
                 value = padded(b, g * cin_g + rc, *[ik * d.s + j * d.d
                                                     for ik, j, d in zip(i, taps, dims)])
                 return te.sum(value * w(o, rc, *taps), axis=[rc, *axes])
-            loads, hit, inside = _te_positions(dims, i, taps, a.border, reverse)
+            loads, hit, inside = te_positions(dims, i, taps, a.border, reverse)
             value = te_read(x, [b, g * cin_g + rc, *loads], inside, a.border)
             weight = w(g * cin_g + rc, o - g * cout_g, *taps) if reverse else w(o, rc, *taps)
             return te.sum(te_select(te_all(hit), value * weight, te_f32(0.0)), axis=[rc, *axes])
@@ -394,13 +322,13 @@ def _box_lower(name: str, reverse: bool) -> Callable:
         from cvmc.ops.te import shape_of, te, tirx
 
         (x,) = xs
-        out, dims = _geometry(name, a, [shape_of(x)], a.size,
-                              debox_shape if reverse else box_shape, reverse, 0)
-        taps, axes = _reduce_axes(dims, "rk")
+        out, dims = window_geometry(name, a, [shape_of(x)], a.size,
+                                    debox_shape if reverse else box_shape, reverse, 0)
+        taps, axes = te_reduce_axes(dims, "rk")
 
         def reduce(term, dtype: str):
             def body(*i):
-                loads, hit, inside = _te_positions(dims, i, taps, a.border, reverse)
+                loads, hit, inside = te_positions(dims, i, taps, a.border, reverse)
                 value = term(loads, hit, inside)
                 return te.sum(value, axis=axes) if axes else value
             return te.compute(out, body, name=f"{name}_{dtype}")
@@ -419,172 +347,16 @@ def _box_lower(name: str, reverse: bool) -> Callable:
     return rule
 
 
-def ordered_key(value, zero_is_negative_zero: bool = False):
-    """An int64 in [0, 2^32) that orders float32 values (not NaN) as numbers, -0 below 0
-    (the integer view of a float, its magnitude bits flipped when negative); with
-    `zero_is_negative_zero` -0 maps to 0's key (argmax: they tie). Reductions over such keys
-    are plain integer max reductions, which every target reduces across threads, in any
-    order, to the same result."""
-    from cvmc.ops.te import tirx
-
-    bits = tirx.reinterpret("int32", value)
-    key = tirx.Select(bits >= 0, bits, bits ^ 0x7FFFFFFF).astype("int64") + 2**31
-    if not zero_is_negative_zero:
-        return key
-    # -0 takes 0's key, tested on the magnitude bits: TVM 0.27's simplifier rewrites
-    # Select(bits == INT32_MIN, 0, bits) to bits (the tie was lost: +0 won)
-    return tirx.Select((bits & 0x7FFFFFFF) == 0, tirx.const(2**31, "int64"), key)
-
-
-def unordered_value(key):
-    """The float32 whose `ordered_key` key is `key`."""
-    from cvmc.ops.te import tirx
-
-    k = (key - 2**31).astype("int32")
-    return tirx.reinterpret("float32", tirx.Select(k >= 0, k, k ^ 0x7FFFFFFF))
-
-
-def _flat_tap(taps: Sequence, sizes: Sequence[int]):
-    """Row-major flat index of the taps (reduce vars or ints) in a window of `sizes`."""
-    return sum(t * stride for t, stride in zip(taps, _row_major(sizes)))
-
-
-def _argmax_pool_lower(xs, a):
-    from cvmc.ops.te import shape_of, te, tirx
-
-    (x,) = xs
-    out, dims = _geometry("argmax_pool", a, [shape_of(x)], a.size, box_shape, False, 0)
-    taps, axes = _reduce_axes(dims, "rk")
-    if not axes:  # a window of one tap
-        return te.compute(out, lambda *i: tirx.const(0, "int32"), name="argmax_pool")
-    low = 2**INDEX_BITS
-
-    def key(*i):
-        """The max of class * 2^61 + ordered value * 2^29 + (2^29 - 1 - tap): the larger
-        class (0 an ignored border position, 1 a number, 2 NaN), then the larger number,
-        then the first tap."""
-        loads, _, inside = _te_positions(dims, i, taps, a.border, False)
-        value = te_read(x, loads, inside, a.border)
-        number = tirx.const(2**61, "int64") + ordered_key(value, True) * low
-        k = tirx.Select(tirx.isnan(value), tirx.const(2**62, "int64"), number)
-        if a.border == "ignore":
-            k = te_select(te_all(inside), k, tirx.const(0, "int64"))
-        return te.max(k + (low - 1 - _flat_tap(taps, a.size)).astype("int64"), axis=axes)
-
-    best = te.compute(out, key, name="argmax_pool_key")
-    return te.compute(out, lambda *i: (low - 1 - (best(*i) & (low - 1))).astype("int32"),
-                      name="argmax_pool")
-
-
-def _sample_lower(xs, a):
-    from cvmc.ops.te import shape_of, te, tirx
-
-    x, index = xs
-    out, dims = _geometry("sample", a, [shape_of(x), shape_of(index)], a.size, box_shape,
-                          False, 0)
-    strides = _row_major(a.size)
-
-    def body(*i):
-        flat = te_clamp(index(*i), 0, math.prod(a.size) - 1)
-        taps = [tirx.floormod(tirx.floordiv(flat, s), d.f) for s, d in zip(strides, dims)]
-        loads, _, inside = _te_positions(dims, i, taps, a.border, False)
-        return te_select(te_all(inside), x(*loads), te_f32(_outside_value(a.border))) \
-            if a.border in ("constant", "ignore") else x(*loads)
-
-    return te.compute(out, body, name="sample")
-
-
-def _extended_stage(x, dims: Sequence[Dim], fill: float):
-    """The extended input over the positions a window reads (position + p along each axis),
-    `fill` outside the input, as a materialised stage (its load under a branch): the
-    reduction then reads it without a bounds test and vectorises. None when every read is
-    inside the input."""
-    from cvmc.ops.te import MATERIALIZE, te, tirx
-
-    reach = [dim.reach(False) for dim in dims]
-    if all(lo >= 0 and hi < dim.X for (lo, hi), dim in zip(reach, dims)):
-        return None
-
-    def element(*e):
-        inside = [t for pos, (lo, hi), dim in zip(e, reach, dims)
-                  for need, t in ((lo < 0, pos + lo >= 0), (hi >= dim.X, pos + lo < dim.X))
-                  if need]
-        return tirx.if_then_else(tirx.all(*inside), x(*[pos + lo for pos, (lo, _) in
-                                                       zip(e, reach)]), te_f32(fill))
-
-    return te.compute([hi - lo + 1 for lo, hi in reach], element, name="max_window_pad",
-                      attrs={MATERIALIZE: 1})
-
-
-def _max_window_lower(xs, a):
-    """A max over the window taps in row-major order: a tap replaces the running value
-    when it is larger or a NaN (the first NaN stays), so ties keep the first tap and a
-    NaN wins, as argmax_pool's index picks; 'ignore' reads -inf outside, which never wins
-    (a window with no input element gives -inf, as sample reads there)."""
-    from cvmc.ops.te import shape_of, te, tirx
-
-    (x,) = xs
-    out, dims = _geometry("max_window", a, [shape_of(x)], a.size, box_shape, False, 0)
-    taps, axes = _reduce_axes(dims, "rk")
-    outside = _outside_value(a.border)
-    padded = _extended_stage(x, dims, outside) if a.border in ("constant", "ignore") else None
-
-    def tap(i):
-        if padded is not None:  # position i * s + j * d - p, stored at + p
-            return padded(*[k * dim.s + j * dim.d for k, j, dim in zip(i, taps, dims)])
-        loads, _, inside = _te_positions(dims, i, taps, a.border, False)
-        return te_select(te_all(inside), x(*loads), te_f32(outside))
-
-    if not axes:  # a window of one tap
-        return te.compute(out, lambda *i: tap(i), name="max_window")
-    first_max = te.comm_reducer(
-        lambda acc, v: tirx.Select(tirx.Or(v > acc, tirx.And(
-            tirx.isnan(v), tirx.Not(tirx.isnan(acc)))), v, acc),
-        lambda t: tirx.const(-math.inf, t))
-    return te.compute(out, lambda *i: first_max(tap(i), axis=axes), name="max_window")
-
-
-def _desample_lower(xs, a):
-    from cvmc.ops.te import shape_of, te
-
-    x, index = xs
-    out, dims = _geometry("desample", a, [shape_of(x), shape_of(index)], a.size,
-                          desample_shape, True, 0)
-    taps, axes = _reduce_axes(dims, "rk")
-
-    def body(*i):
-        loads, hit, inside = _te_positions(dims, i, taps, "constant", True)
-        take = te_all([*hit, *inside, index(*loads) == _flat_tap(taps, a.size)])
-        value = te_select(take, x(*loads), te_f32(0.0))
-        return te.sum(value, axis=axes) if axes else value
-
-    return te.compute(out, body, name="desample")
-
-
-
-
 # ---- registration -----------------------------------------------------------------------
-def _index_precision(ins, a) -> int:
-    """argmax_pool's index lies in [0, window volume): the bits of volume - 1, plus sign."""
-    volume = math.prod(a.size)
-    require(volume <= 2**INDEX_BITS, f"argmax_pool: a window of {volume} taps is more than "
-                                     f"cvmc supports (2^{INDEX_BITS})")
-    return (volume - 1).bit_length() + 1
-
-
 # Operations per output element: the reference interpreter bounds a node's work by them.
-for _name in ("box", "debox", "argmax_pool", "sample", "desample", "nnef.max_window"):
+for _name in ("box", "debox"):
     lookup(_name).cost(lambda ins, outs, a: math.prod(a.size))  # window taps
 # GOPS: 2 per multiply-add, output elements x C/G x taps (a deconv: its input elements);
-# windows one comparison or addition per tap (debox: each input element into each output of
-# its window); sample and desample only select values.
+# box one addition per tap, debox each input element into each output of its window.
 lookup("conv").arith(lambda ins, outs, a: mac_ops(outs[0].size, math.prod(ins[1].shape[1:])))
 lookup("deconv").arith(lambda ins, outs, a: mac_ops(ins[0].size, math.prod(ins[1].shape[1:])))
-for _name in ("box", "argmax_pool", "nnef.max_window"):
-    lookup(_name).arith(lambda ins, outs, a: outs[0].size * math.prod(a.size))
+lookup("box").arith(lambda ins, outs, a: outs[0].size * math.prod(a.size))
 lookup("debox").arith(lambda ins, outs, a: ins[0].size * math.prod(a.size))
-for _name in ("sample", "desample"):
-    lookup(_name).arith(no_arith)
 for _reverse, _name in ((False, "conv"), (True, "deconv")):
     lookup(_name).cost(lambda ins, outs, a: math.prod(ins[1].shape[1:]))  # C/G x taps
     lookup(_name).reference(conv_reference(_name, _reverse))
@@ -592,12 +364,3 @@ for _reverse, _name in ((False, "conv"), (True, "deconv")):
 for _reverse, _name in ((False, "box"), (True, "debox")):
     lookup(_name).reference(_box_reference(_name, _reverse))
     lookup(_name).lower(_box_lower(_name, _reverse))
-lookup("argmax_pool").reference(_argmax_pool_reference)
-lookup("argmax_pool").lower(_argmax_pool_lower)
-lookup("argmax_pool").precision(_index_precision)
-lookup("sample").reference(_sample_reference)
-lookup("sample").lower(_sample_lower)
-lookup("nnef.max_window").reference(_max_window_reference)
-lookup("nnef.max_window").lower(_max_window_lower)
-lookup("desample").reference(_desample_reference)
-lookup("desample").lower(_desample_lower)

@@ -1,9 +1,9 @@
 """NNEF's up-sampling and RoI primitives (spec 4.3 and 4.6): multilinear_upsample,
 avg_roi_pool, max_roi_pool, roi_resample: their entries (declarations, reference and lower
 rules). Their shape rules are in `nnef_std_nn`; they share the extended input (border
-modes) and the float-ordering keys of the sliding-window ops (`nnef_nn`). The references
-are the spec formulas in NumPy (float64); the kernels compute them in float32 with one
-fixed summation order, one thread per output element.
+modes) of the sliding-window ops (`nnef_nn`) and their float-ordering keys (`nnef_pool`).
+The references are the spec formulas in NumPy (float64); the kernels compute them in
+float32 with one fixed summation order, one thread per output element.
 
 Decisions where the spec is silent:
 - multilinear_upsample 'aligned' with an input extent of 1 samples index 0 (g = inf).
@@ -18,7 +18,7 @@ Decisions where the spec is silent:
   interpolates linearly with the 'replicate' border (upsample's default). So
   roi_resample(x, RoI = the whole input, h = X * f) is multilinear_upsample(x, f).
 - the RoI ops clamp a batch index into [0, batch); max_roi_pool's max is NaN if a value
-  is NaN, and 0 wins over -0 (`nnef_nn.ordered_key`).
+  is NaN, and 0 wins over -0 (`nnef_pool.ordered_key`).
 
 Accuracy (u = 2^-24; docs/float.md "Float accuracy: sliding-window, up-sampling and RoI ops"):
 within gamma(K + 2) * S of the reference, K per op: multilinear_upsample 2^M + 2M - 1 (M
@@ -39,16 +39,15 @@ from cvmc.ops.nnef_nn import (
     CONV_BORDERS,
     along_axis,
     extended_index,
-    ordered_key,
     te_all,
     te_clamp,
     te_f32,
     te_index,
     te_read,
     te_select,
-    unordered_value,
     zero_outside,
 )
+from cvmc.ops.nnef_pool import ordered_key, unordered_value
 from cvmc.ops.nnef_std import declare
 from cvmc.ops.nnef_std_nn import roi_shape, upsample_shape
 from cvmc.ops.registry import Attr, lookup

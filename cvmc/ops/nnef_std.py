@@ -3,12 +3,13 @@ reduce, shape-manipulation, matmul and update primitives.
 
 `declare` registers an NNEF primitive; each primitive is one entry, declared with its
 rules in its op family's module: `nnef_math` (element-wise), `nnef_tensor` (reduce,
-shape, matmul, update; shape rules here), `nnef_nn` (sliding-window) and `nnef_resample`
-(up-sampling, RoI; shape rules of both in `nnef_std_nn`). The entry is the primitive's one declaration: the frontend
-reads documents with the `fragment` declarations generated from the entries
-(`cvmc.ops.describe`), which must agree with the Khronos stdlib's
-(cvmc/frontend/stdlib.nnef, the spec's file verbatim; tests/ops/test_declarations.py);
-shape rules follow chapter 4 of ../shared/spec/nnef-1.0-spec.txt.
+shape, matmul, update; shape rules here), `nnef_nn` and `nnef_pool` (sliding-window) and
+`nnef_resample` (up-sampling, RoI; shape rules of the three in `nnef_std_nn`). The entry
+is the primitive's one declaration: the frontend reads documents with the `fragment`
+declarations generated from the entries (`cvmc.ops.describe`), which must agree with the
+Khronos stdlib's (cvmc/frontend/stdlib.nnef, the spec's file verbatim;
+tests/ops/test_declarations.py); shape rules follow chapter 4 of
+../shared/spec/nnef-1.0-spec.txt.
 Compound fragments (min, max, clamp, relu, softmax, mean_reduce, moments,
 nearest_upsample, add_n, ...) are expanded by the frontend and get no entry. Where a
 primitive's name is a CVM op with another signature or other shape semantics, the entry
