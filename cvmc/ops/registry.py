@@ -494,6 +494,12 @@ def check_registry() -> None:
         spellings = [(d.cvm_name, d.aliases)] + [(at.cvm_name, at.aliases) for at in d.attrs]
         if any(cvm not in ("", d.name, *aliases) for cvm, aliases in spellings):
             problems.append(f"{d.name}: a CVM-Runtime spelling (cvm_name) must be an alias")
+        if not set(d.packed_on) | set(d.epilogue_on) <= set(d.backends):
+            problems.append(f"{d.name}: packed_on / epilogue_on name a target outside its "
+                            f"backends {d.backends}")
+        if d.multiply_add and "arith" not in d.rules:
+            problems.append(f"{d.name}: multiply_add needs its own arith rule (2 per "
+                            f"multiply-add)")
         bad = set(d.rules) - set(_RULES)
         if bad:
             problems.append(f"{d.name}: unknown rules {sorted(bad)}")
