@@ -12,7 +12,7 @@ def cmd_ops(args: argparse.Namespace) -> int:
     """Print the operator table: one block per op (readable at any terminal width), or with
     --markdown the table docs/ops.md holds."""
     from cvmc.ops import all_ops
-    from cvmc.ops.describe import nnef_declaration, op_table
+    from cvmc.ops.describe import cvm_spellings, nnef_declaration, op_table
 
     if args.markdown:
         print(op_table(), end="")
@@ -28,6 +28,10 @@ def cmd_ops(args: argparse.Namespace) -> int:
             console.print(f"    types:      {d.types}")
         if d.precision_rule:  # CVM ops, and typed ops with integer results
             console.print(f"    precision:  {d.precision_rule}")
+        if d.ulp:  # a float result's accuracy against the reference
+            console.print(f"    accuracy:   within {d.ulp} ULP")
+        if cvm_spellings(d):
+            console.print(f"    CVM-Runtime: {cvm_spellings(d)}")
         if d.backends != ("llvm", "cuda"):
             console.print(f"    backends:   {', '.join(d.backends)}")
         if "nnef" in d.seeds:

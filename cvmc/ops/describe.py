@@ -66,17 +66,27 @@ def nnef_declarations() -> str:
     return "".join(nnef_declaration(d) + "\n" for d in nnef_ops())
 
 
+def cvm_spellings(d: OpDef) -> str:
+    """CVM-Runtime's spellings where they differ from cvmc's (`get_valid_counts`,
+    `stride: strides`), which `cvmc export` writes; '' where none do."""
+    names = [d.cvm_name] if d.cvm_name != d.name else []
+    names += [f"{a.name}: {a.cvm_name}" for a in d.attrs if a.cvm_name not in ("", a.name)]
+    return ", ".join(names)
+
+
 def op_table() -> str:
     """docs/ops.md: every op, one row each, as its record states it."""
     lines = ["# Operators", "",
              ("Generated from the op records (`cvmc ops --markdown > docs/ops.md`); "
               "`cvmc ops` prints the same."), "",
-             "| op | op set | family | fusion | inputs | attributes | types | precision |",
-             "|---|---|---|---|---|---|---|---|"]
+             ("| op | op set | family | fusion | inputs | attributes | types | precision | "
+              "accuracy | CVM-Runtime |"),
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for d in all_ops():
         name = f"`{d.name}`" + "".join(f", `{a}`" for a in d.aliases)
         attrs = "; ".join(a.describe() for a in d.attrs)
         cells = [name, ", ".join(d.seeds), d.family, d.fusion.value, ", ".join(d.inputs),
-                 attrs, d.types, d.precision_rule]
+                 attrs, d.types, d.precision_rule, f"{d.ulp} ULP" if d.ulp else "",
+                 cvm_spellings(d)]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
