@@ -160,11 +160,12 @@ def test_no_import_circles_between_files():
 
 def _private_imports(path: Path) -> list[str]:
     """`line: from module import _name` for each private name `path` imports from cvmc or
-    the runtime (dunder names such as `__version__` are public)."""
-    return [f"{node.lineno}: from {node.module} import {alias.name}"
+    the runtime, relative imports included (dunder names such as `__version__` are
+    public)."""
+    return [f"{node.lineno}: from {'.' * node.level}{node.module or ''} import {alias.name}"
             for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, ast.ImportFrom) and node.module
-            and node.module.split(".")[0] in ("cvmc", "cvmc_runtime")
+            if isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").split(".")[0] in ("cvmc", "cvmc_runtime"))
             for alias in node.names
             if alias.name.startswith("_") and not alias.name.startswith("__")]
 
@@ -179,8 +180,9 @@ def test_no_file_imports_another_files_private_names():
 def test_the_private_import_check_sees_one(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("from cvmc.ops.nn import _hidden, public\nfrom cvmc import __version__\n"
-                      "from numpy import _private\n")
-    assert _private_imports(source) == ["1: from cvmc.ops.nn import _hidden"]
+                      "from numpy import _private\nfrom .sibling import _near\n")
+    assert _private_imports(source) == ["1: from cvmc.ops.nn import _hidden",
+                                        "4: from .sibling import _near"]
 
 
 def test_the_checks_see_an_arrow_up_and_a_circle():
