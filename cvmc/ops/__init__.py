@@ -7,6 +7,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     elemwise,
     layout,
     nn,
+    nn_pool,
     nnef_math,
     nnef_nn,
     nnef_pool,

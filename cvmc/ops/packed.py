@@ -21,14 +21,11 @@ from cvmc.ops.nn import (
     conv_out_hw,
     exact_matmul,
     gather_windows,
-    lower_max_pool,
-    max_pool2d,
-    max_pool2d_reference,
     pair_attr,
-    pool_geometry,
     require_low_precision,
     require_rank,
 )
+from cvmc.ops.nn_pool import lower_max_pool, max_pool2d, max_pool2d_reference, pool_geometry
 from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 # ---- conv2d_packed --------------------------------------------------------------------
