@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from cvmc.ops.registry import REQUIRED, OpDef, all_ops
+from cvmc.ops.registry import REQUIRED, OpDef, all_ops, nnef_literal
 
 # the zero an optional tensor input defaults to (NNEF writes conv's bias = 0.0)
 _ZERO = {"scalar": "0.0", "integer": "0", "logical": "false"}
@@ -41,24 +41,13 @@ def nnef_declaration(d: OpDef) -> str:
         params.append(text + f" = {_ZERO[kind]}" if name.endswith("?") else text)
     for at in d.attrs:
         text = f"{at.name}: {at.nnef_type}"
-        params.append(text if at.default is REQUIRED else f"{text} = {_literal(at.default)}")
+        params.append(text if at.default is REQUIRED else f"{text} = {nnef_literal(at.default)}")
     out_kind = d.out_kind + ("[]" if d.variadic_outputs else "")
     results = [f"{name.strip('*')}: {_tensor(out_kind)}" for name in d.outputs]
     generic = "<?>" if "?" in (*(k.removesuffix("[]") for k in d.in_kinds), d.out_kind) \
         else ""
     return (f"fragment {nnef_name(d)}{generic}( {', '.join(params)} ) -> "
             f"( {', '.join(results)} );")
-
-
-def _literal(value) -> str:
-    """An attribute's default as an NNEF literal."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f"'{value}'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_literal(v) for v in value) + "]"
-    return str(value)
 
 
 def nnef_declarations() -> str:

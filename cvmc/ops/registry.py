@@ -135,7 +135,7 @@ class Attr:
         if self.choices:
             text += f" ({' | '.join(repr(c) for c in self.choices)})"
         if self.default is not REQUIRED:
-            text += f" = {_fmt(self.default)}"
+            text += f" = {nnef_literal(self.default)}"
         return text
 
     def normalize(self, op: str, value: Any) -> Any:
@@ -145,44 +145,48 @@ class Attr:
             return None
         if self.kind in ("int", "int?"):
             if not _is_int(value):
-                raise OpRuleError(f"{where} must be an integer, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be an integer, got {nnef_literal(value)}")
             self._check_range(where, int(value))
             return int(value)
         if self.kind == "bool":
             if not isinstance(value, bool):
-                raise OpRuleError(f"{where} must be a logical (true/false), got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a logical (true/false), "
+                                  f"got {nnef_literal(value)}")
             return value
         if self.kind == "str":
             if not isinstance(value, str) or (self.choices and value not in self.choices):
                 expect = " or ".join(repr(c) for c in self.choices) or "a string"
-                raise OpRuleError(f"{where} must be {expect}, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be {expect}, got {nnef_literal(value)}")
             return value
         if self.kind == "scalar":
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise OpRuleError(f"{where} must be a number, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a number, got {nnef_literal(value)}")
             return value
         if self.kind == "literal":
             if not isinstance(value, (int, float)):
-                raise OpRuleError(f"{where} must be a number or a logical, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a number or a logical, "
+                                  f"got {nnef_literal(value)}")
             return value
         if self.kind == "scalars":
             if not isinstance(value, (list, tuple)) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-                raise OpRuleError(f"{where} must be a list of numbers, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a list of numbers, got {nnef_literal(value)}")
             return tuple(value)
         if self.kind == "int_pairs":
             if not isinstance(value, (list, tuple)) or not all(
                     isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(x) for x in v)
                     for v in value):
-                raise OpRuleError(f"{where} must be a list of integer pairs, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a list of integer pairs, "
+                                  f"got {nnef_literal(value)}")
             return tuple((int(p), int(q)) for p, q in value)
         assert self.kind == "ints", self.kind
         if _is_int(value) and self.scalar_ok:
             value = [int(value)] * (self.length or 1)
         if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
-            raise OpRuleError(f"{where} must be a list of integers, got {_fmt(value)}")
+            raise OpRuleError(f"{where} must be a list of integers, got {nnef_literal(value)}")
         if self.length is not None and len(value) != self.length:
-            raise OpRuleError(f"{where} must have {self.length} elements, got {_fmt(value)}")
+            raise OpRuleError(f"{where} must have {self.length} elements, "
+                              f"got {nnef_literal(value)}")
         for v in value:
             self._check_range(where, int(v))
         return tuple(int(v) for v in value)
@@ -198,13 +202,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _fmt(v: Any, nested: bool = False) -> str:
+def nnef_literal(v: Any, nested: bool = False) -> str:
+    """`v` as an NNEF literal (`true`, `'constant'`, `[1, 2]`, `[(0, 1)]`): attribute
+    defaults in declarations and tables, values in messages."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if nested and isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v):
         return f"({v[0]}, {v[1]})"  # an element of an (integer,integer)[] list
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt(x, True) for x in v) + "]"
+        return "[" + ", ".join(nnef_literal(x, True) for x in v) + "]"
     if isinstance(v, str):
         return repr(v)
     return "none" if v is None else str(v)
