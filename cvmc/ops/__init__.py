@@ -20,6 +20,7 @@ from cvmc.ops import (  # noqa: F401  (imported for their registrations)
     packed_llvm,
     reduce,
     transform,
+    transform_gather,
     transformer,
     vision,
 )

@@ -16,7 +16,8 @@ from cvmc.ops.common import arith_per_input, mac_ops, no_arith, prec_max, requir
 from cvmc.ops.nnef_std import check_axes, fmt
 from cvmc.ops.reduce import reduced_shape, te_reduce
 from cvmc.ops.registry import Attr, Fusion
-from cvmc.ops.transform import gather_rules, reshape_like, te_concat, types_of
+from cvmc.ops.transform import gather_rules, reshape_like, types_of
+from cvmc.ops.transform_gather import te_concat
 
 _INJECTIVE, _REDUCTION = Fusion.INJECTIVE, Fusion.REDUCTION
 

@@ -54,7 +54,8 @@ from cvmc.ops.nnef_std import (
 )
 from cvmc.ops.reduce import te_reduce
 from cvmc.ops.registry import Attr, Fusion, lookup
-from cvmc.ops.transform import ravel, reshape_like, te_concat, te_gather, types_of
+from cvmc.ops.transform import ravel, reshape_like, te_gather, types_of
+from cvmc.ops.transform_gather import te_concat
 
 # ---- the entries' declarations (their shape rules: nnef_std) ----------------------------
 declare("update", update_shape, ("variable", "value"), "?, ? -> ?", outputs=("result",))
