@@ -35,7 +35,8 @@ SPEC_EXCEPTIONS = {
                    "are n-1 / before the first element (transform.py); empty results rejected",
     "expand_dims-axis": "a negative axis adds N + 1 (cvm-semantics.md)",
     "flatten-2d": "flatten's shape is 2-D (n0, n1*...*n_{N-1}) (cvm-semantics.md)",
-    "negative-axis": "repeat / concatenate also accept an axis in [-N, 0) (transform.py)",
+    "negative-axis": "repeat / concatenate also accept an axis in [-N, 0) (transform.py, "
+                     "transform_gather.py)",
     "cvm_lut-order": "cvm_lut takes (indices, table) as CVM-Runtime and the v2 spec",
     "where-precision": "where has precision max(p_x, p_y), not the condition's (README)",
     "vision-filler": "get_valid_count / NMS data outputs have precision max(p_x, 2): the -1 "

@@ -18,7 +18,8 @@ The layers, each importing only those below it:
 frontend never imports lowering or codegen, codegen never imports frontend. Every import
 counts, the ones inside functions too (they run as well, only later). cvmc uses the
 runtime through its public API (`from cvmc_runtime import X`), and the runtime imports
-nothing from cvmc. `docs/imports.md` draws the graph this test walks.
+nothing from cvmc. No file imports another file's private (`_`-prefixed) names: what files
+share is public and documented. `docs/imports.md` draws the graph this test walks.
 """
 from __future__ import annotations
 
@@ -155,6 +156,33 @@ def test_no_import_circles_between_files():
     circles = _circles(_graph("cvmc")) + _circles(_graph("cvmc_runtime"))
     assert not circles, "files that import each other:\n  " + "\n  ".join(
         " <-> ".join(c) for c in circles)
+
+
+def _private_imports(path: Path) -> list[str]:
+    """`line: from module import _name` for each private name `path` imports from cvmc or
+    the runtime, relative imports included (dunder names such as `__version__` are
+    public)."""
+    return [f"{node.lineno}: from {'.' * node.level}{node.module or ''} import {alias.name}"
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and (
+                node.level or (node.module or "").split(".")[0] in ("cvmc", "cvmc_runtime"))
+            for alias in node.names
+            if alias.name.startswith("_") and not alias.name.startswith("__")]
+
+
+def test_no_file_imports_another_files_private_names():
+    found = [f"{path.relative_to(ROOT)}:{line}"
+             for package in ("cvmc", "cvmc_runtime") for path in sorted(_files(package).values())
+             for line in _private_imports(path)]
+    assert not found, "imports of another file's private names:\n  " + "\n  ".join(found)
+
+
+def test_the_private_import_check_sees_one(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from cvmc.ops.nn import _hidden, public\nfrom cvmc import __version__\n"
+                      "from numpy import _private\nfrom .sibling import _near\n")
+    assert _private_imports(source) == ["1: from cvmc.ops.nn import _hidden",
+                                        "4: from .sibling import _near"]
 
 
 def test_the_checks_see_an_arrow_up_and_a_circle():

@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_check)
 
     sp = sub.add_parser("ops", help="print the operator table")
+    sp.add_argument("--markdown", action="store_true",
+                    help="print it as the Markdown table docs/ops.md holds")
     sp.set_defaults(fn=cmd_ops)
 
     sp = sub.add_parser("run", help="run a .cvmx artifact, or a model with --reference")

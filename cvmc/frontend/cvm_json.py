@@ -41,10 +41,6 @@ MAX_RANK = 6  # CVM-Runtime's limit on every tensor
 
 # NNVM conv2d/dense attributes with no effect on integer results, checked then dropped.
 _INERT_ATTRS = {"out_dtype": ("same", "int32", "-1", ""), "out_layout": ("", "NCHW", "None")}
-# Attributes CVM-Runtime requires that a cvmc graph may leave to its second input's shape
-# (the weight; cvm_lut's table, whose size CVM-Runtime checks against in_dim).
-_DERIVED_ATTRS = {"conv2d": ("channels", "kernel_size", "use_bias"),
-                  "dense": ("units", "use_bias"), "cvm_lut": ("in_dim",)}
 
 
 # ---- attribute strings ------------------------------------------------------------------
@@ -384,20 +380,18 @@ def read_cvm_model(path: Path, params: Path | None = None) -> Graph:
 # ---- export -----------------------------------------------------------------------------
 def _cvm_attrs(node: Node, opdef: OpDef, types: dict[str, TensorType]) -> dict[str, str]:
     """The node's attributes as CVM-Runtime op_attrs strings, in its spellings. An unset
-    attribute (None) is derived from the inputs where CVM-Runtime requires it, else left
-    out: CVM-Runtime's default for the one optional field (take's axis) is unset too,
-    and its parser refuses "None" for a required int (cvm_lut's in_dim, for example)."""
-    attrs = dict(node.attrs)
-    derived = _DERIVED_ATTRS.get(opdef.name, ())
-    if derived:
-        w = types[node.inputs[1]].shape
-        fill = {"channels": w[0], "units": w[0], "kernel_size": tuple(w[2:]),
-                "use_bias": len(node.inputs) == 3, "in_dim": int(np.prod(w))}
-        attrs.update({k: fill[k] for k in derived if attrs.get(k) is None})
+    attribute (None) is derived from the input shapes where CVM-Runtime requires it (the
+    attribute's `cvm_derive`), else left out: CVM-Runtime's default for the one optional
+    field (take's axis) is unset too, and its parser refuses "None" for a required int
+    (cvm_lut's in_dim, for example)."""
+    shapes = [types[i].shape for i in node.inputs]
     out = {}
     for at in opdef.attrs:  # in CVM-Runtime's spelling (`cvm_name`, an alias: import reads it)
-        if attrs[at.name] is not None:
-            out[at.cvm_name or at.name] = format_attr_value(attrs[at.name])
+        value = node.attrs[at.name]
+        if value is None and at.cvm_derive is not None:
+            value = at.cvm_derive(shapes)
+        if value is not None:
+            out[at.cvm_name or at.name] = format_attr_value(value)
     return out
 
 

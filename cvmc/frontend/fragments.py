@@ -1,8 +1,9 @@
 """NNEF fragment declarations: parameter/result types, defaults, and argument type checks.
 
 Types are tuples: ("prim", name) for integer/scalar/logical/string/?, ("tensor", name or
-None), ("array", item type) and ("tuple", (item types...)). The standard library
-(`stdlib.nnef`, Khronos NNEF-Tools 1.0.5) is parsed once and shared by every document.
+None), ("array", item type) and ("tuple", (item types...)). The standard library is
+parsed once and shared by every document: the primitives as the op records declare them
+(`cvmc.ops.describe`), the rest as Khronos' `stdlib.nnef` (NNEF-Tools 1.0.5) writes it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import lark
 
 from cvmc.frontend.syntax import Source, literal_value, parse_text
+from cvmc.ops.describe import nnef_declarations
 
 Type = tuple
 NO_DEFAULT: Any = object()
@@ -169,16 +171,31 @@ def _default(param: lark.Tree, source: Source, literal: Any) -> Any:
                            param.children[2].meta) from None
 
 
-@functools.cache
-def stdlib() -> dict[str, Fragment]:
-    """The NNEF standard library's fragments by name."""
-    text = resources.files("cvmc.frontend").joinpath("stdlib.nnef").read_text()
+def parse_fragments(text: str, name: str) -> dict[str, Fragment]:
+    """The fragments `text` (declarations and definitions, no graph) declares, by name;
+    `name` labels the text in messages."""
     header = "version 1.0;\nextension KHR_enable_fragment_definitions;\n"
     placeholder = "\ngraph G( x ) -> ( x ) { x = external(shape = []); }\n"
-    source = Source(header + text + placeholder, "<stdlib.nnef>")
+    source = Source(header + text + placeholder, name)
     tree = parse_text(source)
     return {f.children[0].value: declare(f, source, literal_value)
             for f in tree.find_data("fragment")}
+
+
+@functools.cache
+def khronos_stdlib() -> dict[str, Fragment]:
+    """Khronos' standard library (`stdlib.nnef`, verbatim): the spec's fragments by name."""
+    text = resources.files("cvmc.frontend").joinpath("stdlib.nnef").read_text()
+    return parse_fragments(text, "<stdlib.nnef>")
+
+
+@functools.cache
+def stdlib() -> dict[str, Fragment]:
+    """The standard library cvmc reads documents with, by name: each NNEF op's
+    declaration from its record (`nnef_declarations`), and Khronos' fragments for the
+    rest (the compound fragments; external, variable and constant)."""
+    records = parse_fragments(nnef_declarations(), "<op records>")
+    return {**{n: f for n, f in khronos_stdlib().items() if n not in records}, **records}
 
 
 def is_tensor_type(t: Type) -> bool:

@@ -11,7 +11,7 @@ thread's, so the result has the same bits at any TVM_NUM_THREADS.
 """
 from __future__ import annotations
 
-from cvmc.lowering.schedule import _root_blocks
+from cvmc.lowering.schedule import root_blocks
 
 # The blocks of `attention_scores`' lower rule, by name: producers first.
 _DOT, _SCALED, _MAX, _EXP, _SUM = ("attention_dot", "attention_scores_scaled", "softmax_max",
@@ -21,7 +21,7 @@ _DOT, _SCALED, _MAX, _EXP, _SUM = ("attention_dot", "attention_scores_scaled", "
 def schedule_attention(sch, func_name: str) -> None:
     """Schedule the attention_scores kernel `func_name` (rows parallel, score and exp rows
     in per-row buffers, the key axis vectorised); ValueError for any other kernel."""
-    blocks = {sch.get(b).name_hint: b for b in _root_blocks(sch, func_name)}
+    blocks = {sch.get(b).name_hint: b for b in root_blocks(sch, func_name)}
     if not {_DOT, _SCALED, _MAX, _EXP, _SUM} <= set(blocks) or len(blocks) != 6:
         raise ValueError("not an attention_scores kernel")
     output = next(b for name, b in blocks.items()

@@ -22,7 +22,8 @@ _TILE_CHANNELS = 16
 _TILE_LANES = 16
 
 
-def _root_blocks(sch, func_name: str):
+def root_blocks(sch, func_name: str):
+    """The blocks directly under function `func_name`'s root block."""
     return sch.get_child_blocks(sch.get_sblock("root", func_name=func_name))
 
 
@@ -39,19 +40,20 @@ def inline_all(sch, func_name: str) -> None:
             annotations = sch.get(b).annotations
             if INTERIOR in annotations and MATERIALIZE not in annotations:
                 consumers = sch.get_consumers(b)
-                if consumers and _try(sch, lambda s, c=consumers[0]: s.reverse_compute_inline(c)):
+                if consumers and try_schedule(
+                        sch, lambda s, c=consumers[0]: s.reverse_compute_inline(c)):
                     changed = True
                     break
                 continue
             if sch.get(b).name_hint in outputs or MATERIALIZE in annotations:
                 continue
-            if _try(sch, lambda s, blk=b: s.compute_inline(blk)) or \
-                    _try(sch, lambda s, blk=b: s.reverse_compute_inline(blk)):
+            if try_schedule(sch, lambda s, blk=b: s.compute_inline(blk)) or \
+                    try_schedule(sch, lambda s, blk=b: s.reverse_compute_inline(blk)):
                 changed = True
                 break
 
 
-def _try(sch, action) -> bool:
+def try_schedule(sch, action) -> bool:
     """Apply `action(sch)`; on a schedule error leave `sch` unchanged and return False."""
     from tvm.s_tir.schedule import ScheduleError
 
@@ -149,7 +151,7 @@ def _tile_conv(sch, block, channel: int, vec: int) -> None:
     # Accumulate in a tile-sized local buffer; the write-back folds into the epilogue
     # (when the conv result is itself a kernel output it stays a block of its own).
     write_back = sch.cache_write(block, 0, "local")
-    _try(sch, lambda s: s.compute_inline(write_back))
+    try_schedule(sch, lambda s: s.compute_inline(write_back))
     fused = sch.fuse(*outer)
     sch.parallel(fused)
     epilogue_under(sch, block, fused)
@@ -182,17 +184,17 @@ def schedule_cpu(sch, func_name: str, vectorize: bool = True) -> None:
     vectorised inner loop for every other block (the table's default rule)."""
     inline_all(sch, func_name)
     tiled = set()
-    for b in _root_blocks(sch, func_name) if vectorize else []:
+    for b in root_blocks(sch, func_name) if vectorize else []:
         axes = _conv_axes(sch, b)
-        if axes and _try(sch, lambda s, blk=b, ax=axes: _tile_conv(s, blk, *ax)):
+        if axes and try_schedule(sch, lambda s, blk=b, ax=axes: _tile_conv(s, blk, *ax)):
             tiled.add(sch.get(b).name_hint)
-    for b in _root_blocks(sch, func_name):
+    for b in root_blocks(sch, func_name):
         if MATERIALIZE in sch.get(b).annotations:
-            _try(sch, lambda s, blk=b: parallelize_rows(s, blk))
+            try_schedule(sch, lambda s, blk=b: parallelize_rows(s, blk))
         elif INTERIOR in sch.get(b).annotations:
-            _try(sch, lambda s, blk=b: parallelize_interior(s, blk))
+            try_schedule(sch, lambda s, blk=b: parallelize_interior(s, blk))
         elif sch.get(b).name_hint not in tiled:
-            _try(sch, lambda s, blk=b: _parallelize(s, blk, vectorize))
+            try_schedule(sch, lambda s, blk=b: _parallelize(s, blk, vectorize))
 
 
 def split_interior(sch, block) -> None:
@@ -230,7 +232,7 @@ def schedule_layout_transform(sch, func_name: str) -> None:
     64x56x56 int8, 1 thread: 0.029 ms; the default fused-and-split vector loop 0.092 ms,
     LLVM's own vectoriser on whole rows 0.068 ms."""
     inline_all(sch, func_name)
-    (block,) = _root_blocks(sch, func_name)
+    (block,) = root_blocks(sch, func_name)
     *outer, inner = sch.get_loops(block)
     sch.parallel(sch.fuse(*outer))
     sch.vectorize(inner)
@@ -281,7 +283,7 @@ def schedule_cuda(mod, target, reductions: bool = True):
             continue
         sch = s_tir.Schedule(mod)
         sch.work_on(gv.name_hint)
-        for b in _root_blocks(sch, gv.name_hint):
+        for b in root_blocks(sch, gv.name_hint):
             loops = sch.get_loops(b)
             inner = sch.add_unit_loop(loops[0] if loops else b)
             sch.bind(inner, "threadIdx.x")

@@ -1,7 +1,7 @@
 """x86 schedules for `conv2d_packed` kernels: AVX-512 VNNI, AVX2 (`vpmaddwd`), and a
 plain vector loop.
 
-The kernel's stages (see `cvmc/ops/layout.py`): `conv2d_packed_data` (the input as
+The kernel's stages (see `cvmc/ops/packed.py`): `conv2d_packed_data` (the input as
 unsigned bytes, 4 channels per 32-bit word, kept as a buffer), `conv2d_packed_acc` (the
 u8 x s8 dot products into int32, 16 output channels per vector) and the epilogue
 (compensation, bias, shift, clip, relu, cast), inlined into the kernel's output stage.
@@ -294,11 +294,11 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
 
 
 def schedule_conv_tiled(sch, acc, dot: Callable[[], str] | None) -> None:
-    """The acc block register-tiled (`_register_tile`), the epilogue under each tile; the
+    """The acc block register-tiled (`register_tile`), the epilogue under each tile; the
     inner 16x4 dot product tensorized by the intrinsic `dot()` registers, or (None) the
     16 output channels one vector and the 4 input channels a scalar loop."""
-    tile, rcb, oi = _register_tile(sch, acc, tile_shape, lambda oi, rci:
-                                                (oi, rci) if dot else (rci, oi))
+    tile, rcb, oi = register_tile(sch, acc, tile_shape, lambda oi, rci:
+                                               (oi, rci) if dot else (rci, oi))
     epilogue_under(sch, acc, tile)
     if not dot:
         sch.vectorize(oi)
@@ -318,7 +318,7 @@ def schedule_conv_avx2(sch, func_name: str) -> None:
     output (4 ymm registers), tensorized by `register_avx2_intrinsic`; the rfactor
     write-back (partial 0 + partial 1) and then the epilogue run on each finished tile.
     Loop order, parallel split and data stage are `schedule_conv_packed`'s
-    (`_register_tile`); the tile (`avx2_tile_shape`) fits AVX2's 16 ymm registers.
+    (`register_tile`); the tile (`avx2_tile_shape`) fits AVX2's 16 ymm registers.
     AVX-512 CPUs without VNNI take this rule too (the same code, on ymm registers).
 
     Measured for haswell on Zen 4, 1 thread, against the plain vector loop (16 channels x
@@ -336,15 +336,15 @@ def schedule_conv_avx2(sch, func_name: str) -> None:
     pair, _ = sch.split(rci, [2, 2])
     # the partials the last axis of the rf buffer: [..., 16 channels, 2 partials]
     rf = sch.rfactor(pair, factor_axis=len(sch.get(acc).writes[0].region))
-    tile, rcb, oi = _register_tile(sch, rf, avx2_tile_shape,
-                                                lambda oi, pair, k: (oi, pair, k))
+    tile, rcb, oi = register_tile(sch, rf, avx2_tile_shape,
+                                               lambda oi, pair, k: (oi, pair, k))
     epilogue_under(sch, rf, tile)  # the write-back (acc = partial 0 + partial 1)
     epilogue_under(sch, acc, tile)
     sch.decompose_reduction(rf, rcb)
     sch.tensorize(oi, register_avx2_intrinsic())
 
 
-def _register_tile(sch, block, shape, inner):
+def register_tile(sch, block, shape, inner):
     """Tile the acc-shaped `block` (loops n, OC/16, row, column, 16 channels, input
     channel blocks, kernel rows, kernel columns, then the input channel loops): (n, group
     of output channel tiles, row) fused and parallel (`_tasks`), the group's tiles, a tile

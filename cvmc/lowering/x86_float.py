@@ -1,11 +1,11 @@
-"""CPU schedules for float `conv_packed` kernels (`cvmc/ops/layout.py`): a register tile of
+"""CPU schedules for float `conv_packed` kernels (`cvmc/ops/packed_llvm.py`): a register tile of
 FMAs, output channels in the vector lanes.
 
 The kernel's stages: `conv_packed_pad` (the zero-padded input, kept as a buffer where a
 tap can fall outside the input), `conv_packed_acc` (N, OC/B, OH, OW, B), B output channels
 per vector, and the epilogue (the NCHW result, bias, relu, clip, residual add) inlined
 into the output stage. Loop order, as the int8 rule's (`cvmc/lowering/x86.py`,
-`_register_tile`): (n, output block groups, output row) fused and parallel, the padded
+`register_tile`): (n, output block groups, output row) fused and parallel, the padded
 rows a task reads made under it (one parallel region per kernel), a tile of output
 columns, then the reduction over input channels and the kernel window, then the
 tile's columns x output blocks unrolled (each one vector accumulator held in a register),
@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 
 from cvmc.lowering.schedule import epilogue_under, inline_all
-from cvmc.lowering.x86 import _register_tile, tile_shape
+from cvmc.lowering.x86 import register_tile, tile_shape
 
 # Accumulators per tile (columns x output blocks): AVX2 has 16 ymm registers, each step
 # needs a weight vector per block and a broadcast input value besides the accumulators;
@@ -36,7 +36,7 @@ def schedule_conv_float(sch, func_name: str, avx512: bool = False) -> None:
     shape = functools.partial(tile_shape, column_tile=_AVX512_COLUMNS if avx512 else
                               _AVX2_COLUMNS, accumulators=_AVX512_ACCUMULATORS if avx512
                               else _AVX2_ACCUMULATORS)
-    tile, rc, lanes = _register_tile(sch, acc, shape, lambda oi: (oi,))
+    tile, rc, lanes = register_tile(sch, acc, shape, lambda oi: (oi,))
     epilogue_under(sch, acc, tile)
     sch.vectorize(lanes)
     sch.decompose_reduction(acc, rc)

@@ -10,7 +10,7 @@ panel of B from cache. Each output element is the sum of its K products in the o
 0, 1, ... whatever the thread count: the same bits at any TVM_NUM_THREADS.
 
 `matmul_packed` (a constant B packed into column panels at compile time, `cvmc/ops/
-matmul.py`): the same tile, one panel wide, reads its panel contiguously; where a panel
+packed_llvm.py`): the same tile, one panel wide, reads its panel contiguously; where a panel
 does not fit a 16 KB block of L1, its K loop is blocked: for each panel and K block, every
 row block, the panel's sums kept in a buffer from one K block to the next (each element's
 sum still runs k = 0, 1, ...: the unblocked tile's bits).
@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 
 from cvmc.lowering.schedule import (
-    _root_blocks,
-    _try,
     epilogue_under,
     inline_all,
     largest_divisor,
+    root_blocks,
+    try_schedule,
     uses,
 )
 
@@ -41,8 +41,8 @@ _MIN_PANELS = 8
 def _matmul_block(sch, func_name: str):
     """The kernel's one reduction block, if it is a matmul: iterators (*batch, i, j, k),
     k the only reduction, and some read's innermost index walks j (B's row)."""
-    blocks = [b for b in _root_blocks(sch, func_name)
-              if any(it.iter_type == _REDUCTION for it in sch.get(b).iter_vars)]
+    blocks = [b for b in root_blocks(sch, func_name)
+             if any(it.iter_type == _REDUCTION for it in sch.get(b).iter_vars)]
     if len(blocks) != 1:
         raise ValueError("not one reduction block")
     block = blocks[0]
@@ -135,7 +135,7 @@ def _accumulate(sch, block, parallel: list, reduction, ii, ji) -> None:
     # The write-back of the local buffer folds into the epilogue (when the matmul result
     # is itself a kernel output it stays a block of its own).
     write_back = sch.cache_write(block, 0, "local")
-    _try(sch, lambda s: s.compute_inline(write_back))
+    try_schedule(sch, lambda s: s.compute_inline(write_back))
     fused = sch.fuse(*parallel)
     sch.parallel(fused)
     epilogue_under(sch, block, fused)

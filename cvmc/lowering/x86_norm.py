@@ -20,7 +20,7 @@ as above, and the division, each vectorised.
 """
 from __future__ import annotations
 
-from cvmc.lowering.schedule import _root_blocks, epilogue_under, inline_all, largest_divisor
+from cvmc.lowering.schedule import epilogue_under, inline_all, largest_divisor, root_blocks
 
 _LANES = 8  # float32 lanes of one AVX2 register
 
@@ -32,7 +32,7 @@ def _reduced(sch, block) -> int:
 
 def _reduction_blocks(sch, func_name: str):
     """([(reduction block, its reduction iterators)], [the other blocks]) of the kernel."""
-    blocks = [(b, _reduced(sch, b)) for b in _root_blocks(sch, func_name)]
+    blocks = [(b, _reduced(sch, b)) for b in root_blocks(sch, func_name)]
     return [b for b in blocks if b[1]], [b for b, n in blocks if not n]
 
 
@@ -162,7 +162,7 @@ def schedule_softmax(sch, func_name: str) -> None:
     """A fused_softmax kernel over its last axes: rows parallel, the max and the sum of
     the exps in vector lanes, each exp computed once into a row buffer, the division
     vectorised; ValueError for any other kernel."""
-    blocks = {sch.get(b).name_hint: b for b in _root_blocks(sch, func_name)}
+    blocks = {sch.get(b).name_hint: b for b in root_blocks(sch, func_name)}
     if set(blocks) != {"softmax_max", "softmax_exp", "softmax_sum", "fused_softmax"}:
         raise ValueError(f"{func_name}: not a fused_softmax kernel")
     peak, total, output = blocks["softmax_max"], blocks["softmax_sum"], blocks["fused_softmax"]

@@ -1,5 +1,8 @@
 """Paddle CINN's builder primitives as `cinn.<name>` ops (spec:
 ../shared/spec/cinn-builder-primitives.txt); `cvmc.GraphBuilder` has one method per op.
+Here the element-wise, compare and select ops; dot, reduce, the batch-norm statistics,
+data movement and const_scalar in `cinn_array`, cinn.conv in `cinn_conv`. This docstring
+states what all of them share.
 
 Element types. Each op's `types` says what it takes: `scalar` (float32), `integer` (a CVM
 integer: int32 or int8 storage, with a precision), `logical` (bool), `numeric` (scalar or
@@ -56,14 +59,13 @@ same table, tests/ops/test_cinn.py a hand-computed case for each):
 """
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from cvmc.ops.broadcast import broadcast_shapes, np_div, np_operands, te_broadcast, te_div
-from cvmc.ops.common import bitlen, prec_max, require
+from cvmc.ops.common import bitlen, no_arith, prec_max
 from cvmc.ops.nnef_math import (
     FORMULAS,
     TRANSCENDENTAL_ULP,
@@ -72,22 +74,19 @@ from cvmc.ops.nnef_math import (
     te_ne,
     te_select,
 )
-from cvmc.ops.nnef_std import check_axes, fmt
-from cvmc.ops.reduce import reduced_shape, te_reduce
 from cvmc.ops.registry import Attr, Fusion, OpDef, lookup, op
-from cvmc.ops.transform import gather_rules, reshape_like, te_concat, types_of
 
-_ELEMWISE, _BROADCAST, _INJECTIVE = Fusion.ELEMWISE, Fusion.BROADCAST, Fusion.INJECTIVE
-_REDUCTION = Fusion.REDUCTION
+_ELEMWISE, _BROADCAST = Fusion.ELEMWISE, Fusion.BROADCAST
 
 
-def _declare(name: str, inputs: Sequence[str], types: str, fusion: Fusion,
+def register(name: str, inputs: Sequence[str], types: str, fusion: Fusion,
              attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("out",),
-             precision_rule: str = "", aliases: Sequence[str] = (), ulp: int = 0) -> OpDef:
+             precision_rule: str = "", aliases: Sequence[str] = (), ulp: int = 0,
+             multiply_add: bool = False) -> OpDef:
     """Register `cinn.<name>` (the spec's primitive, snake_case)."""
     return op(f"cinn.{name}", family="cinn", seeds=("cinn",), inputs=inputs, types=types,
               attrs=attrs, outputs=outputs, fusion=fusion, precision_rule=precision_rule,
-              aliases=tuple(f"cinn.{a}" for a in aliases), ulp=ulp)
+              aliases=tuple(f"cinn.{a}" for a in aliases), ulp=ulp, multiply_add=multiply_add)
 
 
 def holding(r: int) -> int:
@@ -95,7 +94,7 @@ def holding(r: int) -> int:
     return bitlen(r) + 1
 
 
-def _power_precision(m: int, n: int) -> int:
+def power_precision(m: int, n: int) -> int:
     """Precision of x^y for |x| <= m, 0 <= y <= n (y = 0 gives 1). Exact while the power is
     small enough to compute; beyond, log2 gives the (already too large) bit count."""
     if m <= 1 or n == 0:
@@ -185,7 +184,7 @@ LIBM: dict[str, Rule] = {
     "log2": (np.log2, extern("log2f")),
 }
 for _name, _rule in LIBM.items():
-    _attach(_declare(_name, ("x",), "scalar -> scalar", _ELEMWISE, ulp=TRANSCENDENTAL_ULP),
+    _attach(register(_name, ("x",), "scalar -> scalar", _ELEMWISE, ulp=TRANSCENDENTAL_ULP),
             _rule, None, _name)
 
 FLOAT_ONLY: dict[str, Rule] = {
@@ -198,7 +197,7 @@ FLOAT_ONLY: dict[str, Rule] = {
     "round": (_np_round, te_fn(_te_round)),
 }
 for _name, _rule in FLOAT_ONLY.items():
-    _attach(_declare(_name, ("x",), "scalar -> scalar", _ELEMWISE), _rule, None, _name)
+    _attach(register(_name, ("x",), "scalar -> scalar", _ELEMWISE), _rule, None, _name)
 
 # name: (float rule, integer rule, precision rule text, precision)
 NUMERIC_UNARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
@@ -211,7 +210,7 @@ NUMERIC_UNARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
              lambda ins, a: min(_p(ins, 0), 2)),
 }
 for _name, (_float, _int, _words, _prec) in NUMERIC_UNARY.items():
-    _d = _declare(_name, ("x",), "numeric -> numeric", _ELEMWISE, precision_rule=_words)
+    _d = register(_name, ("x",), "numeric -> numeric", _ELEMWISE, precision_rule=_words)
     _d.precision(_prec)
     _attach(_d, _float, _int, _name)
 
@@ -226,14 +225,15 @@ def _classify(np_fn: Callable, tir_name: str, integer_value: bool) -> tuple[Rule
 CLASSIFY = {"is_finite": (np.isfinite, "isfinite", True), "is_inf": (np.isinf, "isinf", False),
             "is_nan": (np.isnan, "isnan", False)}
 for _name, _how in CLASSIFY.items():
-    _attach(_declare(_name, ("x",), "numeric -> logical", _ELEMWISE), *_classify(*_how), _name)
+    _attach(register(_name, ("x",), "numeric -> logical", _ELEMWISE), *_classify(*_how), _name)
 
-_identity = _declare("identity", ("x",), "? -> ?", _ELEMWISE)
+_identity = register("identity", ("x",), "? -> ?", _ELEMWISE)
 _attach(_identity, (np.copy, lambda x: x), (np.copy, lambda x: x), "identity")
-_attach(_declare("logical_not", ("x",), "logical -> logical", _ELEMWISE), None,
+_identity.arith(no_arith)  # GOPS: it copies
+_attach(register("logical_not", ("x",), "logical -> logical", _ELEMWISE), None,
         (np.logical_not, lambda x: ~x), "logical_not")
 # ~x = -x - 1 reaches -2^(p-1), one past precision p's range
-_bitwise_not = _declare("bitwise_not", ("x",), "integer -> integer", _ELEMWISE,
+_bitwise_not = register("bitwise_not", ("x",), "integer -> integer", _ELEMWISE,
                         precision_rule="p_x + 1")
 _bitwise_not.precision(lambda ins, a: _p(ins, 0) + 1)
 _attach(_bitwise_not, None, (np.invert, lambda x: ~x), "bitwise_not")
@@ -303,7 +303,7 @@ def _np_fmin(a, b):
     return np.where(np.isnan(a), a, np.where(np.isnan(b), b, small))
 
 
-def _te_fmaxmin(t, a, b, is_max: bool):
+def te_fmaxmin(t, a, b, is_max: bool):
     """TE IEEE 754-2019 maximum / minimum (`_np_fmax` / `_np_fmin`)."""
     neg_a = t.reinterpret("int32", a) < t.const(0, "int32")  # sign bit (also of -0)
     if is_max:
@@ -340,7 +340,7 @@ def _te_ipow(t, x, y):
 
 
 def _pow_precision(ins, a):
-    return _power_precision(prec_max(_p(ins, 0)), prec_max(_p(ins, 1)))
+    return power_precision(prec_max(_p(ins, 0)), prec_max(_p(ins, 1)))
 
 
 def _te_left_shift(t, u, v):
@@ -386,16 +386,16 @@ NUMERIC_BINARY: dict[str, tuple[Rule, Rule, str, Callable]] = {
     "mod": ((np.fmod, extern("fmodf")),
             (_np_int_by_nonzero(np.fmod), _te_int_by_nonzero("truncmod")),
             "min(p_x, p_y) (sign of x; x mod 0 = 0)", lambda ins, a: min(_p(ins, 0), _p(ins, 1))),
-    "max": ((_np_fmax, te_fn(lambda t, x, y: _te_fmaxmin(t, x, y, True))),
+    "max": ((_np_fmax, te_fn(lambda t, x, y: te_fmaxmin(t, x, y, True))),
             (np.maximum, te_fn(lambda t, x, y: t.max(x, y))), "max(p_x, p_y)", _max_p),
-    "min": ((_np_fmin, te_fn(lambda t, x, y: _te_fmaxmin(t, x, y, False))),
+    "min": ((_np_fmin, te_fn(lambda t, x, y: te_fmaxmin(t, x, y, False))),
             (np.minimum, te_fn(lambda t, x, y: t.min(x, y))), "max(p_x, p_y)", _max_p),
     "power": ((np.power, extern("powf")), (_np_ipow, te_fn(_te_ipow)),
               "bits of (2^(p_x-1) - 1)^(2^(p_y-1) - 1), at least 2", _pow_precision),
 }
 for _name, (_float, _int, _words, _prec) in NUMERIC_BINARY.items():
     # power's float rule is the C math library's powf
-    _d = _declare(_name, ("x", "y"), "numeric, numeric -> numeric", _BROADCAST,
+    _d = register(_name, ("x", "y"), "numeric, numeric -> numeric", _BROADCAST,
                   precision_rule=_words, aliases=("pow",) if _name == "power" else (),
                   ulp=TRANSCENDENTAL_ULP if _name == "power" else 0)
     _d.precision(_prec)
@@ -413,7 +413,7 @@ INTEGER_BINARY: dict[str, tuple[Callable, Callable, str, Callable]] = {
                     "p_x (arithmetic; counts < 0 shift by 0)", lambda ins, a: _p(ins, 0)),
 }
 for _name, (_np_fn, _te_fn, _words, _prec) in INTEGER_BINARY.items():
-    _d = _declare(_name, ("x", "y"), "integer, integer -> integer", _BROADCAST,
+    _d = register(_name, ("x", "y"), "integer, integer -> integer", _BROADCAST,
                   precision_rule=_words)
     _d.precision(_prec)
     _attach(_d, None, (_np_fn, _te_fn), _name)
@@ -424,7 +424,7 @@ LOGICAL_BINARY: dict[str, Rule] = {
     "logical_xor": (np.logical_xor, lambda x, y: _te_xor(x, y)),
 }
 for _name, _rule in LOGICAL_BINARY.items():
-    _attach(_declare(_name, ("x", "y"), "logical, logical -> logical", _BROADCAST), None,
+    _attach(register(_name, ("x", "y"), "logical, logical -> logical", _BROADCAST), None,
             _rule, _name)
 
 
@@ -434,7 +434,7 @@ COMPARE_KINDS: dict[str, tuple[Callable, Callable]] = {
     "ge": (np.greater_equal, lambda x, y: x >= y), "gt": (np.greater, lambda x, y: x > y),
     "le": (np.less_equal, lambda x, y: x <= y), "lt": (np.less, lambda x, y: x < y),
 }
-compare = _declare("compare", ("x", "y"), "numeric, numeric -> logical", _BROADCAST,
+compare = register("compare", ("x", "y"), "numeric, numeric -> logical", _BROADCAST,
                    attrs=(Attr("kind", "str", choices=tuple(COMPARE_KINDS)),))
 compare.shape(lambda ins, a: broadcast_shapes("cinn.compare", ("x", "y"),
                                               [t.shape for t in ins]))
@@ -448,360 +448,9 @@ def _compare_lower(xs, a):
     return te_broadcast(xs, fn, "compare")
 
 
-select = _declare("select", ("condition", "true_value", "false_value"), "logical, ?, ? -> ?",
+select = register("select", ("condition", "true_value", "false_value"), "logical, ?, ? -> ?",
                   _BROADCAST)
 select.shape(lambda ins, a: broadcast_shapes("cinn.select", select.inputs,
                                              [t.shape for t in ins]))
 select.reference(lambda xs, a: np.where(*np_operands(xs)))
 select.lower(lambda xs, a: te_broadcast(xs, te_select, "select"))
-
-
-
-# ---- dot, reduce, batch-norm statistics -----------------------------------------------------
-def _dot_k(ins) -> int:
-    """K, the length of the summed axis, after checking both operands."""
-    x, y = ins[0].shape, ins[1].shape
-    require(len(x) in (1, 2) and len(y) in (1, 2),
-            f"cinn.dot: operands must have rank 1 or 2, got x {fmt(x)} and y {fmt(y)}")
-    require(x[-1] == y[0], f"cinn.dot: x {fmt(x)} and y {fmt(y)} do not agree: x's last "
-                           f"extent {x[-1]} must equal y's first {y[0]} (x^T y)")
-    return x[-1]
-
-
-dot = _declare("dot", ("x", "y"), "numeric, numeric -> numeric", _REDUCTION,
-               precision_rule="bits of K * (2^(p_x-1) - 1) * (2^(p_y-1) - 1)")
-
-
-@dot.shape
-def _dot_shape(ins, a):
-    _dot_k(ins)
-    return ins[0].shape[:-1] + ins[1].shape[1:] or (1,)
-
-
-@dot.precision
-def _dot_precision(ins, a):
-    return holding(_dot_k(ins) * prec_max(_p(ins, 0)) * prec_max(_p(ins, 1)))
-
-
-dot.reference(lambda xs, a: np.reshape(np.dot(xs[0], xs[1]), _dot_shape(types_of(xs), a)))
-
-
-@dot.lower
-def _dot_lower(xs, a):
-    from cvmc.ops.te import te
-    x, y = xs
-    k = te.reduce_axis((0, int(x.shape[-1])), name="k")
-    rows = len(x.shape) - 1  # output axes taken from x (0 or 1), then from y
-
-    def element(*i):
-        xi, yi = i[:rows], i[rows:][:len(y.shape) - 1]
-        return te.sum(x(*xi, k) * y(k, *yi), axis=k)
-    return te.compute(_dot_shape(types_of(xs), a), element, name="dot")
-
-
-REDUCE_KINDS = ("sum", "prod", "max", "min")
-reduce_op = _declare("reduce", ("input",), "numeric -> numeric", _REDUCTION, attrs=(
-    Attr("kind", "str", choices=REDUCE_KINDS), Attr("dim", "ints", ()),
-    Attr("keep_dim", "bool", False)),
-    precision_rule="sum: bits of K * (2^(p_x-1) - 1); prod: bits of (2^(p_x-1) - 1)^K; "
-                   "max, min: p_x (K: elements per result)")
-
-
-def _reduce_axes(ndim: int, a) -> tuple[int, ...]:
-    """The reduced axes: `dim`, or every axis when it is empty."""
-    check_axes("cinn.reduce", "'dim'", a.dim, ndim)
-    return tuple(sorted(a.dim)) or tuple(range(ndim))
-
-
-@reduce_op.shape
-def _reduce_shape(ins, a):
-    r = _reduce_axes(ins[0].ndim, a)
-    return reduced_shape(ins[0].shape, r, a.keep_dim) if r else ins[0].shape
-
-
-@reduce_op.precision
-def _reduce_precision(ins, a):
-    m = prec_max(_p(ins, 0))
-    k = math.prod(ins[0].shape[i] for i in _reduce_axes(ins[0].ndim, a))
-    return {"sum": holding(k * m), "prod": _power_precision(m, k)}.get(a.kind, _p(ins, 0))
-
-
-def _np_extreme(x, r: tuple[int, ...], is_max: bool):
-    """IEEE 754-2019 maximum / minimum over axes r: NaN if any, and a zero result is +0 for
-    max when any +0 is there (for min: -0 when any -0 is), whatever the order."""
-    out = (np.max if is_max else np.min)(x, axis=r)
-    if x.dtype.kind != "f":
-        return out
-    wanted_sign = np.any((x == 0) & (np.signbit(x) != is_max), axis=r)
-    zero = np.where(wanted_sign == is_max, 0.0, -0.0)
-    return np.where(out == 0, zero, out)
-
-
-@reduce_op.reference
-def _reduce_reference(xs, a):
-    x = xs[0]
-    r = _reduce_axes(x.ndim, a)
-    if not r:
-        return x.copy()
-    fn = {"sum": lambda v: np.sum(v, axis=r), "prod": lambda v: np.prod(v, axis=r),
-          "max": lambda v: _np_extreme(v, r, True), "min": lambda v: _np_extreme(v, r, False)}
-    return np.reshape(fn[a.kind](x), reduced_shape(x.shape, r, a.keep_dim))
-
-
-def _te_reducer(kind: str, dtype: str):
-    """The TE reducer of a reduce kind on elements of `dtype`."""
-    from cvmc.ops.te import te, tirx
-    if kind == "sum":
-        return te.sum
-    if kind == "prod":
-        return te.comm_reducer(lambda u, v: u * v, lambda t: tirx.const(1, t), name="prod")
-    if not dtype.startswith("float"):
-        return te.max if kind == "max" else te.min
-    is_max = kind == "max"
-    return te.comm_reducer(lambda u, v: _te_fmaxmin(tirx, u, v, is_max),
-                           lambda t: tirx.const(-math.inf if is_max else math.inf, t),
-                           name=f"ieee_{kind}")
-
-
-@reduce_op.lower
-def _reduce_lower(xs, a):
-    from cvmc.ops.te import elementwise
-    x = xs[0]
-    r = _reduce_axes(len(x.shape), a)
-    if not r:
-        return elementwise(x, lambda v: v, "reduce")
-    return te_reduce(x, r, a.keep_dim, _te_reducer(a.kind, str(x.dtype)), f"reduce_{a.kind}")
-
-
-def _channel_reduced(name: str, x: tuple[int, ...]) -> tuple[int, ...]:
-    """The axes a batch-norm statistic sums over: every axis but the channel axis 1."""
-    require(len(x) >= 2, f"{name}: input must have rank >= 2 (N, C, ...), got {fmt(x)}")
-    return tuple(i for i in range(len(x)) if i != 1)
-
-
-bn_mean_variance = _declare("bn_mean_variance", ("input",), "scalar -> scalar", _REDUCTION,
-                            outputs=("sum", "square_sum"))
-
-
-@bn_mean_variance.shape
-def _bn_mean_variance_shape(ins, a):
-    _channel_reduced("cinn.bn_mean_variance", ins[0].shape)
-    return [(ins[0].shape[1],)] * 2
-
-
-@bn_mean_variance.reference
-def _bn_mean_variance_reference(xs, a):
-    x = xs[0]
-    r = _channel_reduced("cinn.bn_mean_variance", x.shape)
-    return np.sum(x, axis=r), np.sum(x * x, axis=r)  # x * x is exact in float64
-
-
-@bn_mean_variance.lower
-def _bn_mean_variance_lower(xs, a):
-    from cvmc.ops.te import elementwise, te
-    x = xs[0]
-    r = _channel_reduced("cinn.bn_mean_variance", tuple(int(d) for d in x.shape))
-    square = elementwise(x, lambda v: v * v, "square")
-    return (te_reduce(x, r, False, te.sum, "bn_sum"),
-            te_reduce(square, r, False, te.sum, "bn_square_sum"))
-
-
-bn_grad_bias_scale = _declare("bn_grad_bias_scale", ("input", "grad", "save_mean"),
-                              "scalar, scalar, scalar -> scalar", _REDUCTION,
-                              outputs=("bias_grad", "scale_grad"))
-
-
-@bn_grad_bias_scale.shape
-def _bn_grad_shape(ins, a):
-    x, grad, mean = (t.shape for t in ins)
-    _channel_reduced("cinn.bn_grad_bias_scale", x)
-    require(grad == x, f"cinn.bn_grad_bias_scale: grad has shape {fmt(grad)}, expected the "
-                       f"shape of input {fmt(x)}")
-    require(mean == (x[1],), f"cinn.bn_grad_bias_scale: save_mean has shape {fmt(mean)}, "
-                             f"expected [{x[1]}] (one mean per channel of input {fmt(x)})")
-    return [(x[1],)] * 2
-
-
-@bn_grad_bias_scale.reference
-def _bn_grad_reference(xs, a):
-    x, grad, mean = xs
-    r = _channel_reduced("cinn.bn_grad_bias_scale", x.shape)
-    centered = x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))
-    return np.sum(grad, axis=r), np.sum(grad * centered, axis=r)
-
-
-@bn_grad_bias_scale.lower
-def _bn_grad_lower(xs, a):
-    from cvmc.ops.te import te
-    x, grad, mean = xs
-    r = _channel_reduced("cinn.bn_grad_bias_scale", tuple(int(d) for d in x.shape))
-    term = te.compute(x.shape, lambda *i: grad(*i) * (x(*i) - mean(i[1])), name="bn_term")
-    return (te_reduce(grad, r, False, te.sum, "bn_bias_grad"),
-            te_reduce(term, r, False, te.sum, "bn_scale_grad"))
-
-
-# ---- data movement: broadcast_to, concat, reshape, reverse, slice, transpose -------------
-broadcast_to = _declare("broadcast_to", ("var",), "? -> ?", _INJECTIVE, attrs=(
-    Attr("out_shape", "ints", lo=1), Attr("broadcast_axes", "ints", lo=0)))
-
-
-@broadcast_to.shape
-def _broadcast_to_shape(ins, a):
-    x, out, axes = ins[0].shape, a.out_shape, a.broadcast_axes
-    name = "cinn.broadcast_to"
-    require(len(axes) == len(x), f"{name}: 'broadcast_axes' {fmt(axes)} must have one entry per "
-                                 f"input axis ({len(x)} for input {fmt(x)})")
-    require(all(v < len(out) for v in axes),
-            f"{name}: 'broadcast_axes' {fmt(axes)} must be in range [0,{len(out)}) (the rank "
-            f"of 'out_shape' {fmt(out)})")
-    require(all(u < v for u, v in itertools.pairwise(axes)),
-            f"{name}: 'broadcast_axes' {fmt(axes)} must be strictly increasing")
-    for i, (e, ax) in enumerate(zip(x, axes)):
-        require(e in (1, out[ax]), f"{name}: input axis {i} (extent {e}) maps to output axis "
-                                   f"{ax} (extent {out[ax]}); the extents must be equal or "
-                                   f"the input's 1")
-    return tuple(out)
-
-
-gather_rules(broadcast_to, lambda ins, out, a: lambda d: tuple(
-    0 if e == 1 else d[ax] for e, ax in zip(ins[0].shape, a.broadcast_axes)))
-
-concat = _declare("concat", ("*input_vars",), "?[] -> ?", _INJECTIVE,
-                  attrs=(Attr("axis", "int", 0, lo=0),))
-
-
-@concat.shape
-def _concat_shape(ins, a):
-    first = ins[0].shape
-    require(a.axis < len(first), f"cinn.concat: 'axis' must be in range [0,{len(first)}), "
-                                 f"found {a.axis}")
-    for k, t in enumerate(ins[1:], 1):
-        require(len(t.shape) == len(first) and all(
-            e == f for i, (e, f) in enumerate(zip(t.shape, first)) if i != a.axis),
-            f"cinn.concat: input {k} has shape {fmt(t.shape)}, expected the shape of input 0 "
-            f"{fmt(first)} on every axis but {a.axis}")
-    return first[:a.axis] + (sum(t.shape[a.axis] for t in ins),) + first[a.axis + 1:]
-
-
-concat.reference(lambda xs, a: np.concatenate(xs, axis=a.axis))
-concat.lower(lambda xs, a: te_concat(xs, a.axis, _concat_shape(types_of(xs), a), "concat"))
-
-reshape = _declare("reshape", ("input",), "? -> ?", _INJECTIVE, attrs=(Attr("shape", "ints"),))
-
-
-@reshape.shape
-def _reshape_shape(ins, a):
-    x, shape = ins[0].shape, list(a.shape)
-    require(all(s >= 1 or s == -1 for s in shape),
-            f"cinn.reshape: 'shape' {fmt(shape)} may hold positive extents and one -1 only")
-    require(shape.count(-1) <= 1, f"cinn.reshape: 'shape' {fmt(shape)} has more than one -1")
-    volume, known = math.prod(x), math.prod(s for s in shape if s != -1)
-    if -1 in shape:
-        require(volume % known == 0, f"cinn.reshape: the input's {volume} elements ({fmt(x)}) "
-                                     f"do not divide into 'shape' {fmt(shape)}")
-        shape[shape.index(-1)] = volume // known
-    require(math.prod(shape) == volume, f"cinn.reshape: 'shape' {fmt(a.shape)} holds "
-                                        f"{math.prod(shape)} elements, the input {fmt(x)} "
-                                        f"{volume}")
-    return tuple(shape)
-
-
-reshape_like(reshape)
-
-reverse = _declare("reverse", ("input",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
-
-
-@reverse.shape
-def _reverse_shape(ins, a):
-    check_axes("cinn.reverse", "'axis'", a.axis, ins[0].ndim)
-    return ins[0].shape
-
-
-gather_rules(reverse, lambda ins, out, a: lambda d: tuple(
-    n - 1 - i if k in a.axis else i for k, (n, i) in enumerate(zip(out, d))))
-
-slice_op = _declare("slice", ("input",), "? -> ?", _INJECTIVE, attrs=(
-    Attr("axes", "ints"), Attr("starts", "ints"), Attr("ends", "ints")))
-
-
-@slice_op.shape
-def _slice_shape(ins, a):
-    x = ins[0].shape
-    for what in ("starts", "ends"):
-        require(len(a[what]) == len(a.axes), f"cinn.slice: '{what}' {fmt(a[what])} must have "
-                                             f"one entry per axis in 'axes' {fmt(a.axes)}")
-    check_axes("cinn.slice", "'axes'", a.axes, len(x))
-    out = list(x)
-    for axis, start, end in zip(a.axes, a.starts, a.ends):
-        require(0 <= start < end <= x[axis],
-                f"cinn.slice: along axis {axis} (extent {x[axis]}) start {start} and end "
-                f"{end} must satisfy 0 <= start < end <= {x[axis]}")
-        out[axis] = end - start
-    return tuple(out)
-
-
-gather_rules(slice_op, lambda ins, out, a: lambda d: tuple(
-    i + dict(zip(a.axes, a.starts)).get(k, 0) for k, i in enumerate(d)))
-
-transpose = _declare("transpose", ("input",), "? -> ?", _INJECTIVE, attrs=(Attr("axis", "ints"),))
-
-
-@transpose.shape
-def _transpose_shape(ins, a):
-    x, n = ins[0].shape, len(a.axis)
-    require(n <= len(x), f"cinn.transpose: 'axis' {fmt(a.axis)} is longer than the input's "
-                         f"rank {len(x)}")
-    require(sorted(a.axis) == list(range(n)),
-            f"cinn.transpose: 'axis' {fmt(a.axis)} must be a permutation of [0..{n - 1}] "
-            f"(it permutes the leading {n} axes)")
-    return tuple(x[i] for i in a.axis) + x[n:]
-
-
-def _transpose_map(ins, out, a):
-    def index(d):
-        src = list(d)  # axes past len(axis) stay in place
-        for k, ax in enumerate(a.axis):
-            src[ax] = d[k]
-        return tuple(src)
-    return index
-
-
-gather_rules(transpose, _transpose_map)
-
-
-# ---- const_scalar -------------------------------------------------------------------------
-const_scalar = _declare("const_scalar", (), "-> ?", Fusion.OPAQUE,
-                        attrs=(Attr("value", "literal"),),
-                        precision_rule="bits of |value| (integer values)")
-
-
-@const_scalar.kind
-def _const_scalar_kind(kinds, a):
-    v = a.value
-    return "logical" if isinstance(v, bool) else "integer" if isinstance(v, int) else "scalar"
-
-
-@const_scalar.shape
-def _const_scalar_shape(ins, a):
-    v = a.value
-    if isinstance(v, int) and not isinstance(v, bool):
-        require(abs(v) <= prec_max(32), f"cinn.const_scalar: integer value {v} does not fit "
-                                         f"int32 (precision 32): |v| <= {prec_max(32)}")
-    elif isinstance(v, float):
-        require(math.isfinite(v) and abs(v) <= float(np.finfo(np.float32).max),
-                f"cinn.const_scalar: value {v} is not a finite float32 "
-                f"(|v| <= {float(np.finfo(np.float32).max):.8g})")
-    return ()
-
-
-const_scalar.precision(lambda ins, a: holding(abs(a.value)))
-const_scalar.reference(lambda xs, a: np.asarray(a.value))
-
-
-@const_scalar.lower
-def _const_scalar_lower(xs, a):
-    from cvmc.ops.registry import KINDS
-    from cvmc.ops.te import te, tirx
-    value = tirx.const(a.value, KINDS[_const_scalar_kind([], a)])
-    return te.compute((), lambda: value, name="const_scalar")
-

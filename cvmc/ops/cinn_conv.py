@@ -22,9 +22,11 @@ gamma(K + 2) * sum(|terms|), K the terms one output sums.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from cvmc.ops.common import require
+from cvmc.ops.common import mac_ops, require
 from cvmc.ops.conv_nd import conv_nd_compute, conv_nd_reference, out_sizes
 from cvmc.ops.registry import Attr, Fusion, op
 
@@ -32,7 +34,7 @@ _MAX = 1 << 24
 
 conv = op(
     "cinn.conv", family="nn", seeds=("cinn",), inputs=("lhs", "rhs"),
-    fusion=Fusion.OUT_ELEMWISE, types="scalar, scalar -> scalar",
+    fusion=Fusion.OUT_ELEMWISE, types="scalar, scalar -> scalar", multiply_add=True,
     attrs=(
         Attr("strides", "ints", (1, 1), lo=1, hi=_MAX, length=2),
         Attr("paddings", "ints", (0, 0), lo=0, hi=_MAX, length=2),
@@ -158,6 +160,15 @@ def _filter_gradient(x, dy, w_shape, a, before):
                     "noyx,niyx->oi", dy[:, g * ocg:(g + 1) * ocg],
                     taps[:, g * icg:(g + 1) * icg])
     return dw
+
+
+@conv.arith
+def _arith(ins, outs, a):
+    """2 per multiply-add: the three conv types do forward's products, dy's elements x the
+    filter's C/G x taps."""
+    dy, filt = {"forward": (outs[0], ins[1]), "backward_data": (ins[1], ins[0]),
+                "backward_filter": (ins[1], outs[0])}[a.conv_type]
+    return mac_ops(dy.size, math.prod(filt.shape[1:]))
 
 
 @conv.lower

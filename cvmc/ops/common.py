@@ -21,6 +21,28 @@ def prec_max(p: int) -> int:
     return (1 << (p - 1)) - 1
 
 
+def mac_ops(outputs: int, per_output: int) -> int:
+    """GOPS (`arith` rules): 2 operations per multiply-add, `per_output` multiply-adds for
+    each of `outputs` elements."""
+    return 2 * outputs * per_output
+
+
+def no_arith(ins, outs, a) -> int:
+    """The `arith` rule of an op that only selects, gathers, copies or reshapes: 0."""
+    return 0
+
+
+def arith_per_output(ins, outs, a) -> int:
+    """The `arith` rule of one operation per output element."""
+    return outs[0].size
+
+
+def arith_per_input(per_element: int):
+    """The `arith` rule of `per_element` operations per element of the first input (the
+    reductions)."""
+    return lambda ins, outs, a: per_element * ins[0].size
+
+
 def require(cond: bool, message: str) -> None:
     """Raise an OpRuleError with `message` unless `cond` holds."""
     if not cond:

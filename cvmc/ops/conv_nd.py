@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cvmc.ops.common import check_window
-from cvmc.ops.nn import _exact_matmul
+from cvmc.ops.nn import exact_matmul
 
 
 def out_size(op_name: str, axis: int, size: int, k: int, stride: int, dilation: int,
@@ -73,7 +73,7 @@ def conv_nd_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None,
     if x.dtype.kind == "f":
         y = np.matmul(wmat.astype(np.float64), cols.astype(np.float64))
     else:
-        y = _exact_matmul(wmat, cols)
+        y = exact_matmul(wmat, cols)
     y = y.reshape(n, oc, *out)
     return y if b is None else y + b.reshape(oc, *[1] * r)
 

@@ -1,4 +1,4 @@
-"""CVM NN operators: conv2d, dense, relu, max_pool2d, upsampling.
+"""CVM NN operators: conv2d, dense, relu (max_pool2d and upsampling: `nn_pool`).
 
 Spec: ../shared/spec/cvm-operators-formal.txt, "NN Operators"; precision rules from
 ../shared/design/cvm-semantics.md. Attribute bounds follow CVM-Runtime's
@@ -7,20 +7,20 @@ is MAX_ATTR - 1.
 """
 from __future__ import annotations
 
-import functools
+import math
 
 import numpy as np
 
-from cvmc.ops.common import INT32_MIN, bitlen, check_window_fits, require
+from cvmc.ops.common import bitlen, check_window_fits, mac_ops, require
 from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, op
 
-_HI = MAX_ATTR - 1
+ATTR_HI = MAX_ATTR - 1  # the inclusive upper bound of the NN attributes
 
 
-def _pair_attr(name: str, lo: int, default, aliases: tuple[str, ...] = (),
+def pair_attr(name: str, lo: int, default, aliases: tuple[str, ...] = (),
                cvm_name: str = "") -> Attr:
     """A length-2 integer list attribute bounded by [lo, max_attr)."""
-    return Attr(name, "ints", default, lo=lo, hi=_HI, length=2, aliases=aliases,
+    return Attr(name, "ints", default, lo=lo, hi=ATTR_HI, length=2, aliases=aliases,
                 cvm_name=cvm_name)
 
 
@@ -28,13 +28,13 @@ def _shape_str(shape) -> str:
     return "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def _require_rank(opname: str, operand: str, t, rank: int, dims: str) -> None:
+def require_rank(opname: str, operand: str, t, rank: int, dims: str) -> None:
     """Raise unless operand `t` has the given rank; `dims` names the expected axes."""
     require(t.ndim == rank, f"{opname}: {operand} must be {rank}-D {dims}, "
                             f"got shape {_shape_str(t.shape)}")
 
 
-def _require_low_precision(opname: str, ins, operands: tuple[str, str] = ("data", "weight")
+def require_low_precision(opname: str, ins, operands: tuple[str, str] = ("data", "weight")
                            ) -> None:
     """conv2d / dense multiply 8-bit operands only (CVM-Runtime: 'must be INT8')."""
     for operand, t in zip(operands, ins):
@@ -42,7 +42,7 @@ def _require_low_precision(opname: str, ins, operands: tuple[str, str] = ("data"
                                   f"got {t.precision}")
 
 
-def _bias_precision(p: int, ins) -> int:
+def bias_precision(p: int, ins) -> int:
     """The shared bias rule: `max(P, p_b) + 1` when a bias is given, else P."""
     return max(p, ins[2].precision) + 1 if len(ins) == 3 else p
 
@@ -60,7 +60,7 @@ def _check_bias(opname: str, ins, a, n_out: int) -> None:
                 f"{'a' if has_bias else 'no'} bias input is given")
 
 
-def _exact_matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+def exact_matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     """Integer `lhs @ rhs` (batched), computed with float64 BLAS and returned as int64.
 
     Exact: both operands hold values of at most 8 bits (|v| <= 127), so each product is
@@ -71,7 +71,7 @@ def _exact_matmul(lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return np.matmul(lhs.astype(np.float64), rhs.astype(np.float64)).astype(np.int64)
 
 
-def _add_bias(y: np.ndarray, xs, axis: int) -> np.ndarray:
+def add_bias(y: np.ndarray, xs, axis: int) -> np.ndarray:
     """y + B broadcast along `axis` (the output-channel axis), if a bias is given."""
     if len(xs) < 3:
         return y
@@ -120,7 +120,7 @@ def _window_rows(out: int, stride: int, k: int, dil: int) -> np.ndarray:
     return (np.arange(k) * dil)[:, None] + (np.arange(out) * stride)[None, :]
 
 
-def _gather_windows(xp: np.ndarray, oh: int, ow: int, k, stride, dil) -> np.ndarray:
+def gather_windows(xp: np.ndarray, oh: int, ow: int, k, stride, dil) -> np.ndarray:
     """taps[n, c, ki, kj, p, q] = xp[n, c, ki*DH + p*SH, kj*DW + q*SW] (xp already padded)."""
     rows = _window_rows(oh, stride[0], k[0], dil[0])
     cols = _window_rows(ow, stride[1], k[1], dil[1])
@@ -130,15 +130,19 @@ def _gather_windows(xp: np.ndarray, oh: int, ow: int, k, stride, dil) -> np.ndar
 # ---- conv2d ---------------------------------------------------------------------------
 conv2d = op(
     "conv2d", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
+    multiply_add=True, packed_on=("llvm", "cuda"), epilogue_on=("llvm", "cuda"),
     attrs=(
-        _pair_attr("padding", 0, (0, 0)),
-        _pair_attr("stride", 1, (1, 1), aliases=("strides",), cvm_name="strides"),
-        _pair_attr("dilation", 1, (1, 1)),
+        pair_attr("padding", 0, (0, 0)),
+        pair_attr("stride", 1, (1, 1), aliases=("strides",), cvm_name="strides"),
+        pair_attr("dilation", 1, (1, 1)),
         Attr("groups", "int", 1, lo=1),
-        # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
-        Attr("channels", "int?", None, lo=1),
-        Attr("kernel_size", "ints", None, lo=1, length=2),
-        Attr("use_bias", "bool", None),
+        # CVM-Runtime attributes: optional, and when given they must agree with the inputs;
+        # CVM-Runtime requires them, so export writes them from the weight's shape and the
+        # bias where a node leaves them unset.
+        Attr("channels", "int?", None, lo=1, cvm_derive=lambda shapes: shapes[1][0]),
+        Attr("kernel_size", "ints", None, lo=1, length=2,
+             cvm_derive=lambda shapes: tuple(shapes[1][2:])),
+        Attr("use_bias", "bool", None, cvm_derive=lambda shapes: len(shapes) == 3),
         Attr("layout", "str", "NCHW", choices=("NCHW",)),
         Attr("kernel_layout", "str", "OIHW", choices=("OIHW",)),
     ),
@@ -148,8 +152,8 @@ conv2d = op(
 
 def _check_conv_channels(ins, a) -> None:
     """C == IC x groups and OC % groups == 0 (CVM-Runtime reads past the weight otherwise)."""
-    _require_rank("conv2d", "data", ins[0], 4, "(N, C, H, W)")
-    _require_rank("conv2d", "weight", ins[1], 4, "(OC, IC, KH, KW)")
+    require_rank("conv2d", "data", ins[0], 4, "(N, C, H, W)")
+    require_rank("conv2d", "weight", ins[1], 4, "(OC, IC, KH, KW)")
     c, (oc, ic) = ins[0].shape[1], ins[1].shape[:2]
     g = a.groups
     require(c == ic * g, f"conv2d: data has {c} channels but weight expects {ic * g} "
@@ -166,7 +170,7 @@ def _conv_out_size(axis: str, size: int, pad: int, k: int, dil: int, stride: int
     return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-def _conv_out_hw(x_shape, w_shape, a) -> tuple[int, int]:
+def conv_out_hw(x_shape, w_shape, a) -> tuple[int, int]:
     """(Y_HMAX, Y_WMAX) of the spec for data (N, C, H, W) and weight (OC, IC, KH, KW)."""
     return tuple(_conv_out_size(axis, x_shape[2 + i], a.padding[i], w_shape[2 + i],
                                 a.dilation[i], a.stride[i])
@@ -186,19 +190,20 @@ def _conv2d_shape(ins, a):
                 f"conv2d: attribute 'kernel_size' is {list(a.kernel_size)} but weight kernel "
                 f"is [{kh}, {kw}]")
     _check_bias("conv2d", ins, a, oc)
-    return (n, oc, *_conv_out_hw(ins[0].shape, ins[1].shape, a))
+    return (n, oc, *conv_out_hw(ins[0].shape, ins[1].shape, a))
 
 
 @conv2d.precision
 def _conv2d_precision(ins, a):
-    _require_low_precision("conv2d", ins)
+    require_low_precision("conv2d", ins)
     _check_conv_channels(ins, a)
     _, ic, kh, kw = ins[1].shape
-    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(ic * kh * kw), ins)
+    return bias_precision(ins[0].precision + ins[1].precision + bitlen(ic * kh * kw), ins)
 
 
 @conv2d.reference
-def _conv2d_reference(xs, a):
+def conv2d_reference(xs, a):
+    """conv2d's spec on int64 arrays (conv2d_packed's reference too, on unpacked weights)."""
     # Y[n,oc,p,q] = sum_ic kernel(n, (oc // OPG)*IC + ic, p, q, oc, ic) (+ B[oc]), with
     # kernel = sum_{ki<KH, kj<KW} pad(p*SH - PH + ki*DH, q*SW - PW + kj*DW) * W[oc,ic,ki,kj].
     # The spec's sums run "to KH" inclusive, a typo: W has only KH rows.
@@ -208,12 +213,12 @@ def _conv2d_reference(xs, a):
     g = a.groups
     (ph, pw), stride, dil = a.padding, a.stride, a.dilation
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))  # pad(): 0 outside the input
-    oh, ow = _conv_out_hw(x.shape, w.shape, a)
-    taps = _gather_windows(xp, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
+    oh, ow = conv_out_hw(x.shape, w.shape, a)
+    taps = gather_windows(xp, oh, ow, (kh, kw), stride, dil)  # (n, C, KH, KW, OH, OW)
     # im2col per group: channel j = group*IC + ic, output channel oc = group*OPG + o.
     cols = taps.reshape(n, g, ic * kh * kw, oh * ow)
-    y = _exact_matmul(w.reshape(g, oc // g, ic * kh * kw), cols)  # (n, g, OPG, OH*OW)
-    return _add_bias(y.reshape(n, oc, oh, ow), xs, 1)
+    y = exact_matmul(w.reshape(g, oc // g, ic * kh * kw), cols)  # (n, g, OPG, OH*OW)
+    return add_bias(y.reshape(n, oc, oh, ow), xs, 1)
 
 
 @conv2d.lower
@@ -224,7 +229,7 @@ def _conv2d_lower(xs, a):
     oc, ic, kh, kw = shape_of(w)
     (sh, sw), (dh, dw) = a.stride, a.dilation
     opg = oc // a.groups
-    oh, ow = _conv_out_hw(shape_of(x), shape_of(w), a)
+    oh, ow = conv_out_hw(shape_of(x), shape_of(w), a)
     _, c, h, wd = shape_of(x)
     padded = (n, c, h + 2 * a.padding[0], wd + 2 * a.padding[1])
     if a.padding[0] or a.padding[1]:
@@ -253,6 +258,12 @@ def _conv2d_lower(xs, a):
     return _lower_bias(y, xs, 1, "conv2d_bias")
 
 
+@conv2d.arith
+def _conv2d_arith(ins, outs, a):
+    """2 per multiply-add: output elements x C/groups x KH x KW."""
+    return mac_ops(outs[0].size, math.prod(ins[1].shape[1:]))
+
+
 @conv2d.cost
 def _conv2d_cost(ins, outs, a):
     _, ic, kh, kw = ins[1].shape
@@ -262,18 +273,24 @@ def _conv2d_cost(ins, outs, a):
 # ---- dense ----------------------------------------------------------------------------
 dense = op(
     "dense", family="nn", inputs=("data", "weight", "bias?"), fusion=Fusion.OUT_ELEMWISE,
+    multiply_add=True, epilogue_on=("llvm", "cuda"),
+    # CUDA keeps dense as it is (its own dp4a rule, a warp per output): as a conv on one
+    # pixel it gives too few threads (H200: dense 1024 -> 1000 81 us, under 15 us as
+    # dlight's GEMV on int32)
+    packed_on=("llvm",),
     attrs=(
-        # CVM-Runtime attributes: optional, and when given they must agree with the inputs.
-        Attr("units", "int?", None, lo=1),
-        Attr("use_bias", "bool", None),
+        # CVM-Runtime attributes: optional, and when given they must agree with the inputs
+        # (export writes them from the weight's shape and the bias, as for conv2d).
+        Attr("units", "int?", None, lo=1, cvm_derive=lambda shapes: shapes[1][0]),
+        Attr("use_bias", "bool", None, cvm_derive=lambda shapes: len(shapes) == 3),
     ),
     precision_rule="p_x + p_w + bitlen(K); with bias max(that, p_b) + 1; p_x, p_w <= 8")
 
 
 @dense.shape
 def _dense_shape(ins, a):
-    _require_rank("dense", "data", ins[0], 2, "(M, K)")
-    _require_rank("dense", "weight", ins[1], 2, "(N, K)")
+    require_rank("dense", "data", ins[0], 2, "(M, K)")
+    require_rank("dense", "weight", ins[1], 2, "(N, K)")
     (m, k), (units, wk) = ins[0].shape, ins[1].shape
     require(k == wk, f"dense: data has K={k} columns but weight has {wk} "
                      f"(weight must be (N, K) = (units, {k}))")
@@ -286,14 +303,14 @@ def _dense_shape(ins, a):
 
 @dense.precision
 def _dense_precision(ins, a):
-    _require_low_precision("dense", ins)
-    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(ins[1].shape[-1]), ins)
+    require_low_precision("dense", ins)
+    return bias_precision(ins[0].precision + ins[1].precision + bitlen(ins[1].shape[-1]), ins)
 
 
 @dense.reference
 def _dense_reference(xs, a):
     # Y = X W^T (+ B)
-    return _add_bias(_exact_matmul(xs[0], xs[1].T), xs, 1)
+    return add_bias(exact_matmul(xs[0], xs[1].T), xs, 1)
 
 
 @dense.lower
@@ -304,6 +321,12 @@ def _dense_lower(xs, a):
     rk = te.reduce_axis((0, k), name="rk")
     y = te.compute((m, units), lambda i, j: te.sum(x[i, rk] * w[j, rk], axis=rk), name="dense")
     return _lower_bias(y, xs, 1, "dense_bias")
+
+
+@dense.arith
+def _dense_arith(ins, outs, a):
+    """2 per multiply-add: output elements x input features."""
+    return mac_ops(outs[0].size, ins[1].shape[1])
 
 
 @dense.cost
@@ -334,172 +357,3 @@ def _relu_reference(xs, a):
 def _relu_lower(xs, a):
     from cvmc.ops.te import const, elementwise, tirx
     return elementwise(xs[0], lambda v: tirx.max(v, const(0)), "relu")
-
-
-# ---- max_pool2d -----------------------------------------------------------------------
-max_pool2d = op(
-    "max_pool2d", family="nn", inputs=("data",), fusion=Fusion.OUT_ELEMWISE,
-    attrs=(
-        Attr("pool_size", "ints", lo=1, hi=_HI, length=2),
-        # One int (or a 1-element list) means PH = PW, as in the spec and CVM-Runtime.
-        Attr("padding", "ints", (0, 0), lo=0, hi=_HI, scalar_ok=True),
-        _pair_attr("strides", 1, (1, 1), aliases=("stride",)),
-        Attr("ceil_mode", "bool", False),
-        Attr("layout", "str", "NCHW", choices=("NCHW",)),
-    ),
-    precision_rule="p_x")
-
-
-def _pool_padding(a) -> tuple[int, int]:
-    """(PH, PW) from a 1- or 2-element padding attribute."""
-    pad = tuple(a.padding)
-    require(len(pad) in (1, 2), f"max_pool2d: attribute 'padding' must have 1 or 2 elements "
-                                f"(PH = PW, or (PH, PW)), got {list(pad)}")
-    return (pad[0], pad[0]) if len(pad) == 1 else pad
-
-
-def _pool_out_size(axis: str, size: int, pad: int, k: int, stride: int, ceil: bool) -> int:
-    """Spec: ceil_func((size + 2*pad - k) / stride) + 1, after the spec's window checks."""
-    require(pad < k <= size + 2 * pad,
-            f"max_pool2d: pool_size {axis} must be in ({pad}, {size + 2 * pad}] "
-            f"(> padding {pad}, <= input {size} + 2*padding), got {k}")
-    span = size + 2 * pad - k
-    out = (-(-span // stride) if ceil else span // stride) + 1
-    # ceil_mode can add a window that starts past the input: it would hold only padding
-    # (INT32_MIN). CVM-Runtime rejects that case too ("min_o_h < H").
-    start = (out - 1) * stride - pad
-    require(start < size, f"max_pool2d: with ceil_mode the last window along {axis} starts "
-                          f"at {start}, past the input {axis} {size}; it would hold only "
-                          f"padding (use a smaller stride or ceil_mode=false)")
-    return out
-
-
-def _pool_geometry(shape, a) -> tuple[int, int, int, int]:
-    """(PH, PW, OH, OW) for an (N, C, H, W) input."""
-    ph, pw = _pool_padding(a)
-    (kh, kw), (sh, sw) = a.pool_size, a.strides
-    oh = _pool_out_size("height", shape[2], ph, kh, sh, a.ceil_mode)
-    ow = _pool_out_size("width", shape[3], pw, kw, sw, a.ceil_mode)
-    return ph, pw, oh, ow
-
-
-@max_pool2d.shape
-def _max_pool2d_shape(ins, a):
-    _require_rank("max_pool2d", "data", ins[0], 4, "(N, C, H, W)")
-    _, _, oh, ow = _pool_geometry(ins[0].shape, a)
-    return (*ins[0].shape[:2], oh, ow)
-
-
-@max_pool2d.precision
-def _max_pool2d_precision(ins, a):
-    return ins[0].precision
-
-
-@max_pool2d.reference
-def _max_pool2d_reference(xs, a):
-    # Y[n,i,p,q] = max{pad(p*SH - PH + ki, q*SW - PW + kj) : ki < PSH, kj < PSW},
-    # pad() = INT32_MIN outside the input. Padding "after" covers ceil_mode's extra window.
-    x = xs[0]
-    ph, pw, oh, ow = _pool_geometry(x.shape, a)
-    (kh, kw), (sh, sw) = a.pool_size, a.strides
-    after_h = max(ph, (oh - 1) * sh + kh - ph - x.shape[2])
-    after_w = max(pw, (ow - 1) * sw + kw - pw - x.shape[3])
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, after_h), (pw, after_w)), constant_values=INT32_MIN)
-    taps = _gather_windows(xp, oh, ow, (kh, kw), (sh, sw), (1, 1))
-    return taps.max(axis=(2, 3))
-
-
-# Windows up to this many taps are unrolled into a chain of maxima (a larger one, which
-# the attributes allow, stays a reduction: the chain's expression grows with the window).
-_MAX_UNROLLED_WINDOW = 64
-
-
-@max_pool2d.lower
-def _max_pool2d_lower(xs, a):
-    return lower_max_pool(xs[0], a, "max_pool2d")
-
-
-def lower_max_pool(x, a, name: str):
-    """TE of max_pool2d on `x` (N, C, H, W), or (N, C/16, H, W, 16) blocked: rows and
-    columns are axes 2 and 3 in both layouts, a blocked tensor's inner channel axis rides
-    along (`cvmc.ops.layout`'s max_pool2d_blocked)."""
-    from cvmc.ops.te import INTERIOR, shape_of, te, tirx
-    ph, pw, oh, ow = _pool_geometry(shape_of(x), a)
-    (kh, kw), (sh, sw) = a.pool_size, a.strides
-    h, w = shape_of(x)[2:4]
-    # Output columns whose whole window lies inside the input: q*SW - PW >= 0 and
-    # q*SW - PW + KW <= W. There the clamps below vanish (the CPU schedule splits them off).
-    start = min(-(-pw // sw), ow)
-    stop = max(start, min(ow, (w - kw + pw) // sw + 1))
-    ry = te.reduce_axis((0, kh), name="ry")
-    rx = te.reduce_axis((0, kw), name="rx")
-
-    def window_max(n, c, p, q, *inner):
-        # A tap in the padding reads the nearest input pixel instead: every window holds
-        # at least one input pixel (the shape rule) and its pixels are contiguous, so
-        # that nearest pixel is in the window too and the maximum is unchanged -- with
-        # no test in the loop and no read outside the input (ceil_mode included).
-        def tap(ky, kx):
-            i = tirx.max(tirx.min(p * sh + ky - ph, h - 1), 0)
-            return x[(n, c, i, tirx.max(tirx.min(q * sw + kx - pw, w - 1), 0), *inner)]
-        if kh * kw > _MAX_UNROLLED_WINDOW:
-            return te.max(tap(ry, rx), axis=[ry, rx])
-        # Unrolled, the pooling block is all spatial and its output columns vectorise
-        # (ResNet-18's 3x3/2 pool on 64x112x112, with the interior split: 0.93 -> 0.048 ms
-        # at 1 thread).
-        return functools.reduce(tirx.max, [tap(ky, kx) for ky in range(kh)
-                                           for kx in range(kw)])
-    shape = shape_of(x)
-    if len(shape) == 5:
-        return te.compute((*shape[:2], oh, ow, shape[4]),
-                          lambda n, c, p, q, ci: window_max(n, c, p, q, ci), name=name,
-                          attrs={INTERIOR: [3, start, stop]})
-    return te.compute((*shape[:2], oh, ow), lambda n, c, p, q: window_max(n, c, p, q),
-                      name=name, attrs={INTERIOR: [3, start, stop]})
-
-
-@max_pool2d.cost
-def _max_pool2d_cost(ins, outs, a):
-    return a.pool_size[0] * a.pool_size[1]
-
-
-# ---- upsampling -----------------------------------------------------------------------
-upsampling = op(
-    "upsampling", family="nn", inputs=("data",), fusion=Fusion.INJECTIVE,
-    attrs=(
-        Attr("scale", "int", lo=1, hi=_HI),
-        Attr("method", "str", "NEAREST_NEIGHBOR", choices=("NEAREST_NEIGHBOR",)),
-        Attr("layout", "str", "NCHW", choices=("NCHW",)),
-    ),
-    precision_rule="p_x")
-
-
-@upsampling.shape
-def _upsampling_shape(ins, a):
-    _require_rank("upsampling", "data", ins[0], 4, "(N, C, H, W)")
-    n, c, h, w = ins[0].shape
-    return (n, c, h * a.scale, w * a.scale)
-
-
-@upsampling.precision
-def _upsampling_precision(ins, a):
-    return ins[0].precision
-
-
-@upsampling.reference
-def _upsampling_reference(xs, a):
-    # Y[n, i, h, w] = X[n, i, h // scale, w // scale]
-    x, s = xs[0], a.scale
-    rows = np.arange(x.shape[2] * s) // s
-    cols = np.arange(x.shape[3] * s) // s
-    return x[:, :, rows[:, None], cols[None, :]]
-
-
-@upsampling.lower
-def _upsampling_lower(xs, a):
-    from cvmc.ops.te import shape_of, te
-    x, s = xs[0], a.scale
-    n, c, h, w = shape_of(x)
-    # Indices are non-negative, so TIR's floor division equals the spec's floor.
-    return te.compute((n, c, h * s, w * s), lambda b, i, p, q: x[b, i, p // s, q // s],
-                      name="upsampling")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cvmc.ops.common import no_arith
 from cvmc.ops.fastmath import te_exp
 from cvmc.ops.nnef_std import broadcast, declare
 from cvmc.ops.registry import Fusion, OpDef
@@ -138,7 +139,7 @@ elementwise("round", _UNARY, lambda x: np.floor(x + 0.5), te_fn(
     lambda t, x: t.floor(x.astype("float64") + t.const(0.5, "float64")).astype("float32")))
 # abs on integer tensors is the CVM op (same signature and shape); on scalars, nnef.abs.
 elementwise("nnef.abs", _UNARY, np.abs, te_fn(lambda t, x: t.abs(x)))
-elementwise("copy", "? -> ?", lambda x: x.copy(), lambda x: x)
+elementwise("copy", "? -> ?", lambda x: x.copy(), lambda x: x).arith(no_arith)  # GOPS: 0
 elementwise("not", "logical -> logical", np.logical_not, lambda x: ~x)
 
 # ---- binary -----------------------------------------------------------------------------

@@ -3,10 +3,13 @@ reduce, shape-manipulation, matmul and update primitives.
 
 `declare` registers an NNEF primitive; each primitive is one entry, declared with its
 rules in its op family's module: `nnef_math` (element-wise), `nnef_tensor` (reduce,
-shape, matmul, update; shape rules here), `nnef_nn` (sliding-window, up-sampling, RoI;
-shape rules in `nnef_std_nn`). Signatures and defaults follow the stdlib declarations
-(cvmc/frontend/stdlib.nnef, the Khronos file verbatim; tests/ops/test_nnef_std.py checks
-every entry against it); shape rules follow chapter 4 of ../shared/spec/nnef-1.0-spec.txt.
+shape, matmul, update; shape rules here), `nnef_nn` and `nnef_pool` (sliding-window) and
+`nnef_resample` (up-sampling, RoI; shape rules of the three in `nnef_std_nn`). The entry
+is the primitive's one declaration: the frontend reads documents with the `fragment`
+declarations generated from the entries (`cvmc.ops.describe`), which must agree with the
+Khronos stdlib's (cvmc/frontend/stdlib.nnef, the spec's file verbatim;
+tests/ops/test_declarations.py); shape rules follow chapter 4 of
+../shared/spec/nnef-1.0-spec.txt.
 Compound fragments (min, max, clamp, relu, softmax, mean_reduce, moments,
 nearest_upsample, add_n, ...) are expanded by the frontend and get no entry. Where a
 primitive's name is a CVM op with another signature or other shape semantics, the entry
@@ -35,13 +38,15 @@ def fmt(values: Sequence[int]) -> str:
 
 def declare(name: str, rule: ShapeRule, inputs: Sequence[str], types: str,
             attrs: Sequence[Attr] = (), outputs: Sequence[str] = ("output",),
-            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "", ulp: int = 0) -> OpDef:
+            fusion: Fusion = Fusion.OPAQUE, precision_rule: str = "", ulp: int = 0,
+            multiply_add: bool = False) -> OpDef:
     """Register an NNEF primitive (`types` as its stdlib declaration has them, see
     `registry`) whose shape rule sees plain input shapes; the caller attaches the
     reference and lower rules (and the precision rule `precision_rule` describes, for an
     integer result)."""
     d = op(name, family="nnef", seeds=("nnef",), types=types, inputs=inputs, attrs=attrs,
-           outputs=outputs, fusion=fusion, precision_rule=precision_rule, ulp=ulp)
+           outputs=outputs, fusion=fusion, precision_rule=precision_rule, ulp=ulp,
+           multiply_add=multiply_add)
     label = name.removeprefix("nnef.")  # messages use the name the document spells
 
     @d.shape

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cvmc.ops.common import arith_per_input, mac_ops, no_arith
 from cvmc.ops.nnef_std import (
     BORDERS,
     concat_shape,
@@ -53,7 +54,8 @@ from cvmc.ops.nnef_std import (
 )
 from cvmc.ops.reduce import te_reduce
 from cvmc.ops.registry import Attr, Fusion, lookup
-from cvmc.ops.transform import ravel, reshape_like, te_concat, te_gather, types_of
+from cvmc.ops.transform import ravel, reshape_like, te_gather, types_of
+from cvmc.ops.transform_gather import te_concat
 
 # ---- the entries' declarations (their shape rules: nnef_std) ----------------------------
 declare("update", update_shape, ("variable", "value"), "?, ? -> ?", outputs=("result",))
@@ -72,7 +74,7 @@ for _name in ("argmax_reduce", "argmin_reduce"):
 declare("matmul", matmul_shape, ("A", "B"), "scalar, scalar -> scalar",
         (Attr("transposeA", "bool", False), Attr("transposeB", "bool", False)), ("C",),
         # its kernel takes the element-wise epilogue (bias, activation) under its tile
-        fusion=Fusion.OUT_ELEMWISE)
+        fusion=Fusion.OUT_ELEMWISE, multiply_add=True)
 
 declare("nnef.reshape", reshape_shape, ("input",), "? -> ?",
         (ints_attr("shape"), Attr("axis_start", "int", 0, lo=0),
@@ -99,6 +101,17 @@ declare("pad", pad_shape, ("input",), "scalar -> scalar",
          Attr("value", "scalar", 0.0)))
 declare("nnef.tile", tile_shape, ("input",), "? -> ?", (ints_attr("repeats", lo=1),))
 declare("gather", gather_shape, ("input", "indices"), "?, integer -> ?", (Attr("axis", "int", 0),))
+
+# GOPS: a reduction one operation per input element, matmul 2 per multiply-add (output
+# elements x K); the others select, gather, copy or reshape values.
+for _name in ("sum_reduce", "max_reduce", "min_reduce", "argmax_reduce", "argmin_reduce",
+              "all_reduce", "any_reduce"):
+    lookup(_name).arith(arith_per_input(1))
+lookup("matmul").arith(lambda ins, outs, a: mac_ops(
+    outs[0].size, ins[0].shape[-2 if a.transposeA else -1]))
+for _name in ("concat", "split", "stack", "unstack", "gather", "pad", "update", "unsqueeze",
+              "nnef.reshape", "nnef.slice", "nnef.squeeze", "nnef.tile", "nnef.transpose"):
+    lookup(_name).arith(no_arith)
 
 
 # ---- reductions ----------------------------------------------------------------------

@@ -18,13 +18,14 @@ an integer result takes its precision from the precision rule.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
-from cvmc.ops.common import bitlen, require
+from cvmc.ops.common import bitlen, mac_ops, require
 from cvmc.ops.conv_nd import conv_nd_compute, conv_nd_reference, out_sizes
-from cvmc.ops.nn import _bias_precision, _require_low_precision
+from cvmc.ops.nn import bias_precision, require_low_precision
 from cvmc.ops.registry import Attr, Fusion, op
 from cvmc.ops.transform import MAX_DIM, MAX_VOLUME
 
@@ -32,7 +33,7 @@ NAME = "onednn.convolution"
 
 convolution = op(
     NAME, family="nn", seeds=("onednn",), inputs=("src", "weights", "bias?"),
-    fusion=Fusion.OUT_ELEMWISE, types="?, ?, ? -> ?",
+    fusion=Fusion.OUT_ELEMWISE, types="?, ?, ? -> ?", multiply_add=True,
     attrs=(
         # Bounded so that every padded coordinate stays far inside int32.
         Attr("strides", "ints", lo=1, hi=MAX_DIM),
@@ -127,10 +128,10 @@ def _shape(ins, a):
 
 @convolution.precision
 def _precision(ins, a):
-    _require_low_precision(NAME, ins, ("src", "weights"))
+    require_low_precision(NAME, ins, ("src", "weights"))
     _, ws, _, _ = _geometry(ins, a)
     taps = ws[1] * int(np.prod(ws[2:]))
-    return _bias_precision(ins[0].precision + ins[1].precision + bitlen(taps), ins)
+    return bias_precision(ins[0].precision + ins[1].precision + bitlen(taps), ins)
 
 
 @convolution.reference
@@ -142,6 +143,15 @@ def _reference(xs, a):
     y = conv_nd_reference(x, w, xs[2] if len(xs) == 3 else None, a.strides, pb, pe,
                           a.dilations, a.groups)
     return np.transpose(y, _from_ncx(r, a.data_format))
+
+
+@convolution.arith
+def _arith(ins, outs, a):
+    """2 per multiply-add: every output element sums IC/groups x taps products, the
+    weights' volume per output channel."""
+    w = ins[1].shape
+    oc = w[0] if a.weights_format == "OIX" else w[-1]
+    return mac_ops(outs[0].size, math.prod(w) // oc)
 
 
 @convolution.lower

@@ -33,11 +33,16 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   2 per multiply-add, the convention of every GOPS figure. Default by fusion kind:
   element-wise and broadcast ops their output elements x (inputs - 1), at least 1;
   reductions their input elements; injective ops (data movement) 0; any other op its
-  output elements. `cvmc/ops/arith.py` gives the ops these do not fit.
+  output elements. The entries these do not fit attach their own (`common.mac_ops`,
+  `no_arith`, `arith_per_input`, `arith_per_output` help).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
 Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
-and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes).
+and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes),
+`multiply_add` (the `arith` operations are multiply-adds, 2 each: the MACs `cvmc check`
+totals), `backends` (the targets that compile the op), `packed_on` (the targets whose
+layout pass packs the op's weight into `conv2d_packed`) and `epilogue_on` (the targets on
+which a kernel the op anchors takes its element-wise epilogue).
 The storage dtype is not a per-op rule: it follows from precision (`storage_dtype`).
 
 Two kinds of ops share the registry:
@@ -103,6 +108,8 @@ class Attr:
     length: required list length for "ints" (a single int is broadcast to it when
     scalar_ok). aliases: other spellings accepted on input (CVM-Runtime, spec variants).
     cvm_name: the alias CVM-Runtime's JSON spells it by, which export writes ("": name).
+    cvm_derive: for an optional attribute that CVM-Runtime requires, its value from the
+    node's input shapes, which export writes where the node leaves it unset.
     """
 
     name: str
@@ -115,6 +122,7 @@ class Attr:
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     cvm_name: str = ""
+    cvm_derive: Callable[[list[tuple[int, ...]]], Any] | None = None
 
     @property
     def nnef_type(self) -> str:
@@ -127,7 +135,7 @@ class Attr:
         if self.choices:
             text += f" ({' | '.join(repr(c) for c in self.choices)})"
         if self.default is not REQUIRED:
-            text += f" = {_fmt(self.default)}"
+            text += f" = {nnef_literal(self.default)}"
         return text
 
     def normalize(self, op: str, value: Any) -> Any:
@@ -137,44 +145,48 @@ class Attr:
             return None
         if self.kind in ("int", "int?"):
             if not _is_int(value):
-                raise OpRuleError(f"{where} must be an integer, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be an integer, got {nnef_literal(value)}")
             self._check_range(where, int(value))
             return int(value)
         if self.kind == "bool":
             if not isinstance(value, bool):
-                raise OpRuleError(f"{where} must be a logical (true/false), got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a logical (true/false), "
+                                  f"got {nnef_literal(value)}")
             return value
         if self.kind == "str":
             if not isinstance(value, str) or (self.choices and value not in self.choices):
                 expect = " or ".join(repr(c) for c in self.choices) or "a string"
-                raise OpRuleError(f"{where} must be {expect}, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be {expect}, got {nnef_literal(value)}")
             return value
         if self.kind == "scalar":
             if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise OpRuleError(f"{where} must be a number, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a number, got {nnef_literal(value)}")
             return value
         if self.kind == "literal":
             if not isinstance(value, (int, float)):
-                raise OpRuleError(f"{where} must be a number or a logical, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a number or a logical, "
+                                  f"got {nnef_literal(value)}")
             return value
         if self.kind == "scalars":
             if not isinstance(value, (list, tuple)) or not all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-                raise OpRuleError(f"{where} must be a list of numbers, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a list of numbers, got {nnef_literal(value)}")
             return tuple(value)
         if self.kind == "int_pairs":
             if not isinstance(value, (list, tuple)) or not all(
                     isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(x) for x in v)
                     for v in value):
-                raise OpRuleError(f"{where} must be a list of integer pairs, got {_fmt(value)}")
+                raise OpRuleError(f"{where} must be a list of integer pairs, "
+                                  f"got {nnef_literal(value)}")
             return tuple((int(p), int(q)) for p, q in value)
         assert self.kind == "ints", self.kind
         if _is_int(value) and self.scalar_ok:
             value = [int(value)] * (self.length or 1)
         if not isinstance(value, (list, tuple)) or not all(_is_int(v) for v in value):
-            raise OpRuleError(f"{where} must be a list of integers, got {_fmt(value)}")
+            raise OpRuleError(f"{where} must be a list of integers, got {nnef_literal(value)}")
         if self.length is not None and len(value) != self.length:
-            raise OpRuleError(f"{where} must have {self.length} elements, got {_fmt(value)}")
+            raise OpRuleError(f"{where} must have {self.length} elements, "
+                              f"got {nnef_literal(value)}")
         for v in value:
             self._check_range(where, int(v))
         return tuple(int(v) for v in value)
@@ -190,13 +202,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _fmt(v: Any, nested: bool = False) -> str:
+def nnef_literal(v: Any, nested: bool = False) -> str:
+    """`v` as an NNEF literal (`true`, `'constant'`, `[1, 2]`, `[(0, 1)]`): attribute
+    defaults in declarations and tables, values in messages."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if nested and isinstance(v, tuple) and len(v) == 2 and all(_is_int(x) for x in v):
         return f"({v[0]}, {v[1]})"  # an element of an (integer,integer)[] list
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt(x, True) for x in v) + "]"
+        return "[" + ", ".join(nnef_literal(x, True) for x in v) + "]"
     if isinstance(v, str):
         return repr(v)
     return "none" if v is None else str(v)
@@ -223,8 +237,20 @@ class OpDef:
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
                  precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
                  types: str = "", cvm_name: str = "", ulp: int = 0,
-                 backends: Sequence[str] = ("llvm", "cuda")):
+                 backends: Sequence[str] = ("llvm", "cuda"), multiply_add: bool = False,
+                 packed_on: Sequence[str] = (), epilogue_on: Sequence[str] = ("llvm",)):
         self.name = name
+        # a convolution or matrix product: its `arith` operations are multiply-adds (2
+        # each), whose count `cvmc check` totals as MACs
+        self.multiply_add = multiply_add
+        # the targets whose layout pass (cvmc.passes.layout) gives the op's constant weight
+        # the packed layout of `conv2d_packed`
+        self.packed_on = tuple(packed_on)
+        # the targets on which a kernel the op anchors (out-elementwise-fusable) takes its
+        # element-wise epilogue: on llvm every anchor; on CUDA those a row of the CUDA
+        # schedule table is anchored on (dlight, which schedules the rest, wants a
+        # reduction alone)
+        self.epilogue_on = tuple(epilogue_on)
         # the targets that compile the op: ("llvm",) for the float layouts that only the
         # llvm pipeline's passes write (pack-float-convs, block-float-activations,
         # pack-matmul-weights); CUDA refuses them (`lower_graph`)
@@ -474,6 +500,12 @@ def check_registry() -> None:
         spellings = [(d.cvm_name, d.aliases)] + [(at.cvm_name, at.aliases) for at in d.attrs]
         if any(cvm not in ("", d.name, *aliases) for cvm, aliases in spellings):
             problems.append(f"{d.name}: a CVM-Runtime spelling (cvm_name) must be an alias")
+        if not set(d.packed_on) | set(d.epilogue_on) <= set(d.backends):
+            problems.append(f"{d.name}: packed_on / epilogue_on name a target outside its "
+                            f"backends {d.backends}")
+        if d.multiply_add and "arith" not in d.rules:
+            problems.append(f"{d.name}: multiply_add needs its own arith rule (2 per "
+                            f"multiply-add)")
         bad = set(d.rules) - set(_RULES)
         if bad:
             problems.append(f"{d.name}: unknown rules {sorted(bad)}")

@@ -1,5 +1,5 @@
-"""CVM transform operators: repeat, tile, flatten, concatenate, transpose, slice, slice_like,
-take, cvm_lut, expand_dims, reshape, squeeze, where.
+"""CVM transform operators: repeat, tile, flatten, transpose, slice, slice_like,
+expand_dims, reshape, squeeze (take, cvm_lut, concatenate, where: `transform_gather`).
 
 Spec: ../shared/spec/cvm-operators-formal.txt, "Transform Operators" (and the v2 file);
 readings where the spec is silent or contradicts itself: ../shared/design/cvm-semantics.md
@@ -28,7 +28,7 @@ IndexMap = Callable[[Sequence], tuple]
 
 
 # ---- helpers shared by several entries -------------------------------------------------
-def _limited(name: str, shape: Sequence[int]) -> tuple[int, ...]:
+def limited_shape(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     """`shape` as a tuple, checked against CVM-Runtime's tensor limits."""
     shape = tuple(int(d) for d in shape)
     require(1 <= len(shape) <= MAX_RANK,
@@ -41,7 +41,8 @@ def _limited(name: str, shape: Sequence[int]) -> tuple[int, ...]:
     return shape
 
 
-def _input_precision(ins, a):
+def input_precision(ins, a):
+    """The precision rule of an op that only moves values: its first input's (p_x)."""
     return ins[0].precision
 
 
@@ -95,7 +96,7 @@ def unravel(flat, shape: Sequence[int]) -> tuple:
     return (flat, *reversed(index))
 
 
-def _te_clamp(v, lo: int, hi: int):
+def te_clamp_int(v, lo: int, hi: int):
     """TE expression clamping `v` to [lo, hi]."""
     from cvmc.ops.te import const, tirx
     return tirx.max(tirx.min(v, const(hi)), const(lo))
@@ -120,14 +121,14 @@ def reshape_like(d: OpDef) -> None:
 
 flatten = op("flatten", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
              precision_rule="p_x")
-flatten.precision(_input_precision)
+flatten.precision(input_precision)
 
 
 @flatten.shape
 def _flatten_shape(ins, a):
     # The spec only orders the elements; CVM-Runtime's shape is 2-D (cvm-semantics.md).
     shape = ins[0].shape
-    return _limited("flatten", (shape[0], int(np.prod(shape[1:], dtype=np.int64))))
+    return limited_shape("flatten", (shape[0], int(np.prod(shape[1:], dtype=np.int64))))
 
 
 reshape_like(flatten)
@@ -135,7 +136,7 @@ reshape_like(flatten)
 reshape = op("reshape", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
              precision_rule="p_x",
              attrs=(Attr("target_shape", "ints", aliases=("shape",), cvm_name="shape"),))
-reshape.precision(_input_precision)
+reshape.precision(input_precision)
 
 
 @reshape.shape
@@ -152,7 +153,7 @@ def _reshape_shape(ins, a):
     require(target_volume == volume,
             f"reshape: attribute 'target_shape' {list(target)} has {target_volume} elements, "
             f"expected {volume} (the volume of data shape {shape})")
-    return _limited("reshape", target)
+    return limited_shape("reshape", target)
 
 
 reshape_like(reshape)
@@ -161,7 +162,7 @@ expand_dims = op("expand_dims", family="transform", inputs=("data",),
                  fusion=Fusion.INJECTIVE, precision_rule="p_x",
                  attrs=(Attr("axis", "int"),
                         Attr("num_newaxis", "int", 1, lo=0, hi=MAX_ATTR - 1)))
-expand_dims.precision(_input_precision)
+expand_dims.precision(input_precision)
 
 
 @expand_dims.shape
@@ -172,7 +173,7 @@ def _expand_dims_shape(ins, a):
     require(-n - 1 <= a.axis <= n, f"expand_dims: attribute 'axis' {a.axis} is out of range "
                                    f"for a rank-{n} tensor (expected {-n - 1}..{n})")
     axis = a.axis + n + 1 if a.axis < 0 else a.axis
-    return _limited("expand_dims", (*shape[:axis], *(1,) * a.num_newaxis, *shape[axis:]))
+    return limited_shape("expand_dims", (*shape[:axis], *(1,) * a.num_newaxis, *shape[axis:]))
 
 
 reshape_like(expand_dims)
@@ -181,7 +182,7 @@ squeeze = op("squeeze", family="transform", inputs=("data",), fusion=Fusion.INJE
              precision_rule="p_x",
              attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",),
                          cvm_name="axis"),))
-squeeze.precision(_input_precision)
+squeeze.precision(input_precision)
 
 
 @squeeze.shape
@@ -196,7 +197,7 @@ def _squeeze_shape(ins, a):
         axes = {ax for ax in range(n) if shape[ax] == 1}
     kept = tuple(m for ax, m in enumerate(shape) if ax not in axes)
     # Squeezing every axis leaves shape (1,) as in CVM-Runtime: tensors have rank >= 1.
-    return _limited("squeeze", kept or (1,))
+    return limited_shape("squeeze", kept or (1,))
 
 
 reshape_like(squeeze)
@@ -206,7 +207,7 @@ reshape_like(squeeze)
 repeat = op("repeat", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
             precision_rule="p_x",
             attrs=(Attr("axis", "int", 0), Attr("repeats", "int", lo=1, hi=MAX_ATTR)))
-repeat.precision(_input_precision)
+repeat.precision(input_precision)
 
 
 def _repeat_axis(ins, a) -> int:
@@ -218,7 +219,7 @@ def _repeat_axis(ins, a) -> int:
 def _repeat_shape(ins, a):
     shape, axis = list(ins[0].shape), _repeat_axis(ins, a)
     shape[axis] *= a.repeats
-    return _limited("repeat", shape)
+    return limited_shape("repeat", shape)
 
 
 def _repeat_map(ins, out, a) -> IndexMap:
@@ -232,7 +233,7 @@ gather_rules(repeat, _repeat_map)
 # ---- tile ------------------------------------------------------------------------------
 tile = op("tile", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
           precision_rule="p_x", attrs=(Attr("reps", "ints", lo=1, hi=MAX_ATTR - 1),))
-tile.precision(_input_precision)
+tile.precision(input_precision)
 
 
 @tile.shape
@@ -242,7 +243,7 @@ def _tile_shape(ins, a):
     k = max(len(shape), len(reps))
     sx = (1,) * (k - len(shape)) + shape
     sr = (1,) * (k - len(reps)) + reps
-    return _limited("tile", [n * m for n, m in zip(sx, sr)])
+    return limited_shape("tile", [n * m for n, m in zip(sx, sr)])
 
 
 def _tile_map(ins, out, a) -> IndexMap:
@@ -257,7 +258,7 @@ gather_rules(tile, _tile_map)
 # ---- transpose -------------------------------------------------------------------------
 transpose = op("transpose", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
                precision_rule="p_x", attrs=(Attr("axes", "ints", ()),))
-transpose.precision(_input_precision)
+transpose.precision(input_precision)
 
 
 def _transpose_axes(ins, a) -> tuple[int, ...]:
@@ -292,7 +293,7 @@ slice_op = op("slice", family="transform", inputs=("data",), aliases=("strided_s
               cvm_name="strided_slice", fusion=Fusion.INJECTIVE, precision_rule="p_x",
               attrs=(Attr("begin", "ints"), Attr("end", "ints"),
                      Attr("strides", "ints", (), aliases=("stride",), cvm_name="stride")))
-slice_op.precision(_input_precision)
+slice_op.precision(input_precision)
 
 
 def _slice_axis(ax: int, n: int, a) -> tuple[int, int, int]:
@@ -347,7 +348,7 @@ slice_like = op("slice_like", family="transform", inputs=("data", "shape_like"),
                 fusion=Fusion.INJECTIVE, precision_rule="p_x (the data input)",
                 attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",),
                             cvm_name="axis"),))
-slice_like.precision(_input_precision)
+slice_like.precision(input_precision)
 
 
 @slice_like.shape
@@ -372,190 +373,3 @@ def _slice_like_shape(ins, a):
 
 
 gather_rules(slice_like, lambda ins, out, a: lambda d: tuple(d))  # Y[d] = X[d]
-
-
-# ---- take, cvm_lut ---------------------------------------------------------------------
-take = op("take", family="transform", inputs=("data", "indices"), fusion=Fusion.INJECTIVE,
-          precision_rule="p_data (indices are clipped into range)",
-          attrs=(Attr("axis", "int?", None),))
-take.precision(_input_precision)
-
-
-def _take_shape_of(name: str, data: TensorType, indices: TensorType, axis: int | None):
-    if axis is None:
-        return _limited(name, indices.shape)
-    ax = normalize_axis(name, "attribute 'axis'", axis, data.ndim)
-    return _limited(name, (*data.shape[:ax], *indices.shape, *data.shape[ax + 1:]))
-
-
-def _take_reference(x: np.ndarray, indices: np.ndarray, axis: int | None) -> np.ndarray:
-    """The spec's take: out-of-range indices are clipped to the first / last element."""
-    if axis is None:
-        flat = x.reshape(-1)
-        return flat[np.clip(indices, 0, flat.size - 1)]
-    ax = axis + x.ndim if axis < 0 else axis
-    return x[(slice(None),) * ax + (np.clip(indices, 0, x.shape[ax] - 1),)]
-
-
-def _take_lower(x, indices, axis: int | None, name: str):
-    """TE take with clipped indices (axis None: into the flattened data)."""
-    from cvmc.ops.te import te
-    shape = types_of([x])[0].shape
-    m = len(indices.shape)
-    if axis is None:
-        def element(*d):
-            return x(*unravel(_te_clamp(indices(*d), 0, int(np.prod(shape)) - 1), shape))
-        out = tuple(indices.shape)
-    else:
-        ax = axis + len(shape) if axis < 0 else axis
-
-        def element(*d):
-            i = _te_clamp(indices(*d[ax:ax + m]), 0, shape[ax] - 1)
-            return x(*d[:ax], i, *d[ax + m:])
-        out = (*shape[:ax], *indices.shape, *shape[ax + 1:])
-    return te.compute(out, element, name=name)
-
-
-@take.shape
-def _take_shape(ins, a):
-    return _take_shape_of("take", ins[0], ins[1], a.axis)
-
-
-@take.reference
-def _take_ref(xs, a):
-    return _take_reference(xs[0], xs[1], a.axis)
-
-
-@take.lower
-def _take_low(xs, a):
-    return _take_lower(xs[0], xs[1], a.axis, "take")
-
-
-# Input order (indices, table) as in CVM-Runtime and the v2 spec ("Input indices, X"); the
-# first spec file lists X first but only defines cvm_lut as take(X, indices, axis=None).
-cvm_lut = op("cvm_lut", family="transform", inputs=("indices", "table"),
-             fusion=Fusion.INJECTIVE, precision_rule="p_table (indices are clipped)",
-             attrs=(Attr("in_dim", "int?", None, lo=1),))  # CVM-Runtime's; not in the spec
-
-
-@cvm_lut.shape
-def _cvm_lut_shape(ins, a):
-    size = int(np.prod(ins[1].shape))
-    require(a.in_dim in (None, size), f"cvm_lut: attribute 'in_dim' {a.in_dim} must be the "
-                                      f"table's size {size} (CVM-Runtime checks it)")
-    return _take_shape_of("cvm_lut", ins[1], ins[0], None)
-
-
-@cvm_lut.precision
-def _cvm_lut_precision(ins, a):
-    return ins[1].precision
-
-
-@cvm_lut.reference
-def _cvm_lut_reference(xs, a):
-    return _take_reference(xs[1], xs[0], None)
-
-
-@cvm_lut.lower
-def _cvm_lut_lower(xs, a):
-    return _take_lower(xs[1], xs[0], None, "cvm_lut")
-
-
-# ---- concatenate -----------------------------------------------------------------------
-concatenate = op("concatenate", family="transform", inputs=("*data",),
-                 fusion=Fusion.INJECTIVE, precision_rule="max over the inputs",
-                 attrs=(Attr("axis", "int", 1),))
-
-
-def _concat_axis(ins, a) -> int:
-    return normalize_axis("concatenate", "attribute 'axis'", a.axis, ins[0].ndim)
-
-
-@concatenate.shape
-def _concatenate_shape(ins, a):
-    first, axis = ins[0], _concat_axis(ins, a)
-    for i, t in enumerate(ins[1:], 1):
-        same = t.ndim == first.ndim and all(
-            m == n for j, (m, n) in enumerate(zip(t.shape, first.shape)) if j != axis)
-        require(same, f"concatenate: input {i} has shape {t.shape}, expected the shape of "
-                      f"input 0 {first.shape} on every axis but {axis}")
-    shape = list(first.shape)
-    shape[axis] = sum(t.shape[axis] for t in ins)
-    return _limited("concatenate", shape)
-
-
-@concatenate.precision
-def _concatenate_precision(ins, a):
-    return max(t.precision for t in ins)
-
-
-@concatenate.reference
-def _concatenate_reference(xs, a):
-    return np.concatenate(xs, axis=_concat_axis(types_of(xs), a))
-
-
-@concatenate.lower
-def _concatenate_lower(xs, a):
-    ins = types_of(xs)
-    return te_concat(xs, _concat_axis(ins, a), _concatenate_shape(ins, a), "concatenate")
-
-
-def te_concat(xs, axis: int, out: tuple[int, ...], name: str):
-    """TE stage joining `xs` along `axis` into shape `out`."""
-    from cvmc.ops.te import te, tirx
-    starts = np.cumsum([0] + [int(x.shape[axis]) for x in xs]).tolist()
-
-    def element(*d):
-        def read(k):
-            return xs[k](*d[:axis], d[axis] - starts[k], *d[axis + 1:])
-        value = read(len(xs) - 1)
-        # if_then_else evaluates only the taken branch: the other inputs' reads would be
-        # out of bounds.
-        for k in reversed(range(len(xs) - 1)):
-            value = tirx.if_then_else(d[axis] < starts[k + 1], read(k), value)
-        return value
-    return te.compute(out, element, name=name)
-
-
-# ---- where -----------------------------------------------------------------------------
-where = op("where", family="transform", inputs=("condition", "x", "y"),
-           fusion=Fusion.BROADCAST,
-           precision_rule="max(p_x, p_y) (CVM-Runtime gives p_condition, which is unsound)")
-
-
-@where.shape
-def _where_shape(ins, a):
-    cond, x, y = ins
-    require(y.shape == x.shape, f"where: y has shape {y.shape}, expected the shape of x "
-                                f"{x.shape}")
-    require(cond.shape == x.shape or cond.shape == x.shape[:1],
-            f"where: condition has shape {cond.shape}, expected the shape of x {x.shape} or "
-            f"({x.shape[0]},) (one flag per row)")
-    return x.shape
-
-
-@where.precision
-def _where_precision(ins, a):
-    # The result is one of x, y: max(p_x, p_y) bounds it; the condition's precision does not.
-    return max(ins[1].precision, ins[2].precision)
-
-
-@where.reference
-def _where_reference(xs, a):
-    cond, x, y = xs
-    # A 1-D condition selects whole rows by cond[d0] (the spec; CVM-Runtime quirk #4 copies
-    # a byte count instead and leaves garbage).
-    flags = cond.reshape(cond.shape + (1,) * (x.ndim - cond.ndim))
-    return np.where(flags != 0, x, y)
-
-
-@where.lower
-def _where_lower(xs, a):
-    from cvmc.ops.te import const, te, tirx
-    cond, x, y = xs
-    rows = len(cond.shape) != len(x.shape)
-
-    def element(*d):
-        flag = cond(d[0]) if rows else cond(*d)
-        return tirx.Select(flag != const(0), x(*d), y(*d))
-    return te.compute(x.shape, element, name="where")

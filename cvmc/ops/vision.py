@@ -17,6 +17,8 @@ Decisions where the spec is silent:
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from cvmc.ops.common import numprec, require
@@ -55,6 +57,12 @@ def _gvc_shape(ins, a):
 def _gvc_precision(ins, a):
     _, n, k = ins[0].shape
     return numprec(n * k), _fill_precision(ins[0].precision)
+
+
+@get_valid_count.arith
+def _gvc_arith(ins, outs, a):
+    """GOPS: one threshold test per box."""
+    return math.prod(ins[0].shape[:-1])
 
 
 @get_valid_count.cost
@@ -164,6 +172,12 @@ def _area(box) -> int:
 def _limit(n, attr: int, minimum=min):
     """min(n, attr), where a negative attribute means no limit (TIR: minimum=tirx.min)."""
     return n if attr < 0 else minimum(n, attr)
+
+
+@non_max_suppression.arith
+def _nms_arith(ins, outs, a):
+    """GOPS: one IoU test per pair of boxes at most."""
+    return math.prod(ins[0].shape[:-1]) * ins[0].shape[1]
 
 
 @non_max_suppression.cost

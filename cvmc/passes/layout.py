@@ -8,7 +8,7 @@
     y    = conv2d_packed(x, wp, comp, b, ...)
 
 and constant folding then turns `wp` and `comp` into weights: nothing is repacked per call
-(see `cvmc/ops/layout.py` for why the compensation makes the u8 x s8 form exact). The
+(see `cvmc/ops/packed.py` for why the compensation makes the u8 x s8 form exact). The
 llvm and cuda targets run this pass; the schedule table then picks, per CPU, VNNI or a
 plain vector loop for it, and on CUDA `dp4a` (`cvmc/lowering/rules.py`).
 
@@ -35,7 +35,7 @@ from cvmc.ir import Graph, Node
 from cvmc.ir.rewrite import Editor, Match, P, Rule, apply_rules
 from cvmc.ops import lookup
 from cvmc.ops.infer import infer_node
-from cvmc.ops.layout import (
+from cvmc.ops.packed import (
     BLOCKED_LAYOUT,
     DEPTHWISE_WEIGHT_LAYOUT,
     MAX_PACKED_REDUCTION,

@@ -21,7 +21,7 @@ The sums are the same in the same order: the result is the same bits.
     y  = matmul_packed(x, wp, columns = N)
 
 folded at compile time too: each panel is one contiguous K x C block that the kernel reads
-row after row and keeps a K block of in L1 (`cvmc/ops/matmul.py`). The sums are the same
+row after row and keeps a K block of in L1 (`cvmc/ops/packed_llvm.py`). The sums are the same
 in the same order.
 """
 from __future__ import annotations

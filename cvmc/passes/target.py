@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from cvmc.errors import CvmcError
+from cvmc.ops import all_ops, lookup
 
 KINDS = ("llvm", "cuda")
 # The triples cvmc cross-compiles CPU kernels for (into a C library; `--mtriple`), each
@@ -25,16 +26,6 @@ DEFAULT_ARCH = "sm_80"
 MIN_CUDA_ARCH = 61
 # The LLVM triples of x86 CPUs (their features the runtime checks through /proc/cpuinfo).
 X86_TRIPLES = ("x86_64", "i386", "i686")
-
-# Ops whose kernels take the packed weight layout (cvmc.passes.layout). CUDA keeps dense
-# as it is (its own dp4a rule, a warp per output): as a conv on one pixel it gives too
-# few threads (H200: dense 1024 -> 1000 81 us, under 15 us as dlight's GEMV on int32).
-_PACKED_OPS = {"llvm": frozenset({"conv2d", "dense"}), "cuda": frozenset({"conv2d"})}
-# The ops whose kernels take their element-wise epilogue (cvmc.passes.fusion); None: any.
-# CUDA: those a row of the CUDA schedule table (cvmc.lowering.rules.CUDA_TABLE) is
-# anchored on; dlight, which schedules the rest, wants a reduction alone
-# (tests/lowering/test_fusion_and_plan.py checks they agree).
-_EPILOGUE_ANCHORS = {"llvm": None, "cuda": frozenset({"conv2d", "conv2d_packed", "dense"})}
 
 
 @dataclass(frozen=True)
@@ -93,13 +84,19 @@ class Target:
         return self.triple.startswith(X86_TRIPLES)
 
     def packs(self, op: str) -> bool:
-        """True if the layout pass gives `op`'s weights the packed layout on this target."""
-        return op in _PACKED_OPS[self.kind]
+        """True if the layout pass gives `op`'s weights the packed layout on this target
+        (its record's `packed_on`)."""
+        return self.kind in lookup(op).packed_on
 
     @property
     def epilogue_anchors(self) -> frozenset[str] | None:
-        """The ops that anchor a kernel with its element-wise epilogue (None: any)."""
-        return _EPILOGUE_ANCHORS[self.kind]
+        """The ops that anchor a kernel with its element-wise epilogue (None: any): on
+        llvm any op, on cuda those whose record's `epilogue_on` names it (a row of the
+        CUDA schedule table is anchored on each; dlight, which schedules the rest, wants
+        a reduction alone: tests/lowering/test_fusion_and_plan.py checks they agree)."""
+        if self.kind == "llvm":
+            return None
+        return frozenset(d.name for d in all_ops() if self.kind in d.epilogue_on)
 
     def describe(self) -> dict:
         """The kind and its CPU or GPU, as TVM's target dict and the artifact's plan name

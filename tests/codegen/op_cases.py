@@ -760,7 +760,7 @@ ONEDNN_CASES: list[OpCase] = [
 CASES += ONEDNN_CASES
 
 
-# ---- conv_packed: NNEF's float conv on a filter packed OIHW{B}o (cvmc/ops/layout.py) -------
+# ---- conv_packed: NNEF's float conv on a filter packed OIHW{B}o (cvmc/ops/packed_llvm.py) --
 def packed_filter(w: tuple[np.ndarray, None], block: int) -> tuple[np.ndarray, None]:
     """An OIHW filter packed OIHW{block}o, written here with NumPy: zero-pad O to a multiple
     of `block`, split it into (O / block, block) and move the block last."""
@@ -799,7 +799,7 @@ CONV_PACKED_CASES = [
                  8, {"padding": [(1, 1), (1, 1)]}, exact=True),
 ]
 CASES += CONV_PACKED_CASES
-# ---- float activations blocked NCHW{B}c (block-float-activations, cvmc/ops/layout.py) -----
+# ---- float activations blocked NCHW{B}c (block-float-activations, cvmc/ops/packed_llvm.py)
 def blocked_float(x: tuple[np.ndarray, None], block: int) -> tuple[np.ndarray, None]:
     """NCHW float data as NCHW{block}c, written here with NumPy: zero-pad C to a multiple
     of `block`, split it and move the block last."""
@@ -829,7 +829,7 @@ CASES += [
                                       frand((1, 16), 179)],
            {"padding": [(1, 1), (1, 1)], "stride": [2, 2]}, weights=(1, 2), terms=9 + 1),
 ]
-# ---- matmul_packed: matmul on a B packed in column panels (cvmc/ops/matmul.py) ----------
+# ---- matmul_packed: matmul on a B packed in column panels (cvmc/ops/packed_llvm.py) ----------
 def column_panels(b: tuple[np.ndarray, None], cols: int) -> tuple[np.ndarray, None]:
     """B (*batch, K, N) packed (*batch, P, K, cols), written here with NumPy: zero-pad N to
     a multiple of `cols`, split it into (P, cols) and move P before K."""

@@ -54,7 +54,7 @@ def dp4a_cases() -> dict:
     left to dlight)."""
     import numpy as np
 
-    from cvmc.ops.layout import MAX_PACKED_REDUCTION
+    from cvmc.ops.packed import MAX_PACKED_REDUCTION
     from tests.lowering.test_packed_conv import GEOMETRIES, conv_graph
     from tests.oputil import one_op_graph, rand_in_precision
 

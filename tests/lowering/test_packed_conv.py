@@ -24,7 +24,7 @@ from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
 from cvmc.ops import lookup
 from cvmc.ops.infer import retype
-from cvmc.ops.layout import MAX_PACKED_REDUCTION
+from cvmc.ops.packed import MAX_PACKED_REDUCTION
 from cvmc.passes.target import Target
 from cvmc.reference import reference_run
 from tests.oputil import rand_in_precision

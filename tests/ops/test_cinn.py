@@ -1,6 +1,6 @@
-"""CINN primitives (cvmc/ops/cinn.py): hand-computed cases for every op and every edge
-decision, on the reference interpreter (tests/codegen/op_cases.py compiles the same edge
-data and compares the kernels with it)."""
+"""CINN primitives (cvmc/ops/cinn.py, cinn_array.py): hand-computed cases for every op and
+every edge decision, on the reference interpreter (tests/codegen/op_cases.py compiles the
+same edge data and compares the kernels with it)."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,7 +1,8 @@
-"""NNEF sliding-window, up-sampling and RoI ops (cvmc/ops/nnef_nn.py): their reference
-rules against hand-computed cases and independent oracles (scipy, np.pad, tvm.topi.testing,
-a scatter-add deconv, the spec's own deconv forms of linear up-sampling), argument errors,
-and compiled results that are the same bits at every thread count.
+"""NNEF sliding-window, up-sampling and RoI ops (cvmc/ops/nnef_nn.py, nnef_pool.py,
+nnef_resample.py): their reference rules against hand-computed cases and independent
+oracles (scipy, np.pad, tvm.topi.testing, a scatter-add deconv, the spec's own deconv forms
+of linear up-sampling), argument errors, and compiled results that are the same bits at
+every thread count.
 
 Compiled-vs-reference for every op and border/geometry variant: tests/codegen/op_cases.py.
 """
