@@ -4,7 +4,7 @@ CPU artifact's kernels call (`native/cvmc_pool.c`), with its registration with t
 
 Built on first use, not when the package is installed: gcc compiles the sources (~1 s)
 into `$XDG_CACHE_HOME/cvmc/runtime` (else `~/.cache/cvmc/runtime`), in a file named by the
-sha256 of the sources and the gcc command, so every later process, and every checkout
+sha256 of the sources, the gcc flags and the machine, so every later process, and every checkout
 or install with the same sources, loads it without gcc. A setuptools build step would
 build it only on `pip install`: an editable install whose C sources change afterwards
 would keep loading the stale library, and one shared environment serves several
@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import platform
 import subprocess
 import tempfile
 from pathlib import Path
@@ -40,8 +41,9 @@ def library_folder() -> Path:
 
 
 def library_name() -> str:
-    """The built library's file name: a digest of its sources and the gcc flags."""
-    digest = hashlib.sha256(json.dumps(GCC_FLAGS).encode())
+    """The built library's file name: a digest of its sources, the gcc flags and the
+    machine (a home folder may serve several)."""
+    digest = hashlib.sha256(json.dumps([GCC_FLAGS, platform.machine()]).encode())
     for name in SOURCES:
         data = (NATIVE_FOLDER / name).read_bytes()
         digest.update(f"{name}\0{len(data)}\0".encode() + data)
