@@ -4,9 +4,9 @@
 
    One pool per process. The Python runtime builds this file and cvmc_tvm_ffi.c once into a
    shared library of its own (cvmc_runtime.pool), which registers the pool with tvm-ffi for
-   every artifact's kernels.so it loads (artifacts carry kernels only);
-   a C library built by `cvmc compile --emit c-library` links this file and stores the
-   pool in the kernels' pointers itself. It needs libc and pthreads only. */
+   every artifact's kernels.so it loads (artifacts carry kernels only); a C library built
+   by `cvmc compile --emit c-library` links this file and stores the pool in the kernels'
+   pointers itself. It needs libc and pthreads only. */
 #ifndef CVMC_POOL_H
 #define CVMC_POOL_H
 
@@ -18,7 +18,6 @@
    with DLTensor arguments). An artifact records it in cvmx.json; the Python runtime
    refuses one built for another (cvmc_runtime.artifact.NATIVE_ABI, which must equal it). */
 #define CVMC_ABI_VERSION 2
-
 
 #ifdef __cplusplus
 extern "C" {
