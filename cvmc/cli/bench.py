@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 
 import numpy as np
-from cvmc_runtime import atomic_write
+from cvmc_runtime import atomic_write, pool_stats
 from rich.table import Table
 
 from cvmc.cli.common import (
@@ -58,11 +57,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     console.print(table)
     run = {"median_ms": statistics.median(runs) * 1e3, "min_ms": min(runs) * 1e3,
            "max_ms": max(runs) * 1e3}
-    console.print(f"end to end ({len(runs)} runs, {os.environ.get('TVM_NUM_THREADS', 'all')} "
+    threads = pool_stats()["threads"]
+    console.print(f"end to end ({len(runs)} runs, {threads} "
                   f"threads): median {run['median_ms']:.3f} ms, min {run['min_ms']:.3f} ms, "
                   f"max {run['max_ms']:.3f} ms")
     if args.json:
-        report = {"artifact": str(args.model), "threads": os.environ.get("TVM_NUM_THREADS"),
+        report = {"artifact": str(args.model), "threads": threads,
                   "repeat": args.repeat, "kernels": rows, "run": run}
         atomic_write(args.json, lambda f: f.write(json.dumps(report, indent=1, allow_nan=False).encode()))
     return 0

@@ -1,6 +1,8 @@
 """Build an IRModule of PrimFuncs into one shared library for the CPU: TVM's LLVM backend,
 one object per kernel (in worker processes, through the kernel cache), linked with the
-backend shim (cvmc.codegen.shim) so the library runs with apache-tvm-ffi alone. The CUDA
+library signature. The library holds kernels only: their backend functions (thread pool,
+workspaces) are the process's native runtime, which cvmc_runtime loads once and tvm-ffi
+writes into each library it loads (cvmc_runtime.pool). The CUDA
 build is the CUDA backend's own (cvmc/codegen/targets/cuda.py); `Built` and
 `kernel_signatures` serve both.
 """
@@ -26,19 +28,12 @@ from typing import Self
 from cvmc.codegen.cache import KernelCache, KernelObject, entry_key
 from cvmc.codegen.cpu_features import needed_features, warn_if_not_host
 from cvmc.codegen.lifeline import PARENT_ENV, die_with_server
-from cvmc.codegen.shim import SHIM_C, signature_source
+from cvmc.codegen.shim import signature_source
 from cvmc.errors import CvmcError
 from cvmc.lowering.rules import SCALAR_RULE, ScheduleRule, schedule_and_build, schedule_llvm
 from cvmc.passes.target import Target, host_cpu
 
 KERNELS_PER_WORKER = 6
-# The backend shim's cache entry: its "rule" and the global symbols its object defines (shim.py: the function it exports and the
-# native runtime's pool functions, hidden in the library but global in the object; a cached
-# shim that defines others is rebuilt, so this list follows runtime/cvmc_runtime/native).
-SHIM_RULE = "backend-shim"
-SHIM_SYMBOLS = ("__tvm_ffi_cvmc_shim_stats", "cvmc_alloc_workspace", "cvmc_free_workspace",
-                "cvmc_get_num_threads", "cvmc_parallel_barrier", "cvmc_parallel_launch",
-                "cvmc_pool_stats", "cvmc_set_num_threads")
 
 
 @dataclass
@@ -106,41 +101,6 @@ def _gcc_command(source: Path, obj: Path) -> list[str]:
             "-c", str(source), "-o", str(obj)]
 
 
-@functools.cache
-def _shim_key() -> str:
-    """The kernel-cache key of the compiled backend shim: its source, the gcc command, gcc's
-    version and tvm-ffi's (whose headers it includes)."""
-    import tvm_ffi
-
-    gcc = subprocess.run(["gcc", "--version"], check=False, capture_output=True, text=True)
-    return entry_key("shim", SHIM_SYMBOLS, SHIM_C,
-                     {"command": _gcc_command(Path("shim.c"), Path("shim.o")),
-                      "gcc": gcc.stdout, "tvm_ffi": tvm_ffi.__version__})
-
-
-# The compiled shim, kept for the rest of the process (for compiles without the cache).
-_SHIM_OBJECT: dict[str, bytes] = {}
-
-
-def _cached_shim(cache: KernelCache | None) -> bytes | None:
-    """The backend shim's object as `cache` or this process keeps it (stored in `cache`
-    when only the process had it), or None: it is the same C for every model, and gcc
-    takes 0.3-0.6 s to compile it."""
-    entry = cache.load(_shim_key(), {SHIM_RULE}) if cache else None
-    if entry is not None:
-        return entry.obj
-    obj = _SHIM_OBJECT.get(_shim_key())
-    return obj and _keep_shim(cache, obj)
-
-
-def _keep_shim(cache: KernelCache | None, obj: bytes) -> bytes:
-    """`obj`, the compiled shim, kept for this process and in `cache`."""
-    _SHIM_OBJECT[_shim_key()] = obj
-    if cache:
-        cache.store(_shim_key(), KernelObject(obj, SHIM_RULE))
-    return obj
-
-
 def kernel_signatures(mod, plan: dict) -> list[dict]:
     """The `plan`'s kernels as a library signature (cvmc_runtime.library): each with its
     arguments' shapes and dtypes as its PrimFunc in `mod` declares them, and the
@@ -166,8 +126,8 @@ def build_llvm(mod, target: Target, table: Sequence[ScheduleRule],
     when given (a library to load with cvmc_runtime.load needs it).
 
     Each kernel is compiled on its own into an object file, in `jobs` worker processes
-    (`compile_jobs()`), or taken from `cache`; the objects are linked with the backend
-    shim into one library. Per kernel, rather than per part of the module: the cache
+    (`compile_jobs()`), or taken from `cache`; the objects are linked with the signature
+    into one library. Per kernel, rather than per part of the module: the cache
     then serves every kernel that did not change, the workers balance themselves, and a
     kernel the vectoriser rejects falls back to the scalar schedule alone. The library
     is the same bytes however it was built (cold, warm, any `jobs`): the objects are
@@ -190,16 +150,13 @@ def build_llvm(mod, target: Target, table: Sequence[ScheduleRule],
         if on_kernel:
             on_kernel(symbol)
     missing = {s: f for s, f in funcs.items() if s not in kernels}
-    shim = _cached_shim(cache)
     with tempfile.TemporaryDirectory(prefix="cvmc-") as tmp, ExitStack() as stack:
         def gcc(source: str, name: str, what: str) -> _Gcc:
             return stack.enter_context(_Gcc(source, Path(tmp), name, what))
 
-        # gcc builds the shim (when no cache has it) and the signature while the kernels
-        # compile; not for another triple, whose objects only a C library links
-        # (cvmc.codegen.clib)
+        # gcc builds the signature while the kernels compile; not for another triple, whose
+        # objects only a C library links (cvmc.codegen.clib)
         cross = bool(target.mtriple)
-        shim_gcc = None if shim or cross else gcc(SHIM_C, "shim", "the CPU backend shim")
         signature = None if plan is None or cross else gcc(
             signature_source(signature_json(built_for, kernel_signatures(mod, plan))),
             "signature", "the library signature")
@@ -215,8 +172,7 @@ def build_llvm(mod, target: Target, table: Sequence[ScheduleRule],
         if cross:
             return Built(b"", built_for, "ll", rules, emit,
                          {s: kernels[s].obj for s in funcs})
-        objects = {"shim": shim or _keep_shim(cache, shim_gcc.result())}
-        objects.update((f"k{i}", kernels[symbol].obj) for i, symbol in enumerate(funcs))
+        objects = {f"k{i}": kernels[symbol].obj for i, symbol in enumerate(funcs)}
         if signature:
             objects["signature"] = signature.result()
         for name, obj in objects.items():

@@ -1,6 +1,6 @@
 """The per-user kernel cache: one compiled object file per CPU kernel, keyed by what
-decides its bytes, so recompiling a model rebuilds only the kernels that changed; and the
-backend shim's object, the same for every model (`cvmc.codegen.build`).
+decides its bytes, so recompiling a model rebuilds only the kernels that changed
+(`cvmc.codegen.build`).
 
 Where: `$CVMC_CACHE_DIR` when set (set but empty: no cache), else
 `$XDG_CACHE_HOME/cvmc/kernels`, else `~/.cache/cvmc/kernels`. The folder is not bounded
@@ -11,11 +11,10 @@ Trust model. The folder belongs to the user, as their models and their Python do
 does not defend against someone who may write there on purpose (they could as well
 edit cvmc). It defends against every entry that is not what a compile asks for: an
 entry damaged (a full disk, an edit), copied from another model or cache, left by
-another cvmc, TVM, LLVM or gcc, built for another CPU (`--mcpu`), or of the other kind
-(a kernel for the backend shim). An entry proves what it is: its header holds its full
-key (`entry_key`: kind, the symbols it defines, sha256 of its source, the target, CPU and
-LLVM features it was built for, the versions of cvmc, TVM, LLVM and the schedules),
-the schedule rule it got and its object's sha256. `load` uses an entry only when that
+another cvmc, TVM or LLVM, or built for another CPU (`--mcpu`). An entry proves what it
+is: its header holds its full key (`entry_key`: kind, the symbols it defines, sha256 of
+its source, the target, CPU and LLVM features it was built for, the versions of cvmc,
+TVM, LLVM and the schedules), the schedule rule it got and its object's sha256. `load` uses an entry only when that
 key is the one asked for, field by field, its rule is one the caller knows, the object
 matches its checksum and defines the functions the key names and no other global
 symbol (so it links beside the others); any other entry is ignored, rebuilt and
@@ -78,10 +77,9 @@ def _versions() -> str:
 
 
 def entry_key(kind: str, symbols: Collection[str], source: str, built_for: dict) -> str:
-    """The full key of an entry, as canonical JSON: its `kind` ("kernel" or "shim"), the
-    `symbols` its object defines, sha256 of its `source` (a kernel's unscheduled TIR, the
-    shim's C), what it is `built_for` (a kernel: kind, mcpu and LLVM features; the shim:
-    the gcc command and versions) and `_versions()`."""
+    """The full key of an entry, as canonical JSON: its `kind` ("kernel"), the `symbols`
+    its object defines, sha256 of its `source` (a kernel's unscheduled TIR), what it is
+    `built_for` (kind, mcpu and LLVM features) and `_versions()`."""
     return json.dumps({"kind": kind, "symbols": sorted(symbols),
                        "source": hashlib.sha256(source.encode()).hexdigest(),
                        "built_for": built_for, "versions": _versions()}, sort_keys=True)

@@ -1,35 +1,8 @@
-"""The native piece CPU kernels need when only apache-tvm-ffi is loaded, and CUDA helpers.
-
-TVM-generated kernels call four runtime services through function pointers
-(`__TVMBackendParallelLaunch`, `__TVMBackendParallelBarrier`, `__TVMBackendAllocWorkspace`,
-`__TVMBackendFreeWorkspace`) that libtvm_runtime normally fills. cvmc's native runtime
-(`runtime/cvmc_runtime/native/`: a thread pool and per-thread workspace arenas,
-`cvmc_pool.c`, and its registration with tvm-ffi, `cvmc_tvm_ffi.c`) is linked into every
-CPU kernel library as one translation unit, `SHIM_C`: its constructor registers the pool
-with tvm-ffi, which writes it into the library's pointers when it loads it.
+"""C pieces the compiler adds to kernel libraries: the signature function every library
+carries (`signature_source`) and the CUDA helpers. CPU kernels' backend functions (thread
+pool, workspaces) are not here: they are the process's native runtime (cvmc_runtime.pool).
 """
 from __future__ import annotations
-
-import re
-from pathlib import Path
-
-from cvmc_runtime import NATIVE_FOLDER as NATIVE
-
-POOL_HEADER = NATIVE / "cvmc_pool.h"
-POOL_C = NATIVE / "cvmc_pool.c"
-
-
-def one_unit(*files: Path) -> str:
-    """The C `files` as one translation unit: each `#include "cvmc_pool.h"` replaced by the
-    header's text (which its include guard keeps to one copy)."""
-    header = POOL_HEADER.read_text()
-    return "".join(re.sub(r'^#include "cvmc_pool\.h"\n', lambda _: header, f.read_text(),
-                          flags=re.MULTILINE) for f in files)
-
-
-# The pool's functions hidden: each artifact's library keeps its own (cvmc_pool.h).
-SHIM_C = '#define CVMC_API __attribute__((visibility("hidden")))\n' + \
-    one_unit(POOL_C, NATIVE / "cvmc_tvm_ffi.c")
 
 # Put before the CUDA kernels: device functions they call. `cvmc_dp4a_u8s8` is PTX
 # `dp4a.u32.s32` (u8 x s8 dot product of 4 bytes, added to c), which CUDA's `__dp4a`

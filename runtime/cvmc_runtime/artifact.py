@@ -1,9 +1,10 @@
 """The .cvmx artifact: one zip file holding the kernel library, the plan and the weights.
 
 Members: `cvmx.json` (format name and version, and the native ABI version: the interface
-between the kernels and the native runtime they link, `native/cvmc_pool.h`), `plan.json` (signature, weights, buffers,
-kernel calls), `kernels.so` (the compiled library: CPU kernels, or CUDA host wrappers with
-their device code compiled ahead of time) and `weights/<index>.npy`.
+between the kernels and the native runtime they call, `native/cvmc_pool.h`), `plan.json`
+(signature, weights, buffers, kernel calls), `kernels.so` (the compiled library: CPU
+kernels, which get the process's native runtime when loaded (cvmc_runtime.pool), or CUDA
+host wrappers with their device code compiled ahead of time) and `weights/<index>.npy`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from cvmc_runtime.signature import ModelError
 
 FORMAT = "cvmx"
 FORMAT_VERSION = 1
-NATIVE_ABI = 1  # CVMC_ABI_VERSION in native/cvmc_pool.h
+NATIVE_ABI = 2  # CVMC_ABI_VERSION in native/cvmc_pool.h
 NATIVE_FOLDER = Path(__file__).parent / "native"  # the native runtime's C sources
 LIBRARY = "kernels.so"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # the zip format's earliest date: no build time in the file

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cvmc_runtime.model import Model, load, set_num_threads
+from cvmc_runtime.model import Model, load
+from cvmc_runtime.pool import set_num_threads
 from cvmc_runtime.quant import Saturation
 from cvmc_runtime.signature import ModelError, precision_bound
 

@@ -12,6 +12,7 @@ from cvmc_runtime.artifact import LIBRARY, read_artifact
 from cvmc_runtime.cpu import check_host_cpu
 from cvmc_runtime.library import check_library
 from cvmc_runtime.plan import tensor_bytes
+from cvmc_runtime.pool import register_pool
 from cvmc_runtime.quant import Saturation, quantize
 from cvmc_runtime.quant import dequantize as reals_of
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
@@ -194,14 +195,6 @@ def _quantize_feeds(specs: list[TensorSpec], feeds: object, saturation: Saturati
     return out
 
 
-def set_num_threads(threads: int) -> None:
-    """Threads every CPU kernel uses from its next call on (default: all cores). The
-    kernels' shim reads TVM_NUM_THREADS at each parallel launch."""
-    if type(threads) is not int or threads < 1:
-        raise ModelError(f"threads must be a positive integer, got {threads!r}")
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-
-
 def cuda_available() -> bool:
     """True if the CUDA driver reports at least one GPU."""
     import ctypes
@@ -237,7 +230,8 @@ def load(path: str | os.PathLike) -> Model:
 def _load_library(plan: dict, library: bytes):
     """The kernel library loaded, once this machine is known to be able to run it: a CUDA
     GPU for a cuda plan, every CPU feature its code needs for a cpu plan (checked before
-    the code is mapped, not found by a SIGILL)."""
+    the code is mapped, not found by a SIGILL); a cpu plan's kernels get the process's
+    native runtime (cvmc_runtime.pool)."""
     import tvm_ffi
 
     if plan["device"] == "cuda" and not cuda_available():
@@ -245,6 +239,7 @@ def _load_library(plan: dict, library: bytes):
                          f"available on this machine")
     if plan["device"] == "cpu":
         check_host_cpu(plan["target"])
+        register_pool()  # the process's pool, for tvm-ffi to give these kernels
     with tempfile.TemporaryDirectory(prefix="cvmx-") as tmp:
         lib = Path(tmp) / LIBRARY
         lib.write_bytes(library)

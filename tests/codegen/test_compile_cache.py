@@ -70,9 +70,8 @@ def compiled(tmp_path, name: str, expect: tuple[bytes, bytes] | None = None,
 
 
 def kernel_entries(folder) -> list:
-    """The kernel cache's entries in `folder`, sorted, but the backend shim's."""
-    shim = cache.KernelCache(folder)._path(build._shim_key())
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p != shim)
+    """The kernel cache's entries in `folder`, sorted."""
+    return sorted(p for p in folder.rglob("*") if p.is_file())
 
 
 def refuse_builds(monkeypatch) -> None:
@@ -128,7 +127,7 @@ def test_damaged_entries_are_rebuilt(tmp_path, monkeypatch):
 
 def entries_by_symbol(folder, symbols) -> dict:
     """{symbol: its entry's path} in the kernel cache `folder`, for each of `symbols` (a
-    kernel's or the shim's exported function), found by the name in the object file."""
+    kernel's exported function), found by the name in the object file."""
     found = {}
     for path in folder.rglob("*"):
         for symbol in symbols:
@@ -185,24 +184,6 @@ def test_entries_of_another_cpu_are_rebuilt(tmp_path, monkeypatch):
     assert sorted(rebuilt) == sorted(symbols)
 
 
-def test_shim_and_kernel_entries_swapped_are_rebuilt(tmp_path, monkeypatch, fresh_shim):
-    """The backend shim's entry swapped with a kernel's: both are rebuilt (a kernel in the
-    shim's place would define that kernel twice in the library)."""
-    monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
-    first = compiled(tmp_path, "first", jobs=1)
-    symbol = min(symbols_of(first))
-    entries = entries_by_symbol(tmp_path / "cache", [symbol, "cvmc_shim_stats"])
-    shim, kernel = entries["cvmc_shim_stats"], entries[symbol]
-    shim_bytes, kernel_bytes = shim.read_bytes(), kernel.read_bytes()
-    shim.write_bytes(kernel_bytes)
-    kernel.write_bytes(shim_bytes)
-    monkeypatch.setattr(build, "_SHIM_OBJECT", {})  # a new process: the cache alone has it
-    rebuilt = built_here(monkeypatch)
-    assert compiled(tmp_path, "again", first, jobs=1) == first
-    assert rebuilt == [symbol] and fresh_shim.count("shim") == 2
-    assert (shim.read_bytes(), kernel.read_bytes()) == (shim_bytes, kernel_bytes)
-
-
 def edit_header(path, **fields) -> None:
     """Set `fields` in the JSON header of the cache entry at `path`, the object unchanged
     (so its checksum still matches)."""
@@ -216,10 +197,10 @@ def edit_header(path, **fields) -> None:
     path.write_bytes(magic + cache._HEADER.pack(len(text)) + text + data[start + size:])
 
 
-@pytest.mark.parametrize("rule", ["x" * 1000, 7, "cuda-conv-dp4a", "backend-shim"])
+@pytest.mark.parametrize("rule", ["x" * 1000, 7, "cuda-conv-dp4a"])
 def test_entries_with_a_rule_not_a_cpu_rule_are_rebuilt(tmp_path, monkeypatch, rule):
     """A kernel entry whose schedule rule is not one of the CPU rules (a long string, a
-    number, a CUDA rule, the shim's) is rebuilt: the plan names only real rules."""
+    number, a CUDA rule) is rebuilt: the plan names only real rules."""
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
     first = compiled(tmp_path, "first", jobs=1)
     for path in entries_by_symbol(tmp_path / "cache", symbols_of(first)).values():
@@ -252,7 +233,6 @@ def test_concurrent_compiles_share_one_cache(tmp_path, monkeypatch):
     assert libraries[0] == libraries[1]
     assert not list((tmp_path / "cache").rglob(".tmp-*"))
     monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(build, "_SHIM_OBJECT", {})
     refuse_builds(monkeypatch)
     compile_model(cvmc.load_graph(EXAMPLE), tmp_path / "warm.cvmx", "llvm", jobs=1)
     assert zipfile.ZipFile(tmp_path / "warm.cvmx").read("kernels.so") == libraries[0]
@@ -296,7 +276,7 @@ def test_entry_under_another_keys_name_is_refused(tmp_path):
     fields = ("kernel", ["__tvm_ffi_k0"], "kernel A", {"kind": "llvm", "mcpu": "znver3"})
     key = cache.entry_key(*fields)
     store.store(key, kernel)
-    others = [("shim", *fields[1:]), (fields[0], ["__tvm_ffi_k1"], *fields[2:]),
+    others = [("other", *fields[1:]), (fields[0], ["__tvm_ffi_k1"], *fields[2:]),
               (*fields[:2], "kernel B", fields[3]),
               (*fields[:3], {"kind": "llvm", "mcpu": "znver4"})]
     for other in (cache.entry_key(*f) for f in others):
@@ -382,8 +362,8 @@ def test_scalar_fallback_is_per_kernel(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 def test_kernel_objects_link_together(tmp_path):
-    """Every kernel object defines TVM's backend function pointers (filled by the shim at
-    load): they must be weak, or two objects could not be linked into one library."""
+    """Every kernel object defines TVM's backend function pointers (filled with the native
+    runtime's functions at load): they must be weak, or two objects could not be linked into one library."""
     target = Target.make("llvm")
     graph = compile_passes(blocks_graph(), target=target)
     mod, _, _ = lower.lower_graph(graph, target)
@@ -415,65 +395,6 @@ def test_workers_start_from_a_script_without_main_guard(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.count("script ran") == 1
     assert (tmp_path / "a.cvmx").is_file()
-
-
-@pytest.fixture
-def fresh_shim(monkeypatch):
-    """This process keeps no compiled shim; every gcc run for the shim is counted."""
-    monkeypatch.setattr(build, "_SHIM_OBJECT", {})
-    runs = []
-    real = build._Gcc
-
-    def counted(source, folder, name, what):
-        runs.append(name)
-        return real(source, folder, name, what)
-
-    monkeypatch.setattr(build, "_Gcc", counted)
-    return runs
-
-
-def test_shim_object_is_cached_and_rebuilt_when_damaged(tmp_path, monkeypatch, fresh_shim):
-    monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
-    first = compiled(tmp_path, "first", jobs=1)
-    assert fresh_shim.count("shim") == 1
-    shim = cache.KernelCache(tmp_path / "cache")._path(build._shim_key())
-    stored = shim.read_bytes()
-    monkeypatch.setattr(build, "_SHIM_OBJECT", {})  # a new process: the cache alone has it
-    assert compiled(tmp_path, "second", jobs=1) == first
-    assert fresh_shim.count("shim") == 1  # gcc did not compile it again
-    shim.write_bytes(stored[:-50])  # truncated
-    monkeypatch.setattr(build, "_SHIM_OBJECT", {})
-    assert compiled(tmp_path, "third", jobs=1) == first
-    assert fresh_shim.count("shim") == 2
-    assert shim.read_bytes() == stored  # written back whole
-
-
-def test_shim_object_without_cache_is_compiled_once_per_process(tmp_path, monkeypatch,
-                                                                fresh_shim):
-    monkeypatch.setenv("CVMC_CACHE_DIR", str(tmp_path / "cache"))
-    one = compiled(tmp_path, "one", jobs=1, cache=False)
-    assert compiled(tmp_path, "two", jobs=1, cache=False) == one
-    assert fresh_shim.count("shim") == 1
-    assert not (tmp_path / "cache").exists()
-
-
-def test_shim_key_follows_source_and_compiler(tmp_path, monkeypatch):
-    build._shim_key.cache_clear()
-    try:
-        base = build._shim_key()
-        build._shim_key.cache_clear()
-        monkeypatch.setattr(build, "SHIM_C", build.SHIM_C + "\n/* edited */\n")
-        edited = build._shim_key()
-        monkeypatch.undo()
-        build._shim_key.cache_clear()
-        fake = tmp_path / "gcc"  # another gcc: the same source, another version
-        fake.write_text("#!/bin/sh\necho 'gcc (Other) 99.1.0'\n")
-        fake.chmod(0o755)
-        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-        other_gcc = build._shim_key()
-        assert len({base, edited, other_gcc}) == 3
-    finally:
-        build._shim_key.cache_clear()
 
 
 def test_compiling_process_builds_the_small_kernels_beside_the_workers(tmp_path, monkeypatch):

@@ -1,14 +1,14 @@
-"""The CPU backend shim (cvmc.codegen.shim, issue 20 items 3 and 5): its thread pool and
-workspace arena driven from C through a small driver compiled with it, then inside real
-kernels: every task id runs once whatever the thread count, a stalled worker holds back
-only its own task, errors propagate, nested launches run inline, workspaces come from a
-per-thread arena that stops allocating after the first run, the pool survives unloading
-and fork, and compiled results are the reference's bits at 1 to 4 threads."""
+"""The native runtime's thread pool and workspace arena (runtime/cvmc_runtime/native/
+cvmc_pool.c, issue 20 items 3 and 5) driven from C through a small driver compiled with
+it, then inside real kernels: every task id runs once whatever the thread count, a
+stalled worker holds back only its own task, errors propagate, nested launches run
+inline, workspaces come from a per-thread arena that stops allocating after the first
+run, the pool survives unloading and fork, and compiled results are the reference's bits
+at 1 to 4 threads."""
 from __future__ import annotations
 
 import ctypes
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -18,15 +18,17 @@ from pathlib import Path
 import cvmc_runtime
 import numpy as np
 import pytest
+from cvmc_runtime import NATIVE_FOLDER
 
 import cvmc
 from cvmc.codegen import compile_model
-from cvmc.codegen.shim import SHIM_C
 from tests.oputil import one_op_graph
 
 MAX_TASKS = 4096  # the driver's record arrays
 
 DRIVER_C = r"""
+#include "cvmc_pool.c"
+
 static int drive_counts[4096], drive_by_caller[4096], drive_num_task, drive_fail_id;
 static int drive_stall_ms, drive_stalled, drive_bad_workspace;
 static pthread_t drive_caller;
@@ -98,16 +100,13 @@ uint64_t drive_mallocs(void) {
 
 @pytest.fixture(scope="module")
 def driver_path(tmp_path_factory) -> Path:
-    """The shim and the driver above, compiled into one library linked with tvm-ffi."""
-    import tvm_ffi
-
-    folder = tmp_path_factory.mktemp("shim")
-    (folder / "driver.c").write_text(SHIM_C + DRIVER_C)
-    lib_dir = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
+    """The pool and the driver above, compiled into one library (not registered with
+    tvm-ffi: the process's own native runtime stays the kernels')."""
+    folder = tmp_path_factory.mktemp("pool")
+    (folder / "driver.c").write_text(DRIVER_C)
     subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-pthread", "-Wall", "-Werror",
-                    f"-I{tvm_ffi.libinfo.find_include_path()}", str(folder / "driver.c"),
-                    "-o", str(folder / "driver.so"), f"-L{lib_dir}", "-ltvm_ffi",
-                    f"-Wl,-rpath,{lib_dir}"], check=True, capture_output=True, timeout=120)
+                    f"-I{NATIVE_FOLDER}", str(folder / "driver.c"), "-o",
+                    str(folder / "driver.so")], check=True, capture_output=True, timeout=120)
     return folder / "driver.so"
 
 
@@ -123,9 +122,12 @@ def driver(driver_path):
 
 
 @pytest.fixture
-def threads(monkeypatch):
-    """Set TVM_NUM_THREADS for the shim (which reads it at each launch)."""
-    return lambda n: monkeypatch.setenv("TVM_NUM_THREADS", str(n))
+def threads(driver):
+    """Set the thread count of the driver's pool and of the process's native runtime."""
+    def set_threads(n: int) -> None:
+        driver.cvmc_set_num_threads(n)
+        cvmc_runtime.set_num_threads(n)
+    return set_threads
 
 
 def _launch(driver, num_task=0, fail_id=-1, stall_ms=0):
@@ -262,10 +264,6 @@ def conv_model(tmp_path_factory):
     return path, {"x0": x}, cvmc.reference_run(g, {"x0": x})
 
 
-def _stats(model) -> dict:
-    return json.loads(model._buf.module["cvmc_shim_stats"]())
-
-
 def test_kernels_give_the_reference_bits_at_any_thread_count(conv_model, threads):
     path, feeds, ref = conv_model
     model = cvmc_runtime.load(path)
@@ -274,7 +272,7 @@ def test_kernels_give_the_reference_bits_at_any_thread_count(conv_model, threads
         for _ in range(3):
             got = model.run(feeds)
             assert all(np.array_equal(got[k], ref[k]) for k in ref), n
-    stats = _stats(model)
+    stats = cvmc_runtime.pool_stats()
     assert stats["launches"] > 0 and stats["tasks"] > stats["launches"]
 
 
@@ -290,10 +288,10 @@ def test_warm_runs_allocate_nothing(conv_model, threads):
         threads(count)
         model.run(feeds)
         model.run(feeds)
-        before = _stats(model)
+        before = cvmc_runtime.pool_stats()
         for _ in range(5):
             model.run(feeds)
-        after = _stats(model)
+        after = cvmc_runtime.pool_stats()
         assert after["workspaces"] > before["workspaces"]
         assert after["mallocs"] - before["mallocs"] <= (0 if count == 1 else 2 * kernels * count)
 

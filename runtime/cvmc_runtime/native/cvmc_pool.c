@@ -405,7 +405,6 @@ __attribute__((destructor)) static void cvmc_unload_backend(void) {
   }
 }
 
-
 int cvmc_pool_stats(char* text, size_t size) {
   uint64_t tasks = 0, workspaces = 0, mallocs = 0, deferred = 0;
   pthread_mutex_lock(&pool.lock);
@@ -419,9 +418,10 @@ int cvmc_pool_stats(char* text, size_t size) {
   return snprintf(text, size,
       "{\"launches\": %llu, \"inline\": %llu, \"tasks\": %llu, \"workspaces\": %llu, "
       "\"mallocs\": %llu, \"deferred_frees\": %llu, \"sleeps\": %llu, \"workers\": %d, "
-      "\"cpus\": %d}",
+      "\"threads\": %d, \"cpus\": %d}",
       (unsigned long long)cvmc_stat_launches, (unsigned long long)cvmc_stat_inline,
       (unsigned long long)tasks, (unsigned long long)workspaces,
       (unsigned long long)mallocs, (unsigned long long)deferred,
-      (unsigned long long)cvmc_stat_sleeps, pool.started, pool.cpus);
+      (unsigned long long)cvmc_stat_sleeps, pool.started, cvmc_get_num_threads(),
+      pool.cpus);
 }

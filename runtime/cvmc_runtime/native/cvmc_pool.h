@@ -2,10 +2,11 @@
    call through their backend function pointers (__TVMBackendParallelLaunch,
    __TVMBackendParallelBarrier, __TVMBackendAllocWorkspace, __TVMBackendFreeWorkspace).
 
-   One pool per process (per copy of this code: every artifact's kernels.so holds one, a C
-   library one). It needs libc and pthreads only. Python artifacts register it with tvm-ffi
-   (cvmc_tvm_ffi.c); a C library built by `cvmc compile --emit c-library` stores it in the
-   kernels' pointers itself. */
+   One pool per process. The Python runtime builds this file and cvmc_tvm_ffi.c once into a
+   shared library of its own (cvmc_runtime.pool), which registers the pool with tvm-ffi for
+   every artifact's kernels.so it loads (artifacts carry kernels only); a C library built
+   by `cvmc compile --emit c-library` links this file and stores the pool in the kernels'
+   pointers itself. It needs libc and pthreads only. */
 #ifndef CVMC_POOL_H
 #define CVMC_POOL_H
 
@@ -16,14 +17,7 @@
    functions below and how kernels are called (TVM's packed-function calling convention
    with DLTensor arguments). An artifact records it in cvmx.json; the Python runtime
    refuses one built for another (cvmc_runtime.artifact.NATIVE_ABI, which must equal it). */
-#define CVMC_ABI_VERSION 1
-
-/* The linkage of the functions below: hidden in an artifact's kernels.so (cvmc.codegen.shim
-   defines it so: each loaded artifact keeps the pool tvm-ffi registered for it, and no
-   library binds to another's), global in a C library. */
-#ifndef CVMC_API
-#define CVMC_API
-#endif
+#define CVMC_ABI_VERSION 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -34,21 +28,22 @@ typedef struct { void* sync_handle; int32_t num_task; } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv* penv, void* cdata);
 
 /* The backend functions, as TVM's kernels call them. */
-CVMC_API int cvmc_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task);
-CVMC_API int cvmc_parallel_barrier(int task_id, TVMParallelGroupEnv* penv);
-CVMC_API void* cvmc_alloc_workspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits);
-CVMC_API int cvmc_free_workspace(int dev_type, int dev_id, void* ptr);
+int cvmc_parallel_launch(FTVMParallelLambda f, void* cdata, int num_task);
+int cvmc_parallel_barrier(int task_id, TVMParallelGroupEnv* penv);
+void* cvmc_alloc_workspace(int dev_type, int dev_id, uint64_t nbytes, int code, int bits);
+int cvmc_free_workspace(int dev_type, int dev_id, void* ptr);
 
 /* Threads a parallel loop uses from the next launch on: `threads` >= 1, or 0 for the
-   default (TVM_NUM_THREADS when set, else the CPUs this process may run on). At most
-   256. Workers start on the first launch that wants them. */
-CVMC_API void cvmc_set_num_threads(int threads);
+   default (TVM_NUM_THREADS when set in the environment at the launch, else the CPUs this
+   process may run on). At most 256. Workers start on the first launch that wants them. */
+void cvmc_set_num_threads(int threads);
 /* The threads the next launch uses. */
-CVMC_API int cvmc_get_num_threads(void);
+int cvmc_get_num_threads(void);
 
-/* The pool's counters as JSON ({"launches": ..., "tasks": ..., "mallocs": ...}) in `text`
-   (`size` bytes, NUL-terminated); returns the length snprintf reports. */
-CVMC_API int cvmc_pool_stats(char* text, size_t size);
+/* The pool's counters as JSON ({"launches": ..., "tasks": ..., "mallocs": ..., "workers":
+   ..., "threads": ...}) in `text` (`size` bytes, NUL-terminated); returns the length
+   snprintf reports. */
+int cvmc_pool_stats(char* text, size_t size);
 
 #ifdef __cplusplus
 }

@@ -1,32 +1,22 @@
-/* The native runtime (cvmc_pool.c) for kernels loaded by tvm-ffi, as cvmc_runtime loads an
-   artifact's kernels.so, which links this file: its constructor registers the pool's
-   functions with tvm-ffi, which writes them into the library's __TVMBackend* pointers when
-   it loads the library. */
-#include <tvm/ffi/c_api.h>
-
+/* The native runtime's registration with tvm-ffi, built with cvmc_pool.c into the Python
+   runtime's one native library (cvmc_runtime.pool). TVMFFIEnvModRegisterContextSymbol
+   resolves against libtvm_ffi.so, which `import tvm_ffi` has loaded with RTLD_GLOBAL. */
 #include "cvmc_pool.h"
 
-#ifdef __cplusplus
-extern "C"
-#endif
 int TVMFFIEnvModRegisterContextSymbol(const char* name, void* symbol);
 
-__attribute__((constructor)) static void cvmc_register_backend(void) {
-  TVMFFIEnvModRegisterContextSymbol("__TVMBackendParallelLaunch", (void*)cvmc_parallel_launch);
-  TVMFFIEnvModRegisterContextSymbol("__TVMBackendParallelBarrier", (void*)cvmc_parallel_barrier);
-  TVMFFIEnvModRegisterContextSymbol("__TVMBackendAllocWorkspace", (void*)cvmc_alloc_workspace);
-  TVMFFIEnvModRegisterContextSymbol("__TVMBackendFreeWorkspace", (void*)cvmc_free_workspace);
-}
-
-/* The pool's counters as JSON, for tests and benchmarks: module["cvmc_shim_stats"](). */
-#ifdef __cplusplus
-extern "C"
-#endif
-TVM_FFI_DLL_EXPORT int __tvm_ffi_cvmc_shim_stats(void* self, const TVMFFIAny* args,
-                                                 int32_t num_args, TVMFFIAny* result) {
-  char text[512];
-  int len = cvmc_pool_stats(text, sizeof(text));
-  TVMFFIByteArray bytes = {text, (size_t)len};
-  (void)self; (void)args; (void)num_args;
-  return TVMFFIStringFromByteArray(&bytes, result);
+/* Register the pool's functions with tvm-ffi, which writes them into the __TVMBackend*
+   pointers of every kernel library it loads afterwards. Called before each load: TVM's
+   own runtime, when the process imports it, registers its thread pool in their place.
+   Returns 0, or the first failing registration's nonzero result. */
+int cvmc_tvm_ffi_register(void) {
+  int r = TVMFFIEnvModRegisterContextSymbol("__TVMBackendParallelLaunch",
+                                            (void*)cvmc_parallel_launch);
+  if (!r) r = TVMFFIEnvModRegisterContextSymbol("__TVMBackendParallelBarrier",
+                                                (void*)cvmc_parallel_barrier);
+  if (!r) r = TVMFFIEnvModRegisterContextSymbol("__TVMBackendAllocWorkspace",
+                                                (void*)cvmc_alloc_workspace);
+  if (!r) r = TVMFFIEnvModRegisterContextSymbol("__TVMBackendFreeWorkspace",
+                                                (void*)cvmc_free_workspace);
+  return r;
 }
