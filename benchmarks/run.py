@@ -524,7 +524,12 @@ def openvino_available() -> bool:
 
 @contextmanager
 def tvm_threads(threads: int) -> Iterator[None]:
-    """Set TVM_NUM_THREADS (read by the CPU shim at every parallel launch), then restore."""
+    """cvmc's thread count: the process's native pool (`cvmc_runtime.set_num_threads`),
+    and TVM_NUM_THREADS for processes started meanwhile (their pool's default), restored
+    after."""
+    import cvmc_runtime
+
+    cvmc_runtime.set_num_threads(threads)
     old = os.environ.get("TVM_NUM_THREADS")
     os.environ["TVM_NUM_THREADS"] = str(threads)
     try:

@@ -270,10 +270,7 @@ def compile_and_run(graph: Graph, mcpu: str, feeds: dict, threads: int):
         result = cvmc.compile(graph, Path(tmp) / "m.cvmx", target="llvm", mcpu=mcpu)
         model = cvmc_runtime.load(Path(tmp) / "m.cvmx")
     cvmc_runtime.set_num_threads(threads)
-    try:
-        return next(iter(model.run(feeds).values())), result
-    finally:
-        os.environ.pop("TVM_NUM_THREADS", None)
+    return next(iter(model.run(feeds).values())), result
 
 
 def run_at_1_and_2_threads(graph: Graph, feeds: dict, output: str = "y") -> list[np.ndarray]:
@@ -285,7 +282,6 @@ def run_at_1_and_2_threads(graph: Graph, feeds: dict, output: str = "y") -> list
         for threads in (1, 2):
             cvmc_runtime.set_num_threads(threads)
             runs.append(model.run(feeds)[output])
-    os.environ.pop("TVM_NUM_THREADS", None)
     assert runs[0].tobytes() == runs[1].tobytes(), "1 and 2 threads differ"
     return runs
 
