@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from cvmc.errors import CvmcError, check_argument
 from cvmc.ir import Graph
-from cvmc.passes.target import Target, compiler_tvm
+from cvmc.passes.target import Target
 
 if TYPE_CHECKING:
     from cvmc.codegen.build import Built
@@ -92,7 +92,6 @@ def compile_model(graph: Graph, output: str | Path | None, target: str | Target 
             raise CvmcError("compile: give mcpu and arch to Target.make, not beside a Target")
     else:
         target = Target.make(target, mcpu, arch)
-    compiler_tvm()  # a clear error now if TVM cannot compile (Target.make asks it for llvm)
     steps = backend(target)
     steps.check(target)
     if target.mtriple and output is not None:

@@ -2,7 +2,7 @@
 list ends with the kernel partition."""
 from __future__ import annotations
 
-from cvmc.codegen.targets import BACKENDS, backend
+from cvmc.codegen.targets import backend, backends
 from cvmc.passes.pipeline import FUSE_KERNELS
 from cvmc.passes.target import Target
 
@@ -17,7 +17,7 @@ def test_a_target_gets_the_backend_of_its_kind_and_triple():
 def test_each_backend_ends_its_passes_with_the_kernel_partition():
     """Lowering builds the kernels fuse-kernels chose, so it is every list's last pass,
     and a list names each pass once."""
-    for b in BACKENDS.values():
+    for b in backends().values():
         assert b.passes[-1] is FUSE_KERNELS
         assert len({p.name for p in b.passes}) == len(b.passes)
 
@@ -26,7 +26,7 @@ def test_the_cpu_backends_own_rows_come_before_the_shared_ones():
     """A row names the ISA it is for; the shared rows end with the default, which takes
     any kernel, so it must be last."""
     for name in ("x86", "aarch64"):
-        rows = BACKENDS[name].schedules
+        rows = backends()[name].schedules
         names = [r.name for r in rows]
         assert len(set(names)) == len(names)
         own = [r for r in names if not r.startswith("cpu-")]

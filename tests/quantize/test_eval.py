@@ -37,6 +37,11 @@ def case(tmp_path_factory):
     return d, x, labels, want_q, want_f
 
 
+# The quantized model sees random data beyond its calibrated range: the warning that says
+# so is tested in test_new_user.py.
+pytestmark = pytest.mark.filterwarnings("ignore::cvmc_runtime.quant.SaturationWarning")
+
+
 def test_predictions_are_numpy_argmax(case):
     d, x, _, want_q, want_f = case
     assert np.array_equal(cvmc_runtime.predict(d / "q.cvmx", x), want_q)

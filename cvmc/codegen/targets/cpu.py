@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from cvmc.codegen.build import Built, build_llvm, start_workers
 from cvmc.codegen.cache import KernelCache, cache_folder
-from cvmc.codegen.targets.backend import Backend
+from cvmc.codegen.targets.base import Backend
 from cvmc.lowering.attention import schedule_attention
 from cvmc.lowering.depthwise import (
     schedule_depthwise,

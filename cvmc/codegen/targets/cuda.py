@@ -16,7 +16,7 @@ from pathlib import Path
 
 from cvmc.codegen.build import Built, kernel_signatures
 from cvmc.codegen.shim import CUDA_DEVICE_HELPERS_CU, CUDA_HELPERS_CU, signature_source
-from cvmc.codegen.targets.backend import Backend
+from cvmc.codegen.targets.base import Backend
 from cvmc.errors import CvmcError
 from cvmc.lowering.cuda import schedule_conv_cuda, schedule_conv_packed_cuda, schedule_dense_cuda
 from cvmc.lowering.rules import ScheduleRule, schedule_and_build, schedule_cuda_module
