@@ -7,10 +7,11 @@ result is requantized to its calibrated scale at the activation bits. The rules:
   (weights 8 bits, per tensor or per output channel; bias at s_x * s_w clipped to the
   accumulator's precision), then requantize;
 - add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
-  common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
-  and a requantization;
-- matmul of two activations -> broadcast_mul of the operands, one expanded on each side,
-  then sum over the inner axis, then requantize;
+  common scale at 16 bits; mul: two tensors at the product's operand bits
+  (`product_operands`: up to 16, so that int32 holds the product), a tensor and a weight at
+  the activation bits and 8; then the op and a requantization;
+- matmul of two activations -> broadcast_mul of the operands (at the product's operand
+  bits), one expanded on each side, then sum over the inner axis, then requantize;
 - concat: each input requantized to the output's scale;
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
@@ -46,6 +47,10 @@ from cvmc.quantize.fixedpoint import FixedPointError, plan_requant
 from cvmc.quantize.layers import Layers, apply_elementwise, is_elementwise, unsupported
 
 WIDE = 16  # bits of the common scale that add / sub operands meet at
+PRODUCT_BITS = 16  # the most bits of an operand of a product of two activations
+# softmax's most output bits: its divide's numerator 2 (2^(b-1) - 1) e + sum(e), e < 2^15,
+# has precision (b + 1) + 16 + 1 <= 32
+SOFTMAX_BITS = 14
 
 
 @dataclass(frozen=True)
@@ -63,11 +68,13 @@ class QTensor:
 
 @dataclass(frozen=True)
 class Options:
-    """What the user chose: activation and output bits, per-channel weights."""
+    """What the user chose: activation and output bits, per-channel weights, and the most
+    bits of an operand of a product of two activations (`product_bits`)."""
 
     bits: int = 8
     output_bits: int = 8
     per_channel: bool = False
+    product_bits: int = PRODUCT_BITS
 
 
 class Rewriter:
@@ -78,6 +85,7 @@ class Rewriter:
         self.thr, self.opt = thresholds, options
         self.b = GraphBuilder(self.g.name)
         self.values: dict[str, QTensor] = {}
+        self.operand_bits, self.wide = product_operands(layers, options)
 
     def scale(self, name: str, bits: int) -> float:
         """The scale that maps `name`'s threshold to the largest `bits`-bit integer."""
@@ -106,8 +114,10 @@ class Rewriter:
         return t if t.precision <= bits else self.requant(t, self.scale(name, bits), bits)
 
     def out_bits(self, node: Node) -> int:
-        """The bits of a layer's result: the output bits for a model output."""
-        return self.opt.output_bits if node.name in self.g.outputs else self.opt.bits
+        """The bits of a layer's result: the output bits for a model output, more than the
+        activation bits where it feeds a product of two activations (`product_operands`)."""
+        return self.opt.output_bits if node.name in self.g.outputs else \
+            self.wide.get(node.name, self.opt.bits)
 
     def finish(self, node: Node, acc: QTensor) -> None:
         """Requantize a wide result to the layer's calibrated scale."""
@@ -247,7 +257,8 @@ class Rewriter:
         if self.g.types[b].ndim != rank or rank + 1 > 6:
             raise unsupported(node, "only a matmul of two activations of one rank, at most 5, "
                                     "maps to broadcast_mul and sum")
-        qa, qb = self.at_bits(a, self.opt.bits), self.at_bits(b, self.opt.bits)
+        bits = self.operand_bits[node.name]
+        qa, qb = self.at_bits(a, bits), self.at_bits(b, bits)
 
         def rows(v: Var, transposed: bool) -> Var:  # [..., rows, K]
             if not transposed:
@@ -295,10 +306,10 @@ class Rewriter:
                                    .astype(np.int32))
         return self.requant(self.values[name], scale, bits).var
 
-    def factor(self, name: str) -> QTensor:
-        """A mul operand: a tensor at the activation bits, or a weight at 8 bits."""
+    def factor(self, name: str, bits: int) -> QTensor:
+        """A mul operand: a tensor at no more than `bits` bits, or a weight at 8 bits."""
         if name not in self.g.constants:
-            return self.at_bits(name, self.opt.bits)
+            return self.at_bits(name, bits)
         scale = prec_max(8) / self.threshold_of(name)
         w = quantize(name, self.g.constants[name], scale, 8).astype(np.int32)
         return QTensor(self.b.constant(w), scale)
@@ -314,7 +325,8 @@ class Rewriter:
         a, b = node.inputs
         same = self.g.types[a].shape == self.g.types[b].shape
         if node.op == "mul":
-            qa, qb = self.factor(a), self.factor(b)
+            bits = self.operand_bits.get(node.name, self.opt.bits)
+            qa, qb = self.factor(a, bits), self.factor(b, bits)
             y = self.b.broadcast_mul(qa.var, qb.var)
             return self.finish(node, QTensor(y, qa.scale * qb.scale))
         scale = prec_max(WIDE) / max(self.threshold_of(a), self.threshold_of(b))
@@ -462,7 +474,7 @@ class Rewriter:
         as one integer divide (half up); the result's scale is out_max."""
         axes = list(next(n for n in self.layers.bodies[node.name] if n.op == "max_reduce")
                     .attrs["axes"])
-        bits = self.out_bits(node)
+        bits = min(self.out_bits(node), SOFTMAX_BITS)
         xq = self.at_bits(node.inputs[0], self.opt.bits)
         span = 2 * prec_max(xq.precision)
         z = self.b.broadcast_sub(xq.var, self.b.nnef_max(xq.var, axes=axes, keepdims=True))
@@ -626,6 +638,54 @@ LAYER_RULES = [
     LayerRule(is_elementwise, Rewriter.elementwise, checks_weights=False),
     LayerRule(_binary, Rewriter.binary),
 ]
+
+
+def _product_inner(layers: Layers, node: Node) -> int | None:
+    """The length of the sum a product of two activations takes (matmul: its inner axis;
+    mul: 1), or None for any other layer."""
+    g = layers.graph
+    if _primitives(layers, node) == ("matmul",) and not layers.weights_of(node):
+        shape = g.types[node.inputs[0]].shape
+        return shape[-2] if node.attrs.get("transposeA") else shape[-1]
+    if _primitives(layers, node) == ("mul",) and len(layers.activations_of(node)) == 2:
+        return 1
+    return None
+
+
+# Layers whose output is their input's integers rearranged: a product's wide operand is
+# made wide by the layer before them.
+PASS_THROUGH = (Rewriter.movement, Rewriter.split, Rewriter.max_pool)
+
+
+def product_operands(layers: Layers, options: Options) -> tuple[dict[str, int], dict[str, int]]:
+    """The operand bits of each product of two activations, and the bits each layer that
+    feeds one (through reshapes, transposes, slices, splits and max pools) gives its result.
+
+    The rule: a product's operands take b = min(product_bits, (32 - bitlen(K)) // 2) bits
+    each (at least the activation bits), K the length of the sum that follows the product
+    (matmul's inner axis; 1 for an element-wise mul), so that the product's precision
+    2b + bitlen(K) is at most 32: 16 x 16 for a mul (SiLU's x * sigmoid(x), a squeeze-excite
+    gate times its feature map), 12 x 12 for attention's matmuls with K of 64 to 255. The layer
+    that makes an operand (a conv, a lookup table, softmax, an add) requantizes its result
+    to those bits; conv2d, dense, average pools and a lookup table's index read any input at the
+    activation bits (`at_bits`), as CVM's conv2d and dense take at most 8-bit data and a
+    table has one entry per index."""
+    operand: dict[str, int] = {}
+    wide: dict[str, int] = {}
+    for node in layers.graph.nodes:
+        k = _product_inner(layers, node)
+        if k is not None:
+            bits = max(options.bits, min(options.product_bits, (32 - bitlen(k)) // 2))
+            operand[node.name] = bits
+            for a in layers.activations_of(node):
+                wide[a] = max(wide.get(a, 0), bits)
+    for node in reversed(layers.graph.nodes):
+        bits = max((wide.get(o, 0) for o in node.outputs), default=0)
+        rule = rule_of(layers, node)
+        if bits and rule is not None and rule.rewrite in PASS_THROUGH:
+            x = node.inputs[0]
+            wide[x] = max(wide.get(x, 0), bits)
+    return operand, {n: b for n, b in wide.items() if b > options.bits}
 
 
 def rule_of(layers: Layers, node: Node) -> LayerRule | None:

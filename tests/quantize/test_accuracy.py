@@ -1,0 +1,108 @@
+"""The quantizer's accuracy rules on small float nets built here (numpy weights), each
+measured as output SQNR against the float model on the reference interpreter, with the
+rule and without it (`Options`), and each integer model bit-exact between the reference
+interpreter and its llvm build (and CVM-Runtime where CVM_RUNTIME_DRIVER is set).
+
+- Products of two activations at wide operands (`product_operands`): a squeeze-excite
+  block (a conv's output times a sigmoid gate: 16 x 16 bits) and self-attention (q k^T,
+  then softmax times v: 14 x 14 bits for K <= 15).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cvmc.quantize import Options
+from tests.cvm_runtime import assert_cvm_runtime_agrees, needs_cvm_runtime, run_llvm
+from tests.quantize.test_rules import _compare, _model
+
+RNG = np.random.default_rng(3)
+C, D = 8, 8
+
+SQUEEZE_EXCITE = """    c = conv(x, w1, b1, padding = [(1, 1), (1, 1)]);
+    p = mean_reduce(c, axes = [2, 3]);
+    h0 = conv(p, w2, b2);
+    h = relu(h0);
+    g0 = conv(h, w3, b3);
+    g = sigmoid(g0);
+    y = mul(c, g);"""
+SQUEEZE_EXCITE_WEIGHTS = {
+    "w1": RNG.standard_normal((C, 3, 3, 3)) * 0.3, "b1": RNG.standard_normal((1, C)) * 0.1,
+    "w2": RNG.standard_normal((4, C, 1, 1)) * 0.5, "b2": RNG.standard_normal((1, 4)) * 0.1,
+    # gates mostly well below 1, as trained squeeze-excite blocks have them
+    "w3": RNG.standard_normal((C, 4, 1, 1)) * 0.5,
+    "b3": RNG.standard_normal((1, C)) * 1.5 - 2.5}
+
+ATTENTION = """    q = matmul(x, wq);
+    k = matmul(x, wk);
+    v = matmul(x, wv);
+    s = matmul(q, k, transposeB = true);
+    t = mul(s, 0.35);
+    p = softmax(t, axes = [2]);
+    y = matmul(p, v);"""
+ATTENTION_WEIGHTS = {f"w{n}": RNG.standard_normal((1, D, D)) * 0.4 for n in "qkv"}
+
+# name: (body, input shape, weights)
+NETS = {"squeeze_excite": (SQUEEZE_EXCITE, (1, 3, 8, 8), SQUEEZE_EXCITE_WEIGHTS),
+        "attention": (ATTENTION, (1, 6, D), ATTENTION_WEIGHTS)}
+
+
+def _sqnr(want: np.ndarray, got: np.ndarray) -> float:
+    return float(10 * np.log10(np.square(want).sum() / np.square(got - want).sum()))
+
+
+def _net(tmp_path, name: str):
+    body, shape, weights = NETS[name]
+    graph = _model(tmp_path, body, {"x": shape}, weights)
+    samples = {"x": np.random.default_rng(5).standard_normal((16, *shape)).astype(np.float32)}
+    return graph, samples
+
+
+@pytest.mark.parametrize("name, floor, gain", [
+    # measured: 35.4 dB with 8-bit operands, 37.5 dB with 16-bit ones
+    ("squeeze_excite", 37.0, 1.5),
+    # measured: 31.6 dB with 8-bit operands, 34.8 dB with 14-bit ones
+    ("attention", 34.0, 2.5)])
+def test_products_of_two_activations_take_wide_operands(tmp_path, name, floor, gain):
+    """The model output at 16 bits, so that the products' operands are what limits it:
+    the wide rule meets its SQNR floor and beats 8-bit operands by `gain` dB."""
+    graph, samples = _net(tmp_path, name)
+    want, got, q = _compare(graph, samples, Options(output_bits=16))
+    narrow_want, narrow_got, _ = _compare(graph, samples,
+                                          Options(output_bits=16, product_bits=8))
+    wide, narrow = _sqnr(want, got), _sqnr(narrow_want, narrow_got)
+    assert wide >= floor and wide >= narrow + gain, (wide, narrow)
+    x = q.inputs["x"]
+    ints = np.clip(np.round(samples["x"][0] * x[0]), -127, 127).astype(np.int8)
+    assert np.array_equal(run_llvm(q.graph, ints), _reference(q.graph, ints))
+
+
+def _reference(graph, x: np.ndarray) -> np.ndarray:
+    from cvmc import reference_run
+    return reference_run(graph, {"x": x})[graph.outputs[0]]
+
+
+@pytest.mark.parametrize("name, operands, bits", [
+    ("squeeze_excite", ("c", "g"), 16),  # a mul: 16 + 16 = 32 bits, no sum after it
+    ("attention", ("q", "k", "v", "p"), 14)])  # K = 8 and 6: 14 + 14 + bitlen(K) <= 32
+def test_product_operands_fit_int32(tmp_path, name, operands, bits):
+    """The integer graph's types (the precision proof): each operand of a product is
+    wider than 8 bits and at most `bits`, every conv2d and dense input at most 8 bits, and
+    no precision above 32."""
+    graph, samples = _net(tmp_path, name)
+    g = _compare(graph, samples)[2].graph
+    for operand in operands:
+        assert 8 < g.types[operand].precision <= bits, (operand, g.types[operand])
+    assert all(t.precision <= 32 for t in g.types.values())
+    for node in g.nodes:
+        if node.op in ("conv2d", "dense"):
+            assert g.types[node.inputs[0]].precision <= 8, node
+
+
+@needs_cvm_runtime
+@pytest.mark.parametrize("name", NETS)
+def test_runs_on_cvm_runtime(tmp_path, name):
+    graph, samples = _net(tmp_path, name)
+    q = _compare(graph, samples)[2]
+    x = np.random.default_rng(13).integers(-127, 128, NETS[name][1]).astype(np.int8)
+    assert_cvm_runtime_agrees(q.graph, x)
