@@ -24,7 +24,9 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 - softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
 - any other layer that applies one real function to each element (sigmoid, tanh, exp,
   clamp, ...): relu or clip when that is what it computes on the input's integer grid
-  (exact), else a cvm_lut of the function on that grid.
+  (exact), else a cvm_lut of the function on that grid; a clamp to [0, hi] between a
+  conv / dense and convs / denses only: on the whole grid, at an offset
+  (`shifted_clamps`), computed by the layer before it.
 """
 from __future__ import annotations
 
@@ -55,10 +57,13 @@ SOFTMAX_BITS = 14
 
 @dataclass(frozen=True)
 class QTensor:
-    """An integer value of the graph being built and the scale it is at."""
+    """An integer value of the graph being built, the scale it is at and its offset: the
+    integer t stands for the real t / scale + offset (a nonzero offset only on a clamp to
+    [0, hi] folded into the layer before it, `shifted_clamps`)."""
 
     var: Var
     scale: float | np.ndarray
+    offset: float = 0.0
 
     @property
     def precision(self) -> int:
@@ -68,13 +73,16 @@ class QTensor:
 
 @dataclass(frozen=True)
 class Options:
-    """What the user chose: activation and output bits, per-channel weights, and the most
-    bits of an operand of a product of two activations (`product_bits`)."""
+    """What the user chose: activation and output bits, per-channel weights, the most
+    bits of an operand of a product of two activations (`product_bits`), and whether a
+    clamp to [0, hi] that only convs and denses read uses the whole grid (`shifted`,
+    `shifted_clamps`)."""
 
     bits: int = 8
     output_bits: int = 8
     per_channel: bool = False
     product_bits: int = PRODUCT_BITS
+    shifted: bool = True
 
 
 class Rewriter:
@@ -86,6 +94,7 @@ class Rewriter:
         self.b = GraphBuilder(self.g.name)
         self.values: dict[str, QTensor] = {}
         self.operand_bits, self.wide = product_operands(layers, options)
+        self.shifted = shifted_clamps(layers) if options.shifted else {}
 
     def scale(self, name: str, bits: int) -> float:
         """The scale that maps `name`'s threshold to the largest `bits`-bit integer."""
@@ -120,9 +129,24 @@ class Rewriter:
             self.wide.get(node.name, self.opt.bits)
 
     def finish(self, node: Node, acc: QTensor) -> None:
-        """Requantize a wide result to the layer's calibrated scale."""
+        """Requantize a wide result to the layer's calibrated scale (to the clamp after it
+        on its shifted grid, `shift_of`, where the layer is one of `shifted_clamps`: `acc`
+        then holds the shift)."""
+        if node.name in self.shifted:
+            clamp = self.shifted[node.name]
+            scale, offset = self.shift_of(clamp)
+            y = self.requant(acc, scale, self.opt.bits)
+            self.values[clamp] = QTensor(y.var, scale, offset)
+            return
         bits = self.out_bits(node)
         self.values[node.name] = self.requant(acc, self.scale(node.name, bits), bits)
+
+    def shift_of(self, clamp: str) -> tuple[float, float]:
+        """(scale, offset) of a clamp to [0, hi] on the whole grid: [0, threshold] as
+        [-top, top], scale 2 top / threshold, offset top / scale (so that the integer -top
+        stands for 0 exactly: the requantization's saturation at -top is the clamp's 0)."""
+        scale = 2 * self.scale(clamp, self.opt.bits)
+        return scale, prec_max(self.opt.bits) / scale
 
     # ---- the rules ---------------------------------------------------------------------
     def weights(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -142,11 +166,18 @@ class Rewriter:
         wq, ws = self.weights(w, 0)
         k = int(np.prod(w.shape[1:]))
         acc_prec = xq.precision + bitlen(int(np.abs(wq).max()) + 1) + 1 + bitlen(k)
-        acc_scale = xq.scale * ws
+        acc_scale = xq.scale * np.broadcast_to(ws, (w.shape[0],))
         args = [xq.var, self.b.constant(wq.astype(np.int32))]
-        if bias is not None:
-            bq = quantize("bias", np.broadcast_to(bias.reshape(-1), (w.shape[0],))
-                          * acc_scale, 1.0, acc_prec)
+        # x at an offset c: sum w (q / s + c) = (sum w_q q + c s sum w_q) / (s s_w), c s an
+        # integer (`shift_of`); the clamp after this layer on its shifted grid: its real 0
+        # is -top, so c' s_acc (its offset in accumulator units) comes off the accumulator
+        shift = round(xq.offset * xq.scale) * wq.reshape(len(wq), -1).sum(1)
+        if node.name in self.shifted:
+            shift = shift - np.round(self.shift_of(self.shifted[node.name])[1] * acc_scale)
+        if bias is not None or np.any(shift):
+            real = np.zeros(w.shape[0]) if bias is None else \
+                np.broadcast_to(bias.reshape(-1), (w.shape[0],))
+            bq = quantize("bias", real * acc_scale, 1.0, acc_prec).astype(np.int64) + shift
             args.append(self.b.constant(bq.astype(np.int32)))
         shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 1 - channel_axis)
         y = make(*args)
@@ -178,7 +209,8 @@ class Rewriter:
 
     def conv(self, node: Node) -> None:
         """NNEF conv -> conv2d (zero padding; an asymmetric padding's excess concatenated
-        as zeros, `pad`)."""
+        as zeros, `pad`; for a shifted input, whose real 0 is not the integer 0, a
+        correction per output position where the window reaches the padding)."""
         a = node.attrs
         if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
             raise unsupported(node, "the filter must be a weight")
@@ -189,11 +221,24 @@ class Rewriter:
             raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
         bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
         groups = a.get("groups", 1) or self.g.types[node.inputs[0]].shape[1]
+        t = self.values[node.inputs[0]]
+        zero = -round(t.offset * t.scale)  # the integer that stands for the real 0
 
         def make(x: Var, *args: Var) -> Var:
             x, padding = self.pad(x, pairs, 0)
-            return self.b.conv2d(x, *args, padding=padding, stride=stride, dilation=dilation,
-                                 groups=groups)
+            y = self.b.conv2d(x, *args, padding=padding, stride=stride, dilation=dilation,
+                              groups=groups)
+            if not (zero and any(map(any, pairs))):
+                return y
+            # a shifted input's padding: the integer 0 stands for the real offset, so each
+            # position takes zero * (the sum of the weights on its padded taps)
+            shape = self.g.types[node.inputs[0]].shape
+            taps = np.pad(np.zeros(shape), [(0, 0), (0, 0), *pairs], constant_values=1)
+            padded = lookup("conv2d").run_reference(
+                [taps, self.weights(w, 0)[0]],
+                Attrs({"padding": [0, 0], "stride": stride, "dilation": dilation,
+                       "groups": groups}))[0]
+            return self.b.broadcast_add(y, self.b.constant((zero * padded).astype(np.int32)))
         self.linear_layer(node, node.inputs[0], w, bias, make)
 
     def deconv(self, node: Node) -> None:
@@ -388,7 +433,7 @@ class Rewriter:
         self.finish(node, QTensor(y, xq.scale * (count if node.attrs.get("normalize") else 1)))
 
     def max_pool(self, node: Node) -> None:
-        """max_pool (argmax_pool + sample) -> max_pool2d."""
+        """max_pool (argmax_pool + sample) -> max_pool2d; the scale and offset pass."""
         pool = next(n for n in self.layers.bodies[node.name] if n.op == "argmax_pool")
         window, strides, pairs = self.pool_geometry(node, pool.attrs)
         if any(map(any, pairs)) and pool.attrs.get("border") not in ("ignore", "-infinity"):
@@ -398,11 +443,11 @@ class Rewriter:
         # an excess of padding on one side: blocks of the least value, which no max picks
         x, padding = self.pad(t.var, pairs, -prec_max(t.precision))
         y = self.b.max_pool2d(x, pool_size=window, strides=strides, padding=padding)
-        self.values[node.name] = QTensor(y, t.scale)
+        self.values[node.name] = QTensor(y, t.scale, t.offset)
 
     def movement(self, node: Node) -> None:
         """reshape, squeeze, unsqueeze, transpose, slice, nearest upsampling: the scale
-        passes."""
+        and offset pass."""
         t = self.values[node.inputs[0]]
         if node.op == "nnef.transpose":
             axes = list(node.attrs["axes"])
@@ -427,7 +472,7 @@ class Rewriter:
             y = self.b.upsampling(t.var, scale=factor.pop())
         else:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
-        self.values[node.name] = QTensor(y, t.scale)
+        self.values[node.name] = QTensor(y, t.scale, t.offset)
 
     def upsample(self, node: Node) -> None:
         """multilinear_upsample (bilinear resize), border 'replicate': along each spatial
@@ -521,6 +566,8 @@ class Rewriter:
 
     def layer(self, node: Node) -> None:
         """Quantize one layer by its rule (`rule_of`)."""
+        if node.name in self.shifted.values():
+            return  # computed by the layer before it (`finish`)
         rule = rule_of(self.layers, node)
         if rule is None:
             body = _primitives(self.layers, node)
@@ -537,8 +584,10 @@ class Rewriter:
             named = unsupported(node, e.message)
             raise FixedPointError(named.message, named.span) from None
 
-    def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]]]:
-        """The integer graph, each float value's scale, and the inputs' (scale, precision)."""
+    def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]],
+                           dict[str, float]]:
+        """The integer graph, each float value's scale, the inputs' (scale, precision), and
+        the offset of each float value at a nonzero one (`QTensor`)."""
         g, bits = self.g, self.opt.bits
         inputs = {}
         for name in g.inputs:
@@ -560,7 +609,8 @@ class Rewriter:
         graph = self.b.build(outputs=outs)
         names = {t.var.name: f for f, t in self.values.items()}
         return (rename(graph, names), {f: t.scale for f, t in self.values.items()
-                                       if np.ndim(t.scale) == 0}, inputs)
+                                       if np.ndim(t.scale) == 0}, inputs,
+                {f: t.offset for f, t in self.values.items() if t.offset})
 
 
 def rename(graph: Graph, names: dict[str, str]) -> Graph:
@@ -686,6 +736,69 @@ def product_operands(layers: Layers, options: Options) -> tuple[dict[str, int], 
             x = node.inputs[0]
             wide[x] = max(wide.get(x, 0), bits)
     return operand, {n: b for n, b in wide.items() if b > options.bits}
+
+
+def _clamps_at_zero(layers: Layers, node: Node) -> bool:
+    """An element-wise layer that computes clamp(x, 0, hi) for some hi > 0 (relu, relu6)."""
+    if not is_elementwise(layers, node):
+        return False
+    x = np.concatenate([np.linspace(-8, 8, 257), [-1e6, 1e6]])
+    f = apply_elementwise(layers, node, x)
+    return bool(f.max() > 0) and np.array_equal(f, np.clip(x, 0, f.max()))
+
+
+def _reads_linearly(layers: Layers, node: Node, x: str) -> bool:
+    """`node` is a conv, a matmul by a weight or a linear layer whose data input is x (the
+    one input it reads): a sum of x's elements times weights."""
+    body = layers.bodies.get(node.name, [node])
+    rule = rule_of(layers, node)
+    return rule is not None and rule.rewrite in (Rewriter.conv, Rewriter.matmul,
+                                                 Rewriter.linear) \
+        and bool(layers.weights_of(body[0])) and body[0].inputs[0] == x \
+        and layers.activations_of(node) == [x]
+
+
+def shifted_clamps(layers: Layers) -> dict[str, str]:
+    """Clamps to [0, hi] (relu, relu6) stored on the whole grid, {layer before: clamp}.
+
+    A clamp whose input is a conv's, deconv's or dense's result that nothing else reads,
+    and whose result only convs and denses read (`_read_linearly`), stores [0, threshold]
+    as q = round((x - c) s) in [-top, top], c = threshold / 2: twice the resolution of
+    [0, threshold] in [0, top]. The layer before computes it: its bias less c in
+    accumulator units, then its requantization to s, whose saturation at -top (real 0) is
+    the clamp. Each reader adds c s sum(w_q) per output channel to its bias (exact
+    integers), and a conv pads with -top (its real 0) instead of conv2d's zeros."""
+    g = layers.graph
+    consumers, producer = g.consumers(), {o: n for n in g.nodes for o in n.outputs}
+    linear = (Rewriter.conv, Rewriter.deconv, Rewriter.matmul, Rewriter.linear)
+    shifted = {}
+    for node in g.nodes:
+        acts = layers.activations_of(node)
+        before = producer.get(acts[0]) if len(acts) == 1 else None
+        if before is None or before.name in g.outputs \
+                or len(consumers.get(before.name, [])) != 1 \
+                or not layers.weights_of(layers.bodies.get(before.name, [before])[0]) \
+                or not _clamps_at_zero(layers, node):
+            continue
+        rule = rule_of(layers, before)
+        if rule is not None and rule.rewrite in linear and _read_linearly(layers, node.name):
+            shifted[before.name] = node.name
+    return shifted
+
+
+def _read_linearly(layers: Layers, name: str) -> bool:
+    """Only convs and denses read `name` (through reshapes, transposes, slices and max
+    pools, which keep an offset), and it is no model output."""
+    g = layers.graph
+    readers = g.consumers().get(name, [])
+    if not readers or name in g.outputs:
+        return False
+    for r in readers:
+        rule = rule_of(layers, r)
+        through = rule is not None and rule.rewrite in (Rewriter.movement, Rewriter.max_pool)
+        if not (_reads_linearly(layers, r, name) or through and _read_linearly(layers, r.name)):
+            return False
+    return True
 
 
 def rule_of(layers: Layers, node: Node) -> LayerRule | None:
