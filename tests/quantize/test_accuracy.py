@@ -158,3 +158,22 @@ def test_runs_on_cvm_runtime(tmp_path, name):
     q = _compare(graph, samples)[2]
     x = np.random.default_rng(13).integers(-127, 128, NETS[name][1]).astype(np.int8)
     assert_cvm_runtime_agrees(q.graph, x)
+
+
+def test_bias_after_a_matmul_by_an_unsqueezed_weight(tmp_path):
+    """matmul(x, unsqueeze(W)) then a bias add (what the ONNX converter writes for a
+    sequence-first transformer's projection, x [seq, 1, dim]) folds into one dense with
+    the bias on the last axis: no add left, and within the dense bound of test_rules
+    (dx sum|w| + (0.5 / s_w) K max|x| + K dx 0.5 / s_w + bias and output roundings)."""
+    w, bias = RNG.standard_normal((8, 6)) * 0.4, RNG.standard_normal((1, 1, 6)) * 0.3
+    graph = _model(tmp_path, "    u = unsqueeze(w, axes = [0]);\n    m = matmul(x, u);\n"
+                             "    y = add(m, b);", {"x": (4, 1, 8)}, {"w": w, "b": bias})
+    samples = {"x": RNG.standard_normal((8, 4, 1, 8)).astype(np.float32)}
+    want, got, q = _compare(graph, samples)
+    sx, sy, sw = q.inputs["x"][0], q.manifest()["outputs"]["y"]["scale"], 127 / np.abs(w).max()
+    xmax = np.abs(samples["x"]).max()
+    bound = (0.5 / sx * np.abs(w).sum(0).max() + 0.5 / sw * 8 * xmax + 8 * 0.25 / (sx * sw)
+             + 0.5 / (sx * sw) + 1 / sy)
+    assert np.abs(got - want).max() <= bound
+    ops = [n.op for n in q.graph.nodes]
+    assert ops.count("dense") == 1 and not {"elemwise_add", "broadcast_add"} & set(ops)
