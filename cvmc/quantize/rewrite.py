@@ -474,6 +474,22 @@ class Rewriter:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
         self.values[node.name] = QTensor(y, t.scale, t.offset)
 
+    def gather(self, node: Node) -> None:
+        """gather by weight indices (torch's split of packed q, k, v) -> take (and a reshape
+        for a scalar index); the scale and offset pass."""
+        t = self.values[node.inputs[0]]
+        index = np.asarray(self.g.constants[node.inputs[1]]).astype(np.int64)
+        axis = node.attrs["axis"] % self.g.types[node.inputs[0]].ndim
+        size = self.g.types[node.inputs[0]].shape[axis]
+        if not ((index >= -size) & (index < size)).all():
+            raise unsupported(node, f"an index outside the axis of {size} (take clamps it)")
+        # CVM-Runtime holds no rank-0 tensor: a scalar index as [i], its axis reshaped away
+        y = self.b.take(t.var, self.b.constant((index % size).astype(np.int32).reshape(
+            index.shape or (1,))), axis=axis)
+        if not index.shape:
+            y = self.b.nnef_reshape(y, target_shape=list(self.g.types[node.name].shape))
+        self.values[node.name] = QTensor(y, t.scale, t.offset)
+
     def upsample(self, node: Node) -> None:
         """multilinear_upsample (bilinear resize), border 'replicate': along each spatial
         axis output[i] = ((den - num_i) x[j_i] + num_i x[j_i + 1]) / den with the spec's
@@ -683,6 +699,8 @@ LAYER_RULES = [
     *(LayerRule(_made_of(op), Rewriter.movement) for op in (
         "nnef.reshape", "nnef.squeeze", "unsqueeze", "nnef.transpose", "nnef.slice", "debox")),
     LayerRule(_made_of("split"), Rewriter.split),
+    LayerRule(lambda layers, node: _primitives(layers, node) == ("gather",)
+              and node.inputs[1] in layers.graph.constants, Rewriter.gather),
     LayerRule(_made_of("multilinear_upsample"), Rewriter.upsample),
     LayerRule(_softmax, Rewriter.softmax),
     LayerRule(is_elementwise, Rewriter.elementwise, checks_weights=False),
@@ -704,7 +722,7 @@ def _product_inner(layers: Layers, node: Node) -> int | None:
 
 # Layers whose output is their input's integers rearranged: a product's wide operand is
 # made wide by the layer before them.
-PASS_THROUGH = (Rewriter.movement, Rewriter.split, Rewriter.max_pool)
+PASS_THROUGH = (Rewriter.movement, Rewriter.split, Rewriter.gather, Rewriter.max_pool)
 
 
 def product_operands(layers: Layers, options: Options) -> tuple[dict[str, int], dict[str, int]]:

@@ -177,3 +177,26 @@ def test_bias_after_a_matmul_by_an_unsqueezed_weight(tmp_path):
     assert np.abs(got - want).max() <= bound
     ops = [n.op for n in q.graph.nodes]
     assert ops.count("dense") == 1 and not {"elemwise_add", "broadcast_add"} & set(ops)
+
+
+@pytest.mark.parametrize("index", [1, -1])
+def test_gather_by_a_weight_index_is_take(tmp_path, index):
+    """gather of one index along an axis (torch's split of packed q, k, v): CVM take, the
+    input's integers moved: within the input's rounding dx = 0.5 / s_x of the float slice,
+    llvm and CVM-Runtime bit-exact."""
+    graph = _model(tmp_path, f"    y = gather(x, {index}, axis = 1);", {"x": (2, 3, 4)}, {})
+    samples = {"x": RNG.standard_normal((6, 2, 3, 4)).astype(np.float32)}
+    want, got, q = _compare(graph, samples)
+    assert got.shape == (6, 2, 4)
+    assert np.abs(got - want).max() <= 0.5 / q.inputs["x"][0] + 1e-6
+    assert [n.op for n in q.graph.nodes] == ["take", "reshape"]
+    ints = np.clip(np.round(samples["x"][0] * q.inputs["x"][0]), -127, 127).astype(np.int8)
+    assert np.array_equal(run_llvm(q.graph, ints), _reference(q.graph, ints))
+
+
+@needs_cvm_runtime
+def test_gather_runs_on_cvm_runtime(tmp_path):
+    graph = _model(tmp_path, "    y = gather(x, -1, axis = 1);", {"x": (2, 3, 4)}, {})
+    q = _compare(graph, {"x": RNG.standard_normal((6, 2, 3, 4)).astype(np.float32)})[2]
+    x = np.random.default_rng(13).integers(-127, 128, (2, 3, 4)).astype(np.int8)
+    assert_cvm_runtime_agrees(q.graph, x)
