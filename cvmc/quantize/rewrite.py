@@ -551,9 +551,12 @@ class Rewriter:
 
     def elementwise(self, node: Node) -> None:
         """One real function per element: relu / clip when exact on the input grid, else a
-        cvm_lut of the function, quantized to the layer's scale."""
+        cvm_lut of the function, quantized to the layer's scale. A clamp to [0, hi] that
+        feeds a product takes its input at the product's operand bits (relu / clip on any
+        grid); every other layer at the activation bits (a table's index)."""
         (x,) = self.layers.activations_of(node)
-        xq = self.at_bits(x, self.opt.bits)
+        wide = node.name in self.wide and _clamps_at_zero(self.layers, node)
+        xq = self.at_bits(x, self.out_bits(node) if wide else self.opt.bits)
         top = prec_max(xq.precision)
         grid = np.arange(-top, top + 1)
         f = apply_elementwise(self.layers, node, grid / xq.scale)
@@ -709,14 +712,14 @@ LAYER_RULES = [
 
 
 def _product_inner(layers: Layers, node: Node) -> int | None:
-    """The length of the sum a product of two activations takes (matmul: its inner axis;
-    mul: 1), or None for any other layer."""
+    """The length of the sum after a product of two activations (matmul: its inner axis;
+    mul: 0, no sum), or None for any other layer."""
     g = layers.graph
     if _primitives(layers, node) == ("matmul",) and not layers.weights_of(node):
         shape = g.types[node.inputs[0]].shape
         return shape[-2] if node.attrs.get("transposeA") else shape[-1]
     if _primitives(layers, node) == ("mul",) and len(layers.activations_of(node)) == 2:
-        return 1
+        return 0
     return None
 
 
@@ -727,31 +730,34 @@ PASS_THROUGH = (Rewriter.movement, Rewriter.split, Rewriter.gather, Rewriter.max
 
 def product_operands(layers: Layers, options: Options) -> tuple[dict[str, int], dict[str, int]]:
     """The operand bits of each product of two activations, and the bits each layer that
-    feeds one (through reshapes, transposes, slices, splits and max pools) gives its result.
+    feeds one (through reshapes, transposes, slices, splits, gathers, max pools and clamps
+    to [0, hi]) gives its result.
 
-    The rule: a product's operands take b = min(product_bits, (32 - bitlen(K)) // 2) bits
+    The rule: a product's operands take b = min(product_bits, (31 - bitlen(K)) // 2) bits
     each (at least the activation bits), K the length of the sum that follows the product
-    (matmul's inner axis; 1 for an element-wise mul), so that the product's precision
-    2b + bitlen(K) is at most 32: 16 x 16 for a mul (SiLU's x * sigmoid(x), a squeeze-excite
-    gate times its feature map), 12 x 12 for attention's matmuls with K of 64 to 255. The layer
-    that makes an operand (a conv, a lookup table, softmax, an add) requantizes its result
-    to those bits; conv2d, dense, average pools and a lookup table's index read any input at the
-    activation bits (`at_bits`), as CVM's conv2d and dense take at most 8-bit data and a
-    table has one entry per index."""
+    (matmul's inner axis; 0 for an element-wise mul: bitlen(0) = 0), so that the product's
+    precision 2b + bitlen(K) is at most 31 (int32 holds it, and the requantization after it
+    keeps a multiplier bit, `plan_requant`): 15 x 15 for a mul (SiLU's x * sigmoid(x), a
+    squeeze-excite gate times its feature map), 13 x 13 for attention's matmuls with K of
+    8 to 31, 12 x 12 for K of 32 to 127. The layer that makes an operand (a conv, a lookup
+    table, softmax, an add) requantizes its result to those bits; conv2d, dense, average
+    pools and a lookup table's index read any input at the activation bits (`at_bits`), as
+    CVM's conv2d and dense take at most 8-bit data and a table has one entry per index."""
     operand: dict[str, int] = {}
     wide: dict[str, int] = {}
     for node in layers.graph.nodes:
         k = _product_inner(layers, node)
         if k is not None:
-            bits = max(options.bits, min(options.product_bits, (32 - bitlen(k)) // 2))
+            bits = max(options.bits, min(options.product_bits, (31 - bitlen(k)) // 2))
             operand[node.name] = bits
             for a in layers.activations_of(node):
                 wide[a] = max(wide.get(a, 0), bits)
     for node in reversed(layers.graph.nodes):
         bits = max((wide.get(o, 0) for o in node.outputs), default=0)
         rule = rule_of(layers, node)
-        if bits and rule is not None and rule.rewrite in PASS_THROUGH:
-            x = node.inputs[0]
+        if bits and rule is not None and (rule.rewrite in PASS_THROUGH or (
+                rule.rewrite is Rewriter.elementwise and _clamps_at_zero(layers, node))):
+            x = layers.activations_of(node)[0]
             wide[x] = max(wide.get(x, 0), bits)
     return operand, {n: b for n, b in wide.items() if b > options.bits}
 
