@@ -7,7 +7,9 @@ interpreter and its llvm build (and CVM-Runtime where CVM_RUNTIME_DRIVER is set)
   block (a conv's output times a sigmoid gate: 15 x 15 bits) and self-attention (q k^T,
   13 x 13 bits for K = 8, then softmax times v: 14 x 14 for K = 6).
 - Clamps to [0, hi] on the whole grid (`shifted_clamps`): a conv, relu, a padded depthwise
-  conv, relu6, a reshape and a dense.
+  conv, relu6, a reshape and a dense; a deconv's relu before an asymmetric padding.
+- Two layers of transformer exports: a bias after a matmul by an unsqueezed weight, a
+  gather by a weight index.
 """
 from __future__ import annotations
 
@@ -209,3 +211,23 @@ def test_gather_runs_on_cvm_runtime(tmp_path):
     q = _compare(graph, {"x": RNG.standard_normal((6, 2, 3, 4)).astype(np.float32)})[2]
     x = np.random.default_rng(13).integers(-127, 128, (2, 3, 4)).astype(np.int8)
     assert_cvm_runtime_agrees(q.graph, x)
+
+
+def test_shifted_clamp_after_a_deconv_before_an_asymmetric_padding(tmp_path):
+    """A deconv's relu read by a conv with asymmetric padding (its excess concatenated as
+    the integer 0, the rest padded by conv2d: both corrected per position): the shifted
+    grid's SQNR above the symmetric one (measured 34.1 -> 35.1 dB), llvm bit-exact."""
+    r = np.random.default_rng(1)
+    body = ("    c = deconv(x, w1, b1, stride = [2, 2], padding = [(1, 1), (1, 1)]);\n"
+            "    h = relu(c);\n    y = conv(h, w2, padding = [(1, 0), (0, 1)]);")
+    graph = _model(tmp_path, body, {"x": (1, 3, 5, 5)},
+                   {"w1": r.standard_normal((3, 4, 4, 4)) * 0.3,
+                    "b1": r.standard_normal((1, 4)) * 0.1,
+                    "w2": r.standard_normal((5, 4, 2, 2)) * 0.4})
+    samples = {"x": r.standard_normal((8, 1, 3, 5, 5)).astype(np.float32)}
+    want, got, q = _compare(graph, samples)
+    narrow_want, narrow_got, _ = _compare(graph, samples, Options(shifted=False))
+    assert set(q.offsets) == {"h"}
+    assert _sqnr(want, got) >= _sqnr(narrow_want, narrow_got) + 0.5
+    ints = np.clip(np.round(samples["x"][0] * q.inputs["x"][0]), -127, 127).astype(np.int8)
+    assert np.array_equal(run_llvm(q.graph, ints), _reference(q.graph, ints))
