@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +34,8 @@ class Quantized:
     layers: Layers  # after the float rewrites: what was calibrated and quantized
     scales: dict[str, float]  # float value name -> scale of the integer value of that name
     inputs: dict[str, tuple[float, int]]  # input -> (scale, precision)
+    # float value name -> the real of its integer 0, where not 0 (a shifted clamp)
+    offsets: dict[str, float] = field(default_factory=dict)
 
     def manifest(self) -> dict:
         """quantization.json: real ~= integer / scale."""
@@ -77,8 +79,8 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
                       for n, s in stats.items()}
         for name in layers.graph.outputs:  # range beyond the calibrated one, where asked
             thresholds[name] *= 2.0 ** options.output_range_bits
-    int_graph, scales, inputs = rewriter(layers, thresholds, options).run()
+    int_graph, scales, inputs, offsets = rewriter(layers, thresholds, options).run()
     dump(3, "quantize", int_graph)
     int_graph = require_typed(int_graph)  # GraphBuilder typed every node as it was made
     dump(4, "infer-precision", int_graph)
-    return Quantized(int_graph, source, layers, scales, inputs)
+    return Quantized(int_graph, source, layers, scales, inputs, offsets)

@@ -111,8 +111,8 @@ def apply_elementwise(layers: Layers, node: Node, x: np.ndarray) -> np.ndarray:
     return env[node.name].astype(np.float64)
 
 
-def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a, b) per channel (axis 1) when the layer computes a * x + b of its one activation
+def _affine(layers: Layers, node: Node, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a, b) per channel (along `axis`) when the layer computes a * x + b of its one activation
     x, with every other input a weight; else None. Found by evaluating the layer at 0 and 1
     (two points fix an affine map) and checked at -3.5 and 2 (relu is not affine) and at
     random values."""
@@ -134,7 +134,7 @@ def _affine(layers: Layers, node: Node) -> tuple[np.ndarray, np.ndarray] | None:
     a, b = f1 - f0, f0
     if not all(np.allclose(at(v), v * a + b, rtol=1e-4, atol=1e-6) for v in (-3.5, 2.0)):
         return None
-    per_channel = [np.moveaxis(v, 1, 0).reshape(shape[1], -1) for v in (a, b)]
+    per_channel = [np.moveaxis(v, axis, 0).reshape(shape[axis], -1) for v in (a, b)]
     if not all(np.allclose(v, v[:, :1], rtol=1e-6, atol=1e-7) for v in per_channel):
         return None
     # and at a tensor of differing values (softmax maps every constant tensor to one value)
@@ -158,6 +158,9 @@ def _linear_parts(layers: Layers, node: Node):
     elif ops in (["matmul"], ["matmul", "add"]) and body[0].inputs[1] in g.constants \
             and not body[0].attrs.get("transposeA"):
         w = g.constants[body[0].inputs[1]].astype(np.float64)
+        if w.ndim < 2 or any(d != 1 for d in w.shape[:-2]):
+            return None
+        w = w.reshape(w.shape[-2:])  # leading unit axes (an unsqueezed weight) dropped
         w = w if body[0].attrs.get("transposeB") else w.T
         consts = [i for i in body[-1].inputs if i in g.constants] if len(body) == 2 else []
         if len(body) == 2 and len(consts) != 1:
@@ -185,7 +188,8 @@ def fold_batch_norm(layers: Layers) -> Layers:
             _linear_parts(Layers(g.replace(constants=constants, types=types), bodies), prev)
         affine = None
         if parts is not None and len(consumers[prev.name]) == 1 and prev.name not in g.outputs:
-            affine = _affine(layers, node)
+            # a conv's channels are axis 1, a matmul's the last
+            affine = _affine(layers, node, 1 if prev.op == "conv" else -1)
         if affine is None:
             nodes.append(node)
             producers.update((o, node) for o in node.outputs)
@@ -194,9 +198,12 @@ def fold_batch_norm(layers: Layers) -> Layers:
         w_name, b_name = f"{node.name}_folded_weight", f"{node.name}_folded_bias"
         with np.errstate(over="ignore"):  # beyond float32: calibration names the layer
             constants[w_name] = (w * a.reshape(-1, *[1] * (w.ndim - 1))).astype(np.float32)
-            constants[b_name] = (bias * a + b).astype(np.float32).reshape(1, -1)
+            # NNEF broadcasts from the left: a conv's bias [1, C], a matmul's [1, ..., 1, C]
+            b_shape = (1, w.shape[0]) if prev.op == "conv" else \
+                (1,) * (g.types[node.name].ndim - 1) + (w.shape[0],)
+            constants[b_name] = (bias * a + b).astype(np.float32).reshape(b_shape)
         types[w_name] = TensorType(w.shape, "float32")
-        types[b_name] = TensorType((1, w.shape[0]), "float32")
+        types[b_name] = TensorType(b_shape, "float32")
         if prev.op == "conv":
             folded = Node("conv", (x, w_name, b_name), node.outputs, prev.attrs, prev.span)
         else:  # a linear layer: matmul by the (output, input) weight, then the bias

@@ -1,7 +1,8 @@
 """`--report`: how far each layer of the integer model is from the float one.
 
 For every float layer output that the integer model holds under the same name, the
-integer tensor is dequantized (integer / scale, `cvmc_runtime.dequantize`) and compared
+integer tensor is dequantized (integer / scale, `cvmc_runtime.dequantize`, plus its offset
+where it has one) and compared
 with the float tensor over the samples: SQNR = 10 log10(sum f^2 / sum (f - d)^2) in dB,
 and the largest |f - d|.
 """
@@ -42,7 +43,7 @@ def layer_report(q: Quantized, samples: dict[str, np.ndarray], count: int,
         fenv, ienv = run_float(layers, feeds), run_integer(q, feeds)
         for name, _ in names:
             f = fenv[name].astype(np.float64)
-            d = dequantize(ienv[name], q.scales[name])
+            d = dequantize(ienv[name], q.scales[name]) + q.offsets.get(name, 0.0)
             signal[name] += float(np.square(f).sum())
             noise[name] += float(np.square(f - d).sum())
             worst[name] = max(worst[name], float(np.abs(f - d).max(initial=0.0)))

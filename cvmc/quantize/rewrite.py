@@ -7,10 +7,11 @@ result is requantized to its calibrated scale at the activation bits. The rules:
   (weights 8 bits, per tensor or per output channel; bias at s_x * s_w clipped to the
   accumulator's precision), then requantize;
 - add / sub of two tensors (residuals) or of a tensor and a weight: both operands at a
-  common scale at 16 bits; mul: the operands as they are (a weight at 8 bits); then the op
-  and a requantization;
-- matmul of two activations -> broadcast_mul of the operands, one expanded on each side,
-  then sum over the inner axis, then requantize;
+  common scale at 16 bits; mul: two tensors at the product's operand bits
+  (`product_operands`: up to 16, so that int32 holds the product), a tensor and a weight at
+  the activation bits and 8; then the op and a requantization;
+- matmul of two activations -> broadcast_mul of the operands (at the product's operand
+  bits), one expanded on each side, then sum over the inner axis, then requantize;
 - concat: each input requantized to the output's scale;
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
@@ -23,7 +24,9 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 - softmax: max-subtracted exponentials from a cvm_lut, summed, one rounded integer divide;
 - any other layer that applies one real function to each element (sigmoid, tanh, exp,
   clamp, ...): relu or clip when that is what it computes on the input's integer grid
-  (exact), else a cvm_lut of the function on that grid.
+  (exact), else a cvm_lut of the function on that grid; a clamp to [0, hi] between a
+  conv / dense and convs / denses only: on the whole grid, at an offset
+  (`shifted_clamps`), computed by the layer before it.
 """
 from __future__ import annotations
 
@@ -46,14 +49,21 @@ from cvmc.quantize.fixedpoint import FixedPointError, plan_requant
 from cvmc.quantize.layers import Layers, apply_elementwise, is_elementwise, unsupported
 
 WIDE = 16  # bits of the common scale that add / sub operands meet at
+PRODUCT_BITS = 16  # the most bits of an operand of a product of two activations
+# softmax's most output bits: its divide's numerator 2 (2^(b-1) - 1) e + sum(e), e < 2^15,
+# has precision (b + 1) + 16 + 1 <= 32
+SOFTMAX_BITS = 14
 
 
 @dataclass(frozen=True)
 class QTensor:
-    """An integer value of the graph being built and the scale it is at."""
+    """An integer value of the graph being built, the scale it is at and its offset: the
+    integer t stands for the real t / scale + offset (a nonzero offset only on a clamp to
+    [0, hi] folded into the layer before it, `shifted_clamps`)."""
 
     var: Var
     scale: float | np.ndarray
+    offset: float = 0.0
 
     @property
     def precision(self) -> int:
@@ -63,12 +73,17 @@ class QTensor:
 
 @dataclass(frozen=True)
 class Options:
-    """What the user chose: activation and output bits, per-channel weights."""
+    """What the user chose: activation and output bits, per-channel weights, the most
+    bits of an operand of a product of two activations (`product_bits`), and whether a
+    clamp to [0, hi] that only convs and denses read uses the whole grid (`shifted`,
+    `shifted_clamps`)."""
 
     bits: int = 8
     output_bits: int = 8
     per_channel: bool = False
     output_range_bits: int = 0  # of output_bits: outputs' thresholds 2^R times calibrated
+    product_bits: int = PRODUCT_BITS
+    shifted: bool = True
 
 
 class Rewriter:
@@ -79,6 +94,8 @@ class Rewriter:
         self.thr, self.opt = thresholds, options
         self.b = GraphBuilder(self.g.name)
         self.values: dict[str, QTensor] = {}
+        self.operand_bits, self.wide = product_operands(layers, options)
+        self.shifted = shifted_clamps(layers) if options.shifted else {}
 
     def scale(self, name: str, bits: int) -> float:
         """The scale that maps `name`'s threshold to the largest `bits`-bit integer."""
@@ -107,13 +124,30 @@ class Rewriter:
         return t if t.precision <= bits else self.requant(t, self.scale(name, bits), bits)
 
     def out_bits(self, node: Node) -> int:
-        """The bits of a layer's result: the output bits for a model output."""
-        return self.opt.output_bits if node.name in self.g.outputs else self.opt.bits
+        """The bits of a layer's result: the output bits for a model output, more than the
+        activation bits where it feeds a product of two activations (`product_operands`)."""
+        return self.opt.output_bits if node.name in self.g.outputs else \
+            self.wide.get(node.name, self.opt.bits)
 
     def finish(self, node: Node, acc: QTensor) -> None:
-        """Requantize a wide result to the layer's calibrated scale."""
+        """Requantize a wide result to the layer's calibrated scale (to the clamp after it
+        on its shifted grid, `shift_of`, where the layer is one of `shifted_clamps`: `acc`
+        then holds the shift)."""
+        if node.name in self.shifted:
+            clamp = self.shifted[node.name]
+            scale, offset = self.shift_of(clamp)
+            y = self.requant(acc, scale, self.opt.bits)
+            self.values[clamp] = QTensor(y.var, scale, offset)
+            return
         bits = self.out_bits(node)
         self.values[node.name] = self.requant(acc, self.scale(node.name, bits), bits)
+
+    def shift_of(self, clamp: str) -> tuple[float, float]:
+        """(scale, offset) of a clamp to [0, hi] on the whole grid: [0, threshold] as
+        [-top, top], scale 2 top / threshold, offset top / scale (so that the integer -top
+        stands for 0 exactly: the requantization's saturation at -top is the clamp's 0)."""
+        scale = 2 * self.scale(clamp, self.opt.bits)
+        return scale, prec_max(self.opt.bits) / scale
 
     # ---- the rules ---------------------------------------------------------------------
     def weights(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,11 +167,18 @@ class Rewriter:
         wq, ws = self.weights(w, 0)
         k = int(np.prod(w.shape[1:]))
         acc_prec = xq.precision + bitlen(int(np.abs(wq).max()) + 1) + 1 + bitlen(k)
-        acc_scale = xq.scale * ws
+        acc_scale = xq.scale * np.broadcast_to(ws, (w.shape[0],))
         args = [xq.var, self.b.constant(wq.astype(np.int32))]
-        if bias is not None:
-            bq = quantize("bias", np.broadcast_to(bias.reshape(-1), (w.shape[0],))
-                          * acc_scale, 1.0, acc_prec)
+        # x at an offset c: sum w (q / s + c) = (sum w_q q + c s sum w_q) / (s s_w), c s an
+        # integer (`shift_of`); the clamp after this layer on its shifted grid: its real 0
+        # is -top, so c' s_acc (its offset in accumulator units) comes off the accumulator
+        shift = round(xq.offset * xq.scale) * wq.reshape(len(wq), -1).sum(1)
+        if node.name in self.shifted:
+            shift = shift - np.round(self.shift_of(self.shifted[node.name])[1] * acc_scale)
+        if bias is not None or np.any(shift):
+            real = np.zeros(w.shape[0]) if bias is None else \
+                np.broadcast_to(bias.reshape(-1), (w.shape[0],))
+            bq = quantize("bias", real * acc_scale, 1.0, acc_prec).astype(np.int64) + shift
             args.append(self.b.constant(bq.astype(np.int32)))
         shape = (-1,) + (1,) * (self.g.types[node.name].ndim - 1 - channel_axis)
         y = make(*args)
@@ -169,7 +210,8 @@ class Rewriter:
 
     def conv(self, node: Node) -> None:
         """NNEF conv -> conv2d (zero padding; an asymmetric padding's excess concatenated
-        as zeros, `pad`)."""
+        as zeros, `pad`; for a shifted input, whose real 0 is not the integer 0, a
+        correction per output position where the window reaches the padding)."""
         a = node.attrs
         if len(node.inputs) < 2 or node.inputs[1] not in self.g.constants:
             raise unsupported(node, "the filter must be a weight")
@@ -180,11 +222,24 @@ class Rewriter:
             raise unsupported(node, f"border {a.get('border')!r}: conv2d pads with zeros")
         bias = self.g.constants.get(node.inputs[2]) if len(node.inputs) > 2 else None
         groups = a.get("groups", 1) or self.g.types[node.inputs[0]].shape[1]
+        t = self.values[node.inputs[0]]
+        zero = -round(t.offset * t.scale)  # the integer that stands for the real 0
 
         def make(x: Var, *args: Var) -> Var:
             x, padding = self.pad(x, pairs, 0)
-            return self.b.conv2d(x, *args, padding=padding, stride=stride, dilation=dilation,
-                                 groups=groups)
+            y = self.b.conv2d(x, *args, padding=padding, stride=stride, dilation=dilation,
+                              groups=groups)
+            if not (zero and any(map(any, pairs))):
+                return y
+            # a shifted input's padding: the integer 0 stands for the real offset, so each
+            # position takes zero * (the sum of the weights on its padded taps)
+            shape = self.g.types[node.inputs[0]].shape
+            taps = np.pad(np.zeros(shape), [(0, 0), (0, 0), *pairs], constant_values=1)
+            padded = lookup("conv2d").run_reference(
+                [taps, self.weights(w, 0)[0]],
+                Attrs({"padding": [0, 0], "stride": stride, "dilation": dilation,
+                       "groups": groups}))[0]
+            return self.b.broadcast_add(y, self.b.constant((zero * padded).astype(np.int32)))
         self.linear_layer(node, node.inputs[0], w, bias, make)
 
     def deconv(self, node: Node) -> None:
@@ -248,7 +303,8 @@ class Rewriter:
         if self.g.types[b].ndim != rank or rank + 1 > 6:
             raise unsupported(node, "only a matmul of two activations of one rank, at most 5, "
                                     "maps to broadcast_mul and sum")
-        qa, qb = self.at_bits(a, self.opt.bits), self.at_bits(b, self.opt.bits)
+        bits = self.operand_bits[node.name]
+        qa, qb = self.at_bits(a, bits), self.at_bits(b, bits)
 
         def rows(v: Var, transposed: bool) -> Var:  # [..., rows, K]
             if not transposed:
@@ -296,10 +352,10 @@ class Rewriter:
                                    .astype(np.int32))
         return self.requant(self.values[name], scale, bits).var
 
-    def factor(self, name: str) -> QTensor:
-        """A mul operand: a tensor at the activation bits, or a weight at 8 bits."""
+    def factor(self, name: str, bits: int) -> QTensor:
+        """A mul operand: a tensor at no more than `bits` bits, or a weight at 8 bits."""
         if name not in self.g.constants:
-            return self.at_bits(name, self.opt.bits)
+            return self.at_bits(name, bits)
         scale = prec_max(8) / self.threshold_of(name)
         w = quantize(name, self.g.constants[name], scale, 8).astype(np.int32)
         return QTensor(self.b.constant(w), scale)
@@ -315,7 +371,8 @@ class Rewriter:
         a, b = node.inputs
         same = self.g.types[a].shape == self.g.types[b].shape
         if node.op == "mul":
-            qa, qb = self.factor(a), self.factor(b)
+            bits = self.operand_bits.get(node.name, self.opt.bits)
+            qa, qb = self.factor(a, bits), self.factor(b, bits)
             y = self.b.broadcast_mul(qa.var, qb.var)
             return self.finish(node, QTensor(y, qa.scale * qb.scale))
         scale = prec_max(WIDE) / max(self.threshold_of(a), self.threshold_of(b))
@@ -377,7 +434,7 @@ class Rewriter:
         self.finish(node, QTensor(y, xq.scale * (count if node.attrs.get("normalize") else 1)))
 
     def max_pool(self, node: Node) -> None:
-        """max_pool (argmax_pool + sample) -> max_pool2d."""
+        """max_pool (argmax_pool + sample) -> max_pool2d; the scale and offset pass."""
         pool = next(n for n in self.layers.bodies[node.name] if n.op == "argmax_pool")
         window, strides, pairs = self.pool_geometry(node, pool.attrs)
         if any(map(any, pairs)) and pool.attrs.get("border") not in ("ignore", "-infinity"):
@@ -387,11 +444,11 @@ class Rewriter:
         # an excess of padding on one side: blocks of the least value, which no max picks
         x, padding = self.pad(t.var, pairs, -prec_max(t.precision))
         y = self.b.max_pool2d(x, pool_size=window, strides=strides, padding=padding)
-        self.values[node.name] = QTensor(y, t.scale)
+        self.values[node.name] = QTensor(y, t.scale, t.offset)
 
     def movement(self, node: Node) -> None:
         """reshape, squeeze, unsqueeze, transpose, slice, nearest upsampling: the scale
-        passes."""
+        and offset pass."""
         t = self.values[node.inputs[0]]
         if node.op == "nnef.transpose":
             axes = list(node.attrs["axes"])
@@ -416,7 +473,23 @@ class Rewriter:
             y = self.b.upsampling(t.var, scale=factor.pop())
         else:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
-        self.values[node.name] = QTensor(y, t.scale)
+        self.values[node.name] = QTensor(y, t.scale, t.offset)
+
+    def gather(self, node: Node) -> None:
+        """gather by weight indices (torch's split of packed q, k, v) -> take (and a reshape
+        for a scalar index); the scale and offset pass."""
+        t = self.values[node.inputs[0]]
+        index = np.asarray(self.g.constants[node.inputs[1]]).astype(np.int64)
+        axis = node.attrs["axis"] % self.g.types[node.inputs[0]].ndim
+        size = self.g.types[node.inputs[0]].shape[axis]
+        if not ((index >= -size) & (index < size)).all():
+            raise unsupported(node, f"an index outside the axis of {size} (take clamps it)")
+        # CVM-Runtime holds no rank-0 tensor: a scalar index as [i], its axis reshaped away
+        y = self.b.take(t.var, self.b.constant((index % size).astype(np.int32).reshape(
+            index.shape or (1,))), axis=axis)
+        if not index.shape:
+            y = self.b.nnef_reshape(y, target_shape=list(self.g.types[node.name].shape))
+        self.values[node.name] = QTensor(y, t.scale, t.offset)
 
     def upsample(self, node: Node) -> None:
         """multilinear_upsample (bilinear resize), border 'replicate': along each spatial
@@ -463,7 +536,7 @@ class Rewriter:
         as one integer divide (half up); the result's scale is out_max."""
         axes = list(next(n for n in self.layers.bodies[node.name] if n.op == "max_reduce")
                     .attrs["axes"])
-        bits = self.out_bits(node)
+        bits = min(self.out_bits(node), SOFTMAX_BITS)
         xq = self.at_bits(node.inputs[0], self.opt.bits)
         span = 2 * prec_max(xq.precision)
         z = self.b.broadcast_sub(xq.var, self.b.nnef_max(xq.var, axes=axes, keepdims=True))
@@ -479,9 +552,12 @@ class Rewriter:
 
     def elementwise(self, node: Node) -> None:
         """One real function per element: relu / clip when exact on the input grid, else a
-        cvm_lut of the function, quantized to the layer's scale."""
+        cvm_lut of the function, quantized to the layer's scale. A clamp to [0, hi] that
+        feeds a product takes its input at the product's operand bits (relu / clip on any
+        grid); every other layer at the activation bits (a table's index)."""
         (x,) = self.layers.activations_of(node)
-        xq = self.at_bits(x, self.opt.bits)
+        wide = node.name in self.wide and _clamps_at_zero(self.layers, node)
+        xq = self.at_bits(x, self.out_bits(node) if wide else self.opt.bits)
         top = prec_max(xq.precision)
         grid = np.arange(-top, top + 1)
         f = apply_elementwise(self.layers, node, grid / xq.scale)
@@ -510,6 +586,8 @@ class Rewriter:
 
     def layer(self, node: Node) -> None:
         """Quantize one layer by its rule (`rule_of`)."""
+        if node.name in self.shifted.values():
+            return  # computed by the layer before it (`finish`)
         rule = rule_of(self.layers, node)
         if rule is None:
             body = _primitives(self.layers, node)
@@ -526,8 +604,10 @@ class Rewriter:
             named = unsupported(node, e.message)
             raise FixedPointError(named.message, named.span) from None
 
-    def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]]]:
-        """The integer graph, each float value's scale, and the inputs' (scale, precision)."""
+    def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]],
+                           dict[str, float]]:
+        """The integer graph, each float value's scale, the inputs' (scale, precision), and
+        the offset of each float value at a nonzero one (`QTensor`)."""
         g, bits = self.g, self.opt.bits
         inputs = {}
         for name in g.inputs:
@@ -549,7 +629,8 @@ class Rewriter:
         graph = self.b.build(outputs=outs)
         names = {t.var.name: f for f, t in self.values.items()}
         return (rename(graph, names), {f: t.scale for f, t in self.values.items()
-                                       if np.ndim(t.scale) == 0}, inputs)
+                                       if np.ndim(t.scale) == 0}, inputs,
+                {f: t.offset for f, t in self.values.items() if t.offset})
 
 
 def rename(graph: Graph, names: dict[str, str]) -> Graph:
@@ -622,11 +703,127 @@ LAYER_RULES = [
     *(LayerRule(_made_of(op), Rewriter.movement) for op in (
         "nnef.reshape", "nnef.squeeze", "unsqueeze", "nnef.transpose", "nnef.slice", "debox")),
     LayerRule(_made_of("split"), Rewriter.split),
+    LayerRule(lambda layers, node: _primitives(layers, node) == ("gather",)
+              and node.inputs[1] in layers.graph.constants, Rewriter.gather),
     LayerRule(_made_of("multilinear_upsample"), Rewriter.upsample),
     LayerRule(_softmax, Rewriter.softmax),
     LayerRule(is_elementwise, Rewriter.elementwise, checks_weights=False),
     LayerRule(_binary, Rewriter.binary),
 ]
+
+
+def _product_inner(layers: Layers, node: Node) -> int | None:
+    """The length of the sum after a product of two activations (matmul: its inner axis;
+    mul: 0, no sum), or None for any other layer."""
+    g = layers.graph
+    if _primitives(layers, node) == ("matmul",) and not layers.weights_of(node):
+        shape = g.types[node.inputs[0]].shape
+        return shape[-2] if node.attrs.get("transposeA") else shape[-1]
+    if _primitives(layers, node) == ("mul",) and len(layers.activations_of(node)) == 2:
+        return 0
+    return None
+
+
+# Layers whose output is their input's integers rearranged: a product's wide operand is
+# made wide by the layer before them.
+PASS_THROUGH = (Rewriter.movement, Rewriter.split, Rewriter.gather, Rewriter.max_pool)
+
+
+def product_operands(layers: Layers, options: Options) -> tuple[dict[str, int], dict[str, int]]:
+    """The operand bits of each product of two activations, and the bits each layer that
+    feeds one (through reshapes, transposes, slices, splits, gathers, max pools and clamps
+    to [0, hi]) gives its result.
+
+    The rule: a product's operands take b = min(product_bits, (31 - bitlen(K)) // 2) bits
+    each (at least the activation bits), K the length of the sum that follows the product
+    (matmul's inner axis; 0 for an element-wise mul: bitlen(0) = 0), so that the product's
+    precision 2b + bitlen(K) is at most 31 (int32 holds it, and the requantization after it
+    keeps a multiplier bit, `plan_requant`): 15 x 15 for a mul (SiLU's x * sigmoid(x), a
+    squeeze-excite gate times its feature map), 13 x 13 for attention's matmuls with K of
+    8 to 31, 12 x 12 for K of 32 to 127. The layer that makes an operand (a conv, a lookup
+    table, softmax, an add) requantizes its result to those bits; conv2d, dense, average
+    pools and a lookup table's index read any input at the activation bits (`at_bits`), as
+    CVM's conv2d and dense take at most 8-bit data and a table has one entry per index."""
+    operand: dict[str, int] = {}
+    wide: dict[str, int] = {}
+    for node in layers.graph.nodes:
+        k = _product_inner(layers, node)
+        if k is not None:
+            bits = max(options.bits, min(options.product_bits, (31 - bitlen(k)) // 2))
+            operand[node.name] = bits
+            for a in layers.activations_of(node):
+                wide[a] = max(wide.get(a, 0), bits)
+    for node in reversed(layers.graph.nodes):
+        bits = max((wide.get(o, 0) for o in node.outputs), default=0)
+        rule = rule_of(layers, node)
+        if bits and rule is not None and (rule.rewrite in PASS_THROUGH or (
+                rule.rewrite is Rewriter.elementwise and _clamps_at_zero(layers, node))):
+            x = layers.activations_of(node)[0]
+            wide[x] = max(wide.get(x, 0), bits)
+    return operand, {n: b for n, b in wide.items() if b > options.bits}
+
+
+def _clamps_at_zero(layers: Layers, node: Node) -> bool:
+    """An element-wise layer that computes clamp(x, 0, hi) for some hi > 0 (relu, relu6)."""
+    if not is_elementwise(layers, node):
+        return False
+    x = np.concatenate([np.linspace(-8, 8, 257), [-1e6, 1e6]])
+    f = apply_elementwise(layers, node, x)
+    return bool(f.max() > 0) and np.array_equal(f, np.clip(x, 0, f.max()))
+
+
+def _reads_linearly(layers: Layers, node: Node, x: str) -> bool:
+    """`node` is a conv, a matmul by a weight or a linear layer whose data input is x (the
+    one input it reads): a sum of x's elements times weights."""
+    body = layers.bodies.get(node.name, [node])
+    rule = rule_of(layers, node)
+    return rule is not None and rule.rewrite in (Rewriter.conv, Rewriter.matmul,
+                                                 Rewriter.linear) \
+        and bool(layers.weights_of(body[0])) and body[0].inputs[0] == x \
+        and layers.activations_of(node) == [x]
+
+
+def shifted_clamps(layers: Layers) -> dict[str, str]:
+    """Clamps to [0, hi] (relu, relu6) stored on the whole grid, {layer before: clamp}.
+
+    A clamp whose input is a conv's, deconv's or dense's result that nothing else reads,
+    and whose result only convs and denses read (`_read_linearly`), stores [0, threshold]
+    as q = round((x - c) s) in [-top, top], c = threshold / 2: twice the resolution of
+    [0, threshold] in [0, top]. The layer before computes it: its bias less c in
+    accumulator units, then its requantization to s, whose saturation at -top (real 0) is
+    the clamp. Each reader adds c s sum(w_q) per output channel to its bias (exact
+    integers), and a conv pads with -top (its real 0) instead of conv2d's zeros."""
+    g = layers.graph
+    consumers, producer = g.consumers(), {o: n for n in g.nodes for o in n.outputs}
+    linear = (Rewriter.conv, Rewriter.deconv, Rewriter.matmul, Rewriter.linear)
+    shifted = {}
+    for node in g.nodes:
+        acts = layers.activations_of(node)
+        before = producer.get(acts[0]) if len(acts) == 1 else None
+        if before is None or before.name in g.outputs \
+                or len(consumers.get(before.name, [])) != 1 \
+                or not layers.weights_of(layers.bodies.get(before.name, [before])[0]) \
+                or not _clamps_at_zero(layers, node):
+            continue
+        rule = rule_of(layers, before)
+        if rule is not None and rule.rewrite in linear and _read_linearly(layers, node.name):
+            shifted[before.name] = node.name
+    return shifted
+
+
+def _read_linearly(layers: Layers, name: str) -> bool:
+    """Only convs and denses read `name` (through reshapes, transposes, slices and max
+    pools, which keep an offset), and it is no model output."""
+    g = layers.graph
+    readers = g.consumers().get(name, [])
+    if not readers or name in g.outputs:
+        return False
+    for r in readers:
+        rule = rule_of(layers, r)
+        through = rule is not None and rule.rewrite in (Rewriter.movement, Rewriter.max_pool)
+        if not (_reads_linearly(layers, r, name) or through and _read_linearly(layers, r.name)):
+            return False
+    return True
 
 
 def rule_of(layers: Layers, node: Node) -> LayerRule | None:
