@@ -139,13 +139,16 @@ def lower_max_pool(x, a, name: str):
 
 
 @max_pool2d.arith
-def _max_pool2d_arith(ins, outs, a):
-    """One comparison per window tap of each output element."""
+def window_compares(ins, outs, a):
+    """The arith rule of a max pool (max_pool2d's, max_pool2d_blocked's): one comparison
+    per window tap of each output element."""
     return outs[0].size * math.prod(a.pool_size)
 
 
 @max_pool2d.cost
-def _max_pool2d_cost(ins, outs, a):
+def window_taps(ins, outs, a):
+    """The cost rule of a max pool (max_pool2d's, max_pool2d_blocked's): its window's taps
+    per output element."""
     return a.pool_size[0] * a.pool_size[1]
 
 

@@ -8,8 +8,6 @@ interpreter runs the packed graph too.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from cvmc.ops.common import bitlen, mac_ops, require
@@ -25,7 +23,14 @@ from cvmc.ops.nn import (
     require_low_precision,
     require_rank,
 )
-from cvmc.ops.nn_pool import lower_max_pool, max_pool2d, max_pool2d_reference, pool_geometry
+from cvmc.ops.nn_pool import (
+    lower_max_pool,
+    max_pool2d,
+    max_pool2d_reference,
+    pool_geometry,
+    window_compares,
+    window_taps,
+)
 from cvmc.ops.registry import Attr, Attrs, Fusion, op
 
 # ---- conv2d_packed --------------------------------------------------------------------
@@ -373,12 +378,5 @@ def _max_pool2d_blocked_lower(xs, a):
     return lower_max_pool(xs[0], a, "max_pool2d_blocked")
 
 
-@max_pool2d_blocked.arith
-def _max_pool2d_blocked_arith(ins, outs, a):
-    """One comparison per window tap of each output element."""
-    return outs[0].size * math.prod(a.pool_size)
-
-
-@max_pool2d_blocked.cost
-def _max_pool2d_blocked_cost(ins, outs, a):
-    return a.pool_size[0] * a.pool_size[1]
+max_pool2d_blocked.arith(window_compares)
+max_pool2d_blocked.cost(window_taps)

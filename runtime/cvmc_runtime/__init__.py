@@ -1,6 +1,7 @@
 """cvmc_runtime: load a compiled .cvmx artifact and run it (NumPy + apache-tvm-ffi only).
 
-Running: `load`, `Model`, `ModelError`, `TensorSpec`, `set_num_threads` and `pool_stats`
+Running: `load`, `Model`, `ModelError`, `TensorSpec`, `set_num_threads`, `pool_stats` and
+`load_kernels`
 (the process's one thread pool, `cvmc_runtime.pool`), and what a
 quantized model clipped (`Saturation`, `SaturationWarning`); top-1 predictions
 over a dataset in local processes or on Ray Data (`predict`, `predict_ray`, and
@@ -21,7 +22,7 @@ from cvmc_runtime.library import SIGNATURE_FUNCTION, signature_json
 from cvmc_runtime.model import Model, load
 from cvmc_runtime.npyfile import MAX_NPY_BYTES, read_npy
 from cvmc_runtime.plan import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
-from cvmc_runtime.pool import pool_stats, set_num_threads
+from cvmc_runtime.pool import load_kernels, pool_stats, set_num_threads
 from cvmc_runtime.quant import Saturation, SaturationWarning, dequantize, quantize
 from cvmc_runtime.signature import ModelError, TensorSpec, check_inputs
 
@@ -29,6 +30,6 @@ __all__ = ["ARENA_ALIGNMENT", "CPUINFO_FLAGS", "MAX_NPY_BYTES", "NATIVE_ABI", "N
            "SIGNATURE_FUNCTION", "Model", "ModelError", "Saturation", "SaturationWarning",
            "TensorSpec", "atomic_write",
            "atomic_write_bytes", "buffer_lifetimes", "check_inputs", "dataset_rows",
-           "dequantize", "host_flags", "load", "pool_stats", "predict", "predict_ray",
+           "dequantize", "host_flags", "load", "load_kernels", "pool_stats", "predict", "predict_ray",
            "quantize", "read_npy", "set_num_threads", "signature_json", "tensor_bytes",
            "write_artifact"]

@@ -101,6 +101,15 @@ def register_pool() -> None:
         raise ModelError("tvm-ffi refused the native runtime's functions")
 
 
+def load_kernels(path: str | os.PathLike):
+    """A CPU kernel library cvmc built (a .so), loaded with the process's pool, as `load`
+    loads an artifact's: for tools and tests that call kernels themselves."""
+    import tvm_ffi
+
+    register_pool()
+    return tvm_ffi.load_module(os.fspath(path))
+
+
 def set_num_threads(threads: int) -> None:
     """Threads every CPU kernel of this process uses from its next call on, all loaded
     models together (one pool). Until it is called: TVM_NUM_THREADS when set, else every

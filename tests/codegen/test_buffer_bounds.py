@@ -58,9 +58,9 @@ def _run_kernels(module, plan: dict, values: dict, placement: str, kind: str,
 def run_guarded(library: str, job: str, result: str) -> None:
     """Worker side: every placement and garbage of the pickled (plan, values, seed) `job`;
     the outputs {(placement, garbage): {name: array}} pickled to `result`."""
-    import tvm_ffi
+    import cvmc_runtime
 
-    module = tvm_ffi.load_module(library)
+    module = cvmc_runtime.load_kernels(library)
     with open(job, "rb") as f:
         plan, values, seed = pickle.load(f)
     runs = {(p, k): _run_kernels(module, plan, values, p, k, seed)

@@ -15,6 +15,13 @@ def _model(nodes, inits, x_shape, out, out_shape):
     return model
 
 
+def div_net(node_name: str = ""):
+    """y = x / x on a 3x3 input: a Div, which the quantizer has no rule for."""
+    from onnx import helper
+    return _model([helper.make_node("Div", ["x", "x"], ["y"], name=node_name)], {}, [3, 3],
+                  "y", [3, 3])
+
+
 def conv_bn_net(seed: int = 0):
     """conv / BN / relu / maxpool / conv / BN / relu / flatten / gemm (MNIST-like, 1x12x12)."""
     from onnx import helper

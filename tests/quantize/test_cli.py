@@ -147,14 +147,9 @@ def test_calib_shape_is_checked_before_converting(tmp_path, capsys, monkeypatch)
 
 
 def test_unsupported_op_is_one_error_line(tmp_path, capsys):
-    from onnx import TensorProto, helper
-    graph = helper.make_graph(
-        [helper.make_node("Div", ["x", "x"], ["y"])], "sq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "sq.onnx")
+    from tests.quantize.onnx_nets import div_net
+
+    onnx.save(div_net(), tmp_path / "sq.onnx")
     np.save(tmp_path / "x.npy", np.ones((2, 3, 3), np.float32))
     _one_error(capsys, ["quantize", str(tmp_path / "sq.onnx"), "-o", str(tmp_path / "q"),
                         "--calib", f"x={tmp_path}/x.npy"], "(div)")

@@ -261,13 +261,9 @@ def test_report_and_folder_name_the_onnx_nodes(tmp_path, capsys):
 
 
 def test_an_error_names_the_onnx_node_not_the_deleted_folder(tmp_path, capsys):
-    graph = helper.make_graph(
-        [helper.make_node("Div", ["x", "x"], ["y"], name="/head/Div")], "sq",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.save(model, tmp_path / "sq.onnx")
+    from tests.quantize.onnx_nets import div_net
+
+    onnx.save(div_net("/head/Div"), tmp_path / "sq.onnx")
     np.save(tmp_path / "x.npy", np.ones((2, 3, 3), np.float32))
     capsys.readouterr()
     assert main(["quantize", str(tmp_path / "sq.onnx"), "-o", str(tmp_path / "q"),
