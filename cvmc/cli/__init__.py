@@ -200,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--report", action="store_true",
                     help="print each layer's SQNR and max error against the float model")
     sp.add_argument("--report-json", metavar="FILE", help="write that report as JSON too")
+    sp.add_argument("--sensitivity-samples", type=positive, default=8, metavar="N",
+                    help="samples the report's sensitivities run on, one float run per "
+                         "layer each (default 8)")
     sp.add_argument("--dump-ir", metavar="DIR",
                     help="write the graph after every quantizer pass to DIR")
     sp.add_argument("--force", action="store_true",
