@@ -98,3 +98,22 @@ def test_sensitivity_samples_must_be_positive(tmp_path, capsys):
         main(["quantize", str(_chain(tmp_path)), "-o", str(tmp_path / "q"), "--report",
               "--sensitivity-samples", "0"])
     assert "positive integer" in capsys.readouterr().err
+
+
+def test_a_shifted_clamp_is_fake_quantized_about_its_offset(tmp_path):
+    """h = relu(c) read by a matmul is a shifted clamp: [0, absmax] on the whole 8-bit grid,
+    offset absmax / 2 (docs/quantize.md); its sensitivity rounds h - offset."""
+    w1, w2 = RNG.normal(size=(4, 6)).round(2), RNG.normal(size=(6, 3)).round(2)
+    samples = _samples(4)
+    folder = _net(tmp_path / "clamp", {"w1": w1, "w2": w2},
+                  "    c = matmul(x, w1);\n    h = relu(c);\n    y = matmul(h, w2);\n")
+    q = quantize_graph(load_checked(folder), samples, Options())
+    rows = {r["layer"]: r for r in layer_report(q, samples, 4)}
+    h = np.maximum(np.matmul(samples["x"], w1.astype(np.float32)), 0).astype(np.float64)
+    offset = float(np.abs(h).max()) / 2
+    assert q.offsets["h"] == pytest.approx(offset, rel=1e-6)
+    scale = q.scales["h"]
+    d = rule(h - offset, scale, 8) / scale + offset
+    f, got = h @ w2, d @ w2
+    want = 10 * math.log10(np.square(f).sum() / np.square(f - got).sum())
+    assert rows["h"]["sensitivity_db"] == pytest.approx(want, abs=1e-3)
