@@ -219,7 +219,8 @@ def _report(rows: list[dict], count: int, args: argparse.Namespace) -> None:
     if args.report_json:
         # Strict JSON (no Infinity): an SQNR that is not finite is null, and max_abs_error
         # tells which it was (0: the integer layer is exact, +inf dB; else the float layer
-        # is all zero, -inf dB).
+        # is all zero, -inf dB); a sensitivity likewise (+inf dB: the layer's quantization
+        # changes no output; -inf dB: the float outputs are all zero).
         finite = [{k: None if isinstance(v, float) and not math.isfinite(v) else v
                    for k, v in r.items()} for r in rows]
         atomic_write_bytes(args.report_json, (json.dumps(
@@ -234,7 +235,8 @@ def _report(rows: list[dict], count: int, args: argparse.Namespace) -> None:
         node = "onnx_node" in rows[0] if rows else False
         for col in ("layer", *(("ONNX node",) if node else ()), "op", "bits", "SQNR dB",
                     "max |error|", "sensitivity dB", ""):
-            table.add_column(col, justify="right" if col[:1] in "bSms" else "left")
+            table.add_column(col, justify="left" if col in ("layer", "ONNX node", "op", "")
+                             else "right")
         for r in rows:
             bits = str(r["precision"]) if r["dtype"] == f"int{r['precision']}" else \
                 f"{r['precision']} ({r['dtype']})"
