@@ -227,9 +227,11 @@ def test_report_json_is_strict_json_on_all_zero_data(d, tmp_path):
                  f"x={tmp_path / 'zeros.npy'}", "--report-json",
                  str(tmp_path / "report.json")]) == 0
     report = _strict((tmp_path / "report.json").read_text())
-    # the integer layer is exact (+inf dB): null, with max_abs_error 0
-    assert report["layers"] == [{"layer": "y", "op": "conv", "sqnr_db": None,
-                                 "max_abs_error": 0.0}]
+    # the integer layer is exact (+inf dB): null, with max_abs_error 0; quantizing it
+    # changes no output (+inf dB): null; an 8-bit output (the default --output-bits)
+    assert report == {"samples": 3, "sensitivity_samples": 3, "layers": [
+        {"layer": "y", "op": "conv", "precision": 8, "dtype": "int8", "sqnr_db": None,
+         "max_abs_error": 0.0, "sensitivity_db": None, "sensitivity_rank": 1}]}
     _strict((tmp_path / "q" / "quantization.json").read_text())
 
 

@@ -198,8 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--calib-batch", type=positive, default=4, metavar="B",
                     help="samples per compiled calibration run (default 4)")
     sp.add_argument("--report", action="store_true",
-                    help="print each layer's SQNR and max error against the float model")
+                    help="print each layer's precision, SQNR and max error against the "
+                         "float model, and its sensitivity (docs/quantize.md)")
     sp.add_argument("--report-json", metavar="FILE", help="write that report as JSON too")
+    sp.add_argument("--sensitivity-samples", type=positive, default=8, metavar="N",
+                    help="samples the report's sensitivities run on, one float run per "
+                         "layer each (default 8)")
     sp.add_argument("--dump-ir", metavar="DIR",
                     help="write the graph after every quantizer pass to DIR")
     sp.add_argument("--force", action="store_true",

@@ -57,7 +57,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                       f"ONNX rounds them to even (1 unit on exact ties)")
     if args.report or args.report_json:
         with progress.stage("report", _count(samples, args)) as bar:
-            rows = layer_report(q, samples, _count(samples, args), bar.advance)
+            rows = layer_report(q, samples, _count(samples, args), bar.advance,
+                                args.sensitivity_samples)
         if origins:  # an ONNX model's: each layer's node
             rows = [{**r, "onnx_node": origins.get(r["layer"])} for r in rows]
         _report(rows, _count(samples, args), args)
@@ -213,22 +214,35 @@ def _count(samples: dict | None, args: argparse.Namespace) -> int:
 
 
 def _report(rows: list[dict], count: int, args: argparse.Namespace) -> None:
-    """Print and write the per-layer SQNR and max error of the integer model."""
+    """Print and write each layer's precision, SQNR, max error and sensitivity."""
+    sensitivity = min(count, args.sensitivity_samples)
     if args.report_json:
         # Strict JSON (no Infinity): an SQNR that is not finite is null, and max_abs_error
         # tells which it was (0: the integer layer is exact, +inf dB; else the float layer
-        # is all zero, -inf dB).
+        # is all zero, -inf dB); a sensitivity likewise (+inf dB: the layer's quantization
+        # changes no output; -inf dB: the float outputs are all zero).
         finite = [{k: None if isinstance(v, float) and not math.isfinite(v) else v
                    for k, v in r.items()} for r in rows]
         atomic_write_bytes(args.report_json, (json.dumps(
-            {"samples": count, "layers": finite}, indent=1, allow_nan=False) + "\n").encode())
+            {"samples": count, "sensitivity_samples": sensitivity, "layers": finite},
+            indent=1, allow_nan=False) + "\n").encode())
     if args.report:
-        table = Table(title=f"integer vs float, {count} calibration samples")
+        from cvmc.quantize.report import MOST_SENSITIVE
+        table = Table(title=f"integer vs float, {count} calibration samples",
+                      caption=f"sensitivity: the outputs' SQNR with only that layer quantized "
+                              f"({sensitivity} samples); ◀ N: the {MOST_SENSITIVE} most "
+                              f"sensitive layers, most first")
         node = "onnx_node" in rows[0] if rows else False
-        for col in ("layer", *(("ONNX node",) if node else ()), "op", "SQNR dB", "max |error|"):
-            table.add_column(col, justify="right" if col[0] in "Sm" else "left")
+        for col in ("layer", *(("ONNX node",) if node else ()), "op", "bits", "SQNR dB",
+                    "max |error|", "sensitivity dB", ""):
+            table.add_column(col, justify="left" if col in ("layer", "ONNX node", "op", "")
+                             else "right")
         for r in rows:
-            table.add_row(r["layer"], *((r["onnx_node"] or "",) if node else ()), r["op"],
-                          f"{r['sqnr_db']:.1f}", f"{r['max_abs_error']:.4g}")
+            bits = str(r["precision"]) if r["dtype"] == f"int{r['precision']}" else \
+                f"{r['precision']} ({r['dtype']})"
+            table.add_row(r["layer"], *((r["onnx_node"] or "",) if node else ()), r["op"], bits,
+                          f"{r['sqnr_db']:.1f}", f"{r['max_abs_error']:.4g}",
+                          f"{r['sensitivity_db']:.1f}",
+                          f"◀ {r['sensitivity_rank']}"
+                          if r["sensitivity_rank"] <= MOST_SENSITIVE else "")
         console.print(table)
-
