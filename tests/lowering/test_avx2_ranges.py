@@ -163,3 +163,20 @@ def test_weight_bits_out_of_range_is_one_error_line(tmp_path, capsys):
                  "--weight-bits", "9"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --weight-bits must be in 2..8, got 9"]
+
+
+def test_weight_bits_7_net_takes_the_fast_row(quantized_7bit):
+    """Every conv of the 7-bit net (its dense too: the CPU passes make it a 1x1 conv)
+    takes the vpmaddubsw row, bit-exact with the reference."""
+    graph = quantized_7bit
+    x = np.random.default_rng(5).integers(-127, 128, graph.types["x"].shape)
+    x[..., 0, :] = -127
+    x[..., 1, :] = 127
+    want = reference_run(graph, {"x": x})
+    with tempfile.TemporaryDirectory() as tmp:
+        plan = compile_model(graph, Path(tmp) / "m.cvmx", mcpu="znver3").plan
+        rows = [k["schedule"] for k in plan["kernels"] if k["ops"][0] == "conv2d_packed"]
+        assert rows == [FAST] * 3  # the two convs, and the dense as a 1x1 conv
+        got = cvmc_runtime.load(Path(tmp) / "m.cvmx").run({"x": x})
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
