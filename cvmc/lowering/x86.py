@@ -1,5 +1,5 @@
-"""x86 schedules for `conv2d_packed` kernels: AVX-512 VNNI, AVX2 (`vpmaddwd`), and a
-plain vector loop.
+"""x86 schedules for `conv2d_packed` kernels: AVX-512 VNNI, AVX2 (`vpmaddubsw` where the
+value intervals prove it exact, else `vpmaddwd`), and a plain vector loop.
 
 The kernel's stages (see `cvmc/ops/packed.py`): `conv2d_packed_data` (the input as
 unsigned bytes, 4 channels per 32-bit word, kept as a buffer), `conv2d_packed_acc` (the
@@ -170,8 +170,9 @@ def register_avx2_intrinsic() -> str:
     sum at most 2 * 255 * 128 < 2^31, so `vpmaddwd` (which wraps only on 2 * (-32768)^2)
     never wraps; each partial sums half the products, so it is at most
     255 * 128 * C*KH*KW / 2 in magnitude, inside the bound the pass keeps the whole sum in
-    (255 * 127 * C*KH*KW < 2^31, MAX_PACKED_REDUCTION). Never `vpmaddubsw` (u8 x s8 pairs
-    summed into int16): it saturates at 2 * 255 * 127 > 32767.
+    (255 * 127 * C*KH*KW < 2^31, MAX_PACKED_REDUCTION). Not `vpmaddubsw` (u8 x s8 pairs
+    summed into int16), which saturates at 2 * 255 * 127 > 32767: the kernels whose value
+    intervals prove it exact take it (`schedule_conv_maddubs`).
     """
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
