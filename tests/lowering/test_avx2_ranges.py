@@ -21,6 +21,7 @@ from cvmc.lowering.x86 import maddubs_exact
 from cvmc.ops import lookup
 from cvmc.ops.infer import intervals, retype
 from cvmc.reference import reference_run
+from tests.lowering import test_packed_conv as packed_conv
 from tests.quantize.onnx_nets import conv_bn_net
 
 FAST, GENERAL = "x86-avx2-maddubs", "x86-avx2"
@@ -180,3 +181,14 @@ def test_weight_bits_7_net_takes_the_fast_row(quantized_7bit):
         got = cvmc_runtime.load(Path(tmp) / "m.cvmx").run({"x": x})
     for name in want:
         assert np.array_equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("geometry", list(packed_conv.GEOMETRIES))
+def test_fast_row_on_every_packed_conv_geometry(geometry):
+    """The packed conv geometries of test_packed_conv (strides, dilations, groups, padded
+    channel words and blocks, 1x1 and 7x7) with their weights clipped to [-64, 64]: the
+    fast row, bit-exact on random int8 data."""
+    graph = packed_conv.conv_graph(*packed_conv.GEOMETRIES[geometry])
+    graph = retype(graph.replace(constants={**graph.constants,
+                                            "w": np.clip(graph.constants["w"], -64, 64)}))
+    packed_conv.compiled_vs_reference(graph, "znver3", schedule=FAST)
