@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     chan.add_argument("--per-tensor", dest="per_channel", action="store_false",
                       help="one weight scale per weight tensor (default)")
     sp.add_argument("--bits", type=int, default=8, metavar="B", help="activation bits, 2..8 (default 8)")
+    sp.add_argument("--weight-bits", type=int, default=8, metavar="B",
+                    help="conv and dense weight bits, 2..8 (default 8); 7: ONNX Runtime's "
+                         "reduce_range, |w| <= 63")
     sp.add_argument("--output-bits", type=output_bits, default=(8, 0), metavar="B[+R]",
                     help="bits of the model's outputs, 2..16 (default 8); +R: R of them "
                          "add range (2^R times the calibrated), the rest resolution")

@@ -28,6 +28,8 @@ def cmd_ops(args: argparse.Namespace) -> int:
             console.print(f"    types:      {d.types}")
         if d.precision_rule:  # CVM ops, and typed ops with integer results
             console.print(f"    precision:  {d.precision_rule}")
+        if d.interval_rule:  # the values it proves (default: the precision's)
+            console.print(f"    interval:   {d.interval_rule}", markup=False)
         if d.ulp:  # a float result's accuracy against the reference
             console.print(f"    accuracy:   within {d.ulp} ULP")
         if cvm_spellings(d):

@@ -26,6 +26,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from cvmc.quantize.report import layer_report
     from cvmc.quantize.writer import write_model
 
+    if not 2 <= args.weight_bits <= 8:
+        raise CvmcError(f"--weight-bits must be in 2..8, got {args.weight_bits}")
     if not 2 <= args.bits <= 8:
         raise CvmcError(f"--bits must be in 2..8 (conv2d and dense take at most 8-bit data), "
                         f"got {args.bits}")
@@ -80,7 +82,7 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
 
     model = args.model
     bits, range_bits = args.output_bits
-    options = Options(args.bits, bits, args.per_channel, range_bits)
+    options = Options(args.bits, bits, args.per_channel, range_bits, args.weight_bits)
     qdq = load_qdq(Path(model), tmp, input_shapes(args), origins) if is_onnx(model) else None
     if qdq is not None:
         if samples or args.report or args.report_json or range_bits:

@@ -8,15 +8,18 @@ value.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph, Node, TensorType
+from cvmc.lowering.rules import kernel_facts
 from cvmc.ops import lookup
 from cvmc.ops.arith import node_ops
 from cvmc.ops.fastmath import polynomial_exp
+from cvmc.ops.infer import intervals
 from cvmc.ops.registry import Attrs
 from cvmc.ops.te import ANCHOR_ATTR
 from cvmc.passes.fusion import Group, kernel_groups
@@ -42,9 +45,10 @@ def node_compute(node: Node, types: Mapping[str, TensorType], inputs: Mapping[st
 
 def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence[str],
                  types: Mapping[str, TensorType], symbol: str, target: Target,
-                 scratch: bool = False):
+                 scratch: bool = False, facts: Mapping[str, object] | None = None):
     """(PrimFunc `symbol(inputs..., outputs..., scratch...)` for `target`, scratch specs).
-    exp is the polynomial where `target.polynomial_exp` (`with_polynomial_exp`).
+    exp is the polynomial where `target.polynomial_exp` (`with_polynomial_exp`); `facts`
+    are attributes of the PrimFunc that its schedule row reads (`kernel_facts`).
 
     With `scratch`, every stage that cannot be inlined (a reduction or extern stage that
     is not an output) becomes a trailing argument the caller allocates: CUDA kernels built
@@ -71,6 +75,8 @@ def lower_kernel(nodes: Sequence[Node], inputs: Sequence[str], outputs: Sequence
     # The anchor op (a group's first node) selects the kernel's rule in the schedule table.
     func = te.create_prim_func(args).with_attr("global_symbol", symbol) \
         .with_attr(ANCHOR_ATTR, nodes[0].op)
+    for key, value in (facts or {}).items():
+        func = func.with_attr(key, value)
     if target.polynomial_exp:
         func = with_polynomial_exp(func)
     return func, [(tuple(int(d) for d in t.shape), str(t.dtype)) for t in extra]
@@ -175,11 +181,13 @@ def lower_graph(graph: Graph, target: Target, prefix: str = "k", table: Sequence
                         "passes (fuse-kernels last) first")
     groups = kernel_groups(graph)
     funcs, scratch = {}, {}
+    proven = functools.cache(lambda: intervals(graph))
     for index, group in enumerate(groups):
         ops = "_".join(dict.fromkeys(op.replace(".", "_") for op in group.ops))
         symbol = f"{prefix}{index}_{ops}"[:60]  # a C identifier (nnef.abs -> nnef_abs)
+        facts = kernel_facts(group.nodes[0], proven, target, table)
         funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
-                                            graph.types, symbol, target)
+                                            graph.types, symbol, target, facts=facts)
         if cuda and needs_global_memory(funcs[symbol], target, table):
             funcs[symbol], specs = lower_kernel(group.nodes, group.inputs, group.outputs,
                                                 graph.types, symbol, target, scratch=True)

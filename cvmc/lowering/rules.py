@@ -22,12 +22,27 @@ from cvmc.passes.target import Target
 @dataclass(frozen=True)
 class ScheduleRule:
     """One row: `apply(schedule, function name)` for kernels anchored on `anchor` (None:
-    any) on a CPU with every feature in `features` (LLVM feature names)."""
+    any) on a CPU with every feature in `features` (LLVM feature names). `facts`, where
+    given, proves what `apply` needs from the graph: `facts(anchor node, proven value
+    intervals)` -> attributes for the kernel's PrimFunc (`kernel_facts`), which `apply`
+    reads (and raises ValueError without, passing the kernel to the next row)."""
 
     name: str
     anchor: str | None
     features: tuple[str, ...]
     apply: Callable[..., None]
+    facts: Callable[..., dict] | None = None
+
+
+def kernel_facts(anchor, intervals: Callable[[], dict], target: Target,
+                 table: Sequence[ScheduleRule]) -> dict:
+    """The PrimFunc attributes that the first row of `table` for the kernel anchored on
+    node `anchor` proves (`ScheduleRule.facts`; `intervals()` the graph's proven value
+    intervals), if that row is for the CPU of `target`; else none."""
+    rows = [r for r in table if r.anchor in (None, anchor.op) and target.has(r.features)]
+    if target.kind != "llvm" or not rows or rows[0].facts is None:
+        return {}
+    return rows[0].facts(anchor, intervals())
 
 
 # When LLVM rejects a vectorised kernel, the whole module is rebuilt with this one.

@@ -1,5 +1,5 @@
-"""x86 schedules for `conv2d_packed` kernels: AVX-512 VNNI, AVX2 (`vpmaddwd`), and a
-plain vector loop.
+"""x86 schedules for `conv2d_packed` kernels: AVX-512 VNNI, AVX2 (`vpmaddubsw` where the
+value intervals prove it exact, else `vpmaddwd`), and a plain vector loop.
 
 The kernel's stages (see `cvmc/ops/packed.py`): `conv2d_packed_data` (the input as
 unsigned bytes, 4 channels per 32-bit word, kept as a buffer), `conv2d_packed_acc` (the
@@ -55,6 +55,11 @@ from cvmc.ops.te import INTERIOR, MATERIALIZE
 
 VNNI_INTRIN = "cvmc_dot_16x4_u8i8i32_vnni"
 AVX2_INTRIN = "cvmc_dot_16x4_u8i8i32x2_avx2"
+MADDUBS_INTRIN = "cvmc_dot_16x4_u8i8i32_maddubs_avx2"
+# The PrimFunc attribute (`ScheduleRule.facts`) by which lowering tells
+# `schedule_conv_maddubs` that the intervals prove its pair sums exact.
+MADDUBS_EXACT = "cvmc.maddubs_exact"
+INT16 = (-(2**15), 2**15 - 1)
 # Output columns per tile: the largest divisor of the row up to 16 (14 on 56-, 28- and
 # 14-wide rows; 16 on ResNet's 112-wide 7x7/2 first conv, where 14 ran 1.33 ms and 16
 # 0.91 ms at 1 thread).
@@ -65,6 +70,13 @@ _COLUMN_TILE = 16
 # it spills (14x14 3x3 conv 256 -> 256: 0.53 -> 0.68 ms, 1 thread), at 14 or 16 it does
 # not.
 _ACCUMULATORS = 16
+# `schedule_conv_maddubs`: a (column, 16-channel block) pair holds 2 ymm accumulators; a
+# step needs the input word broadcast, 2 weight vectors, the int16 ones and 2 products.
+# Measured with --mcpu znver3 on a Zen 5, 1 thread, 3x3 conv 64 -> 64 on 56x56, medians of
+# 3 x 100 runs, interleaved (columns x pairs): 4 x 4 0.976-0.981 ms, 2 x 2 1.00-1.02,
+# 2 x 4 (2 blocks) 1.00-1.02.
+_MADDUBS_COLUMN_TILE = 4
+_MADDUBS_PAIRS = 4
 # Parallel tasks (n x output channel block groups x rows) a tile shape must leave, so 2
 # threads stay balanced.
 _MIN_TASKS = 16
@@ -161,8 +173,9 @@ def register_avx2_intrinsic() -> str:
     sum at most 2 * 255 * 128 < 2^31, so `vpmaddwd` (which wraps only on 2 * (-32768)^2)
     never wraps; each partial sums half the products, so it is at most
     255 * 128 * C*KH*KW / 2 in magnitude, inside the bound the pass keeps the whole sum in
-    (255 * 127 * C*KH*KW < 2^31, MAX_PACKED_REDUCTION). Never `vpmaddubsw` (u8 x s8 pairs
-    summed into int16): it saturates at 2 * 255 * 127 > 32767.
+    (255 * 127 * C*KH*KW < 2^31, MAX_PACKED_REDUCTION). Not `vpmaddubsw` (u8 x s8 pairs
+    summed into int16), which saturates at 2 * 255 * 127 > 32767: the kernels whose value
+    intervals prove it exact take it (`schedule_conv_maddubs`).
     """
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
@@ -199,6 +212,82 @@ def register_avx2_intrinsic() -> str:
 
     TensorIntrin.register(AVX2_INTRIN, dot, pmaddwd)
     return AVX2_INTRIN
+
+
+def packed_byte_interval(data):
+    """The values of the unsigned byte operand of a packed conv whose data lies in the
+    interval `data`: u = x + 128, and 128 (x = 0) at spatial and channel padding
+    (`conv2d_packed`'s lowering)."""
+    return min(data[0] + 128, 128), max(data[1] + 128, 128)
+
+
+def maddubs_exact(data, weight) -> bool:
+    """True if `vpmaddubsw` computes every pair sum u0*w0 + u1*w1 exactly (it saturates to
+    int16) for the packed conv's bytes u (`packed_byte_interval` of the data interval) and
+    weights in the interval `weight`: the extremes of a pair sum are twice the extreme
+    products, which lie at the intervals' ends. With any int8 data (u in [1, 255]) that is
+    weights in [-64, 64]; data in [0, 127] (ReLU) still has u in [128, 255], so it needs the
+    same weights (ONNX Runtime's 7-bit weights, `cvmc quantize --weight-bits 7`)."""
+    u = packed_byte_interval(data)
+    products = [x * w for x in u for w in weight]
+    return INT16[0] <= 2 * min(products) and 2 * max(products) <= INT16[1]
+
+
+def maddubs_facts(anchor, proven) -> dict:
+    """The `ScheduleRule.facts` of the `vpmaddubsw` row: `MADDUBS_EXACT` where the proven
+    intervals of the conv's data and weight make `maddubs_exact` true."""
+    data, weight = anchor.inputs[0], anchor.inputs[1]
+    return {MADDUBS_EXACT: True} if maddubs_exact(proven[data], proven[weight]) else {}
+
+
+@functools.cache
+def register_maddubs_intrinsic() -> str:
+    """Register the 16x4 u8 x s8 -> s32 dot product (`dot_16x4`) with AVX2's `vpmaddubsw`
+    (once per process), for operands that `maddubs_exact` proves exact: per 8 output
+    channels, the input word broadcast to 32 bytes times their 8 x 4 weights gives 16
+    int16 pair sums (`vpmaddubsw`), which `vpmaddwd` with int16 ones adds into the 8
+    channels' int32 sums (exact: two int16 values)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def maddubs(a: T.Buffer((4,), "uint8", offset_factor=1),
+                b: T.Buffer((16, 4), "int8", offset_factor=1),
+                c: T.Buffer((16,), "int32", offset_factor=1)):
+        with T.sblock("root"):
+            T.reads(c[0:16], a[0:4], b[0:16, 0:4])
+            T.writes(c[0:16])
+            word = T.reinterpret(a.vload([0], "uint8x4"), dtype="int32")
+            data = T.reinterpret(T.broadcast(word, 8), dtype="uint8x32")
+            for h in T.unroll(2):  # output channels 8h..8h+7
+                pairs = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.ub.sw"), data,
+                    b.vload([h * 8, 0], dtype="int8x32"), dtype="int16x16")
+                c[T.ramp(h * 8, 1, 8)] = c.vload([h * 8], dtype="int32x8") + \
+                    T.call_llvm_pure_intrin(
+                        T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"), pairs,
+                        T.broadcast(T.int16(1), 16), dtype="int32x8")
+
+    TensorIntrin.register(MADDUBS_INTRIN, dot_16x4(), maddubs)
+    return MADDUBS_INTRIN
+
+
+def maddubs_tile_shape(n: int, blocks: int, rows: int, columns: int) -> tuple[int, int]:
+    """`tile_shape` for `schedule_conv_maddubs`: (columns x blocks) pairs of 2 ymm
+    accumulators, at most `_MADDUBS_PAIRS` of them."""
+    return tile_shape(n, blocks, rows, columns, _MADDUBS_COLUMN_TILE, _MADDUBS_PAIRS)
+
+
+def schedule_conv_maddubs(sch, func_name: str) -> None:
+    """Schedule a conv2d_packed kernel whose pair sums the intervals prove exact in int16
+    (`MADDUBS_EXACT`, from `maddubs_facts`; else ValueError: the next row, the exact
+    `vpmaddwd` one, takes it): `schedule_conv_tiled` with the `vpmaddubsw` dot product
+    (`register_maddubs_intrinsic`), 2 ymm accumulators per (column, 16-channel block)."""
+    if MADDUBS_EXACT not in (sch.mod[func_name].attrs or {}):
+        raise ValueError("the intervals do not prove vpmaddubsw exact")
+    inline_all(sch, func_name)
+    acc = sch.get_sblock("conv2d_packed_acc", func_name=func_name)
+    schedule_conv_tiled(sch, acc, register_maddubs_intrinsic, maddubs_tile_shape)
 
 
 @functools.cache
@@ -293,11 +382,12 @@ def schedule_conv_packed(sch, func_name: str, vnni: bool) -> None:
     schedule_conv_tiled(sch, acc, register_vnni_intrinsic if vnni else None)
 
 
-def schedule_conv_tiled(sch, acc, dot: Callable[[], str] | None) -> None:
-    """The acc block register-tiled (`register_tile`), the epilogue under each tile; the
-    inner 16x4 dot product tensorized by the intrinsic `dot()` registers, or (None) the
-    16 output channels one vector and the 4 input channels a scalar loop."""
-    tile, rcb, oi = register_tile(sch, acc, tile_shape, lambda oi, rci:
+def schedule_conv_tiled(sch, acc, dot: Callable[[], str] | None, shape=tile_shape) -> None:
+    """The acc block register-tiled (`register_tile`, tiles of `shape`), the epilogue
+    under each tile; the inner 16x4 dot product tensorized by the intrinsic `dot()`
+    registers, or (None) the 16 output channels one vector and the 4 input channels a
+    scalar loop."""
+    tile, rcb, oi = register_tile(sch, acc, shape, lambda oi, rci:
                                                (oi, rci) if dot else (rci, oi))
     epilogue_under(sch, acc, tile)
     if not dot:

@@ -7,11 +7,12 @@ from ../shared/design/cvm-semantics.md.
 """
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 
 import numpy as np
 
-from cvmc.ops.common import require
+from cvmc.ops.common import CORNERS_INTERVAL, corners_interval, require
 from cvmc.ops.registry import Fusion, OpDef, op
 
 
@@ -62,10 +63,15 @@ def te_broadcast(xs, fn: Callable, name: str):
 
 
 def _declare(name: str, precision_rule: str, precision: Callable, ref: Callable,
-             expr: Callable, seeds: tuple[str, ...] = ("cvm",)) -> OpDef:
-    """Register one broadcast op: `ref` (NumPy) and `expr` (TE) compute A OP B elementwise."""
+             expr: Callable, seeds: tuple[str, ...] = ("cvm",),
+             corners: Callable | None = None) -> OpDef:
+    """Register one broadcast op: `ref` (NumPy) and `expr` (TE) compute A OP B elementwise;
+    `corners(a, b)` on ints, where given, its interval rule (`corners_interval`)."""
     d = op(name, family="broadcast", inputs=("lhs", "rhs"), fusion=Fusion.BROADCAST,
-           precision_rule=precision_rule, seeds=seeds)
+           precision_rule=precision_rule, seeds=seeds,
+           interval_rule=CORNERS_INTERVAL if corners else "")
+    if corners:
+        d.interval(corners_interval(corners))
     d.shape(lambda ins, a: broadcast_shape(name, ins[0].shape, ins[1].shape))
     d.precision(lambda ins, a: precision(ins[0].precision, ins[1].precision))
     d.reference(lambda xs, a: ref(*np_operands(xs)))
@@ -98,14 +104,15 @@ def _add_precision(pa: int, pb: int) -> int:
 
 
 broadcast_add = _declare("broadcast_add", "max(p_a, p_b) + 1", _add_precision,
-                         np.add, lambda u, v: u + v)
+                         np.add, lambda u, v: u + v, corners=operator.add)
 broadcast_sub = _declare("broadcast_sub", "max(p_a, p_b) + 1", _add_precision,
-                         np.subtract, lambda u, v: u - v)
+                         np.subtract, lambda u, v: u - v, corners=operator.sub)
 broadcast_mul = _declare("broadcast_mul", "p_a + p_b", lambda pa, pb: pa + pb,
-                         np.multiply, lambda u, v: u * v)
+                         np.multiply, lambda u, v: u * v, corners=operator.mul)
 broadcast_div = _declare("broadcast_div", "p_a (truncating; x / 0 = 0)", lambda pa, pb: pa,
                          np_div, te_div)
-broadcast_max = _declare("broadcast_max", "max(p_a, p_b)", max, np.maximum, _te_max)
+broadcast_max = _declare("broadcast_max", "max(p_a, p_b)", max, np.maximum, _te_max,
+                         corners=max)
 
 
 def _te_greater(u, v):

@@ -21,6 +21,47 @@ def prec_max(p: int) -> int:
     return (1 << (p - 1)) - 1
 
 
+# A proven value interval [lo, hi] of an integer tensor (both ends included): the
+# `interval` rules of the op records (cvmc.ops.registry) and `cvmc.ops.infer.intervals`.
+Interval = tuple[int, int]
+
+
+def precision_interval(p: int) -> Interval:
+    """The values precision `p` allows: [-(2^(p-1) - 1), 2^(p-1) - 1]."""
+    return -prec_max(p), prec_max(p)
+
+
+def hull(*ivs: Interval) -> Interval:
+    """The smallest interval holding every one of `ivs`."""
+    return min(lo for lo, _ in ivs), max(hi for _, hi in ivs)
+
+
+DATA_INTERVAL = "the data's interval"  # the words of `data_interval`
+
+
+def data_interval(ivs, a) -> Interval:
+    """The interval rule of an op whose results are values of its first input (reshapes,
+    transposes, slices, gathers, max pools): that input's interval."""
+    return ivs[0]
+
+
+def monotone_interval(fn):
+    """The interval rule of an elementwise `fn(x, a)` nondecreasing in x: [fn(lo), fn(hi)]."""
+    return lambda ivs, a: (fn(ivs[0][0], a), fn(ivs[0][1], a))
+
+
+CORNERS_INTERVAL = "the extremes of op(an end of a, an end of b)"  # `corners_interval`
+
+
+def corners_interval(fn):
+    """The interval rule of a two-input elementwise `fn(a, b)` that is monotone in each
+    operand (+, -, max) or bilinear (*): its extremes are at the intervals' ends."""
+    def rule(ivs, a):
+        ends = [fn(x, y) for x in ivs[0] for y in ivs[1]]
+        return min(ends), max(ends)
+    return rule
+
+
 def mac_ops(outputs: int, per_output: int) -> int:
     """GOPS (`arith` rules): 2 operations per multiply-add, `per_output` multiply-adds for
     each of `outputs` elements."""

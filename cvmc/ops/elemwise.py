@@ -10,7 +10,15 @@ import operator
 
 import numpy as np
 
-from cvmc.ops.common import numprec, prec_max, require
+from cvmc.ops.common import (
+    CORNERS_INTERVAL,
+    corners_interval,
+    data_interval,
+    monotone_interval,
+    numprec,
+    prec_max,
+    require,
+)
 from cvmc.ops.registry import Attr, Fusion, op
 
 INT32_MAX = 2**31 - 1
@@ -64,12 +72,13 @@ def _add_precision(ins, a):
 
 
 # ---- abs, negative: one input, same precision ------------------------------------------
-def _sign_op(name: str, reference, te_fn):
+def _sign_op(name: str, reference, te_fn, interval, interval_rule: str):
     """Declare an elementwise op whose output keeps its input's precision (|-x| = |x|)."""
     d = op(name, family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
-           precision_rule="p_x")
+           precision_rule="p_x", interval_rule=interval_rule)
     d.shape(_input_shape)
     d.precision(_input_precision)
+    d.interval(interval)
     d.reference(lambda xs, a: reference(xs[0]))
 
     @d.lower
@@ -84,8 +93,15 @@ def _te_abs(v):
     return tirx.abs(v)
 
 
-abs_op = _sign_op("abs", lambda x: np.where(x >= 0, x, -x), _te_abs)
-negative = _sign_op("negative", lambda x: -x, lambda v: -v)
+def _abs_interval(ivs, a):
+    lo, hi = ivs[0]
+    return (0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+
+
+abs_op = _sign_op("abs", lambda x: np.where(x >= 0, x, -x), _te_abs, _abs_interval,
+                  "[0 (or min(|lo|, |hi|) where 0 is outside), max(|lo|, |hi|)]")
+negative = _sign_op("negative", lambda x: -x, lambda v: -v,
+                    lambda ivs, a: (-ivs[0][1], -ivs[0][0]), "[-hi, -lo]")
 
 
 # ---- cvm_precision ---------------------------------------------------------------------
@@ -124,9 +140,10 @@ def _additive_op(name: str, fn):
     """Declare a same-shape two-input op `fn(lhs, rhs)` (NumPy and TE alike) whose result
     needs one bit more than its wider input."""
     d = op(name, family="elemwise", inputs=("lhs", "rhs"), fusion=Fusion.ELEMWISE,
-           precision_rule="max(p_a, p_b) + 1")
+           precision_rule="max(p_a, p_b) + 1", interval_rule=CORNERS_INTERVAL)
     d.shape(_same_shapes(name))
     d.precision(_add_precision)
+    d.interval(corners_interval(fn))
     d.reference(lambda xs, a: fn(xs[0], xs[1]))
     d.lower(lambda xs, a: _te_binary(xs, fn, name))
     return d
@@ -140,7 +157,8 @@ elemwise_sub = _additive_op("elemwise_sub", operator.sub)
 clip = op("clip", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
           attrs=(Attr("a_min", "int", lo=-INT32_MAX, hi=INT32_MAX),
                  Attr("a_max", "int", lo=-INT32_MAX, hi=INT32_MAX)),
-          precision_rule="numprec(max(|a_min|, |a_max|)); a_min < a_max")
+          precision_rule="numprec(max(|a_min|, |a_max|)); a_min < a_max",
+          interval_rule="[lo, hi] clipped to [a_min, a_max]")
 
 
 def _check_clip_bounds(a) -> None:
@@ -160,6 +178,12 @@ def _clip_precision(ins, a):
     return numprec(max(abs(a.a_min), abs(a.a_max)))
 
 
+@clip.interval
+@monotone_interval
+def _clip_interval(x, a):
+    return min(max(x, a.a_min), a.a_max)
+
+
 @clip.reference
 def _clip_reference(xs, a):
     return _np_clip(xs[0], a.a_min, a.a_max)
@@ -173,9 +197,11 @@ def _clip_lower(xs, a):
 
 # ---- cvm_clip --------------------------------------------------------------------------
 cvm_clip = op("cvm_clip", family="elemwise", inputs=("data",), fusion=Fusion.ELEMWISE,
-              attrs=(_PRECISION,), precision_rule="precision (attribute, 1..32)")
+              attrs=(_PRECISION,), precision_rule="precision (attribute, 1..32)",
+              interval_rule="[lo, hi] clipped to the precision's")
 cvm_clip.shape(_input_shape)
 cvm_clip.precision(_attr_precision)
+cvm_clip.interval(data_interval)  # clamped into the precision's: infer_intervals
 
 
 @cvm_clip.reference
@@ -194,9 +220,16 @@ def _cvm_clip_lower(xs, a):
 # ---- cvm_right_shift -------------------------------------------------------------------
 cvm_right_shift = op("cvm_right_shift", family="elemwise", inputs=("data",),
                      fusion=Fusion.ELEMWISE, attrs=(_PRECISION, _SHIFT_BIT),
-                     precision_rule="precision (attribute, 1..32)")
+                     precision_rule="precision (attribute, 1..32)",
+                     interval_rule="the shift of lo and hi (it is monotone)")
 cvm_right_shift.shape(_input_shape)
 cvm_right_shift.precision(_attr_precision)
+
+
+@cvm_right_shift.interval
+@monotone_interval
+def _cvm_right_shift_interval(x, a):
+    return (x // 2 ** (a.shift_bit - 1) + 1) // 2  # the clip: infer_intervals
 
 
 @cvm_right_shift.reference
@@ -223,8 +256,10 @@ def _cvm_right_shift_lower(xs, a):
 # ---- cvm_left_shift --------------------------------------------------------------------
 cvm_left_shift = op("cvm_left_shift", family="elemwise", inputs=("data",),
                     fusion=Fusion.ELEMWISE, attrs=(_PRECISION, _SHIFT_BIT),
-                    precision_rule="precision (attribute, 1..32); p_x + shift_bit <= 32")
+                    precision_rule="precision (attribute, 1..32); p_x + shift_bit <= 32",
+                    interval_rule="the shift of lo and hi (it is monotone)")
 cvm_left_shift.shape(_input_shape)
+cvm_left_shift.interval(monotone_interval(lambda x, a: x * 2 ** a.shift_bit))
 
 
 @cvm_left_shift.precision

@@ -10,13 +10,17 @@ Every integer tensor gets a precision in 1..32 from its op's rule
 that grew it. Storage dtypes follow from precisions (int8 for <= 8 bits). Typed (NNEF)
 ops check their inputs' element kinds and give their results the declared kind; float32
 and bool tensors carry no precision.
+
+Beside precisions, `intervals` proves a value interval [lo, hi] for every integer tensor of
+a typed graph (each op's optional `interval` rule, inside its precision's interval): the
+instruction choices that need tighter bounds than a precision's read it.
 """
 from __future__ import annotations
 
 from cvmc.errors import CvmcError, OpRuleError
 from cvmc.ir import Graph, InvalidGraph, TensorType
 from cvmc.ops import lookup
-from cvmc.ops.common import data_precision, integer_data_error
+from cvmc.ops.common import Interval, data_precision, integer_data_error, precision_interval
 from cvmc.ops.registry import GENERIC, KINDS, Attrs
 
 # NNEF arithmetic (`add(x, y)`, `x + y`, ...) and the CVM integer ops that compute it.
@@ -57,6 +61,32 @@ def retype(graph: Graph, need_data: bool = True) -> Graph:
         else:
             types.update(zip(node.outputs, _node_types(node, types, None)))
     return graph.replace(types=types, typed=typed)
+
+
+def intervals(graph: Graph) -> dict[str, Interval]:
+    """The proven interval of every integer value of the typed `graph`: an input's
+    precision's, a weight's data's min and max, a node output's by its op's interval rule
+    (`OpDef.infer_intervals`) from its inputs'."""
+    require_typed(graph)
+    found: dict[str, Interval] = {}
+    for name in [*graph.inputs, *graph.weights()]:
+        t = graph.types[name]
+        if t.is_integer:
+            data = graph.constants.get(name)
+            found[name] = precision_interval(t.precision) if data is None or data.size == 0 \
+                else (int(data.min()), int(data.max()))
+    for node in graph.nodes:
+        outs = [o for o in node.outputs if graph.types[o].is_integer]
+        if not outs:
+            continue
+        ivs = [found.get(i) for i in node.inputs]
+        precisions = [graph.types[o].precision for o in outs]
+        opdef = lookup(node.op)
+        result = opdef.infer_intervals(ivs, precisions, Attrs(node.attrs)) \
+            if len(outs) == len(node.outputs) and None not in ivs \
+            else [precision_interval(p) for p in precisions]
+        found.update(zip(outs, result))
+    return found
 
 
 def _source(graph: Graph, name: str) -> TensorType:

@@ -14,7 +14,7 @@ import re
 
 import numpy as np
 
-from cvmc.ops.common import require
+from cvmc.ops.common import hull, require
 from cvmc.ops.registry import Attr, Fusion, op
 
 # ---- layout_transform -----------------------------------------------------------------
@@ -28,7 +28,13 @@ _BLOCK = re.compile(r"(\d+)([a-z])")
 layout_transform = op(
     "layout_transform", family="layout", inputs=("data",), fusion=Fusion.INJECTIVE,
     attrs=(Attr("src_layout", "str"), Attr("dst_layout", "str")),
-    precision_rule="p_x", seeds=("cvmc",))
+    precision_rule="p_x", seeds=("cvmc",),
+    interval_rule="the data's, with 0 (blocking pads an axis with zeros)")
+
+
+@layout_transform.interval
+def _layout_transform_interval(ivs, a):
+    return ivs[0] if _inverse(a) else hull(ivs[0], (0, 0))
 
 
 def _plain(layout: str) -> bool:

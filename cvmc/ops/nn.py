@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from cvmc.ops.common import bitlen, check_window_fits, mac_ops, require
+from cvmc.ops.common import bitlen, check_window_fits, mac_ops, monotone_interval, require
 from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, op
 
 ATTR_HI = MAX_ATTR - 1  # the inclusive upper bound of the NN attributes
@@ -335,7 +335,9 @@ def _dense_cost(ins, outs, a):
 
 
 # ---- relu -----------------------------------------------------------------------------
-relu = op("relu", family="nn", inputs=("data",), fusion=Fusion.ELEMWISE, precision_rule="p_x")
+relu = op("relu", family="nn", inputs=("data",), fusion=Fusion.ELEMWISE, precision_rule="p_x",
+          interval_rule="[max(lo, 0), max(hi, 0)]")
+relu.interval(monotone_interval(lambda x, a: max(x, 0)))
 
 
 @relu.shape

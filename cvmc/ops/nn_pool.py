@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from cvmc.ops.common import INT32_MIN, require
+from cvmc.ops.common import DATA_INTERVAL, INT32_MIN, data_interval, require
 from cvmc.ops.nn import ATTR_HI, gather_windows, pair_attr, require_rank
 from cvmc.ops.registry import Attr, Fusion, op
 
@@ -26,7 +26,9 @@ max_pool2d = op(
         Attr("ceil_mode", "bool", False),
         Attr("layout", "str", "NCHW", choices=("NCHW",)),
     ),
-    precision_rule="p_x")
+    # every window holds data (`_pool_out_size`), so the padding never reaches the result
+    precision_rule="p_x", interval_rule=DATA_INTERVAL)
+max_pool2d.interval(data_interval)
 
 
 def _pool_padding(a) -> tuple[int, int]:
@@ -160,7 +162,8 @@ upsampling = op(
         Attr("method", "str", "NEAREST_NEIGHBOR", choices=("NEAREST_NEIGHBOR",)),
         Attr("layout", "str", "NCHW", choices=("NCHW",)),
     ),
-    precision_rule="p_x")
+    precision_rule="p_x", interval_rule=DATA_INTERVAL)
+upsampling.interval(data_interval)
 
 
 @upsampling.shape

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cvmc.ops.common import bitlen, mac_ops, require
+from cvmc.ops.common import DATA_INTERVAL, bitlen, data_interval, mac_ops, require
 from cvmc.ops.layout import layout_transform_reference, transformed_shape
 from cvmc.ops.nn import (
     add_bias,
@@ -352,7 +352,8 @@ def _depthwise_blocked_cost(ins, outs, a):
 max_pool2d_blocked = op(
     "max_pool2d_blocked", family="layout", inputs=("data",), fusion=Fusion.OUT_ELEMWISE,
     seeds=("cvmc",), attrs=tuple(x for x in max_pool2d.attrs if x.name != "layout"),
-    precision_rule="p_x")
+    precision_rule="p_x", interval_rule=DATA_INTERVAL)
+max_pool2d_blocked.interval(data_interval)
 
 
 @max_pool2d_blocked.shape

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cvmc.ops.common import bitlen, normalize_axis, require
+from cvmc.ops.common import DATA_INTERVAL, bitlen, data_interval, normalize_axis, require
 from cvmc.ops.registry import Attr, Fusion, OpDef, op
 
 _ATTRS = (Attr("axes", "ints", default=(), scalar_ok=True, aliases=("axis",), cvm_name="axis"),
@@ -68,10 +68,11 @@ def _reduction_size(name: str, t, a) -> int:
     return int(np.prod([t.shape[i] for i in r], dtype=np.int64))
 
 
-def _declare(name: str, precision_rule: str, np_reduce: Callable, reducer_name: str) -> OpDef:
+def _declare(name: str, precision_rule: str, np_reduce: Callable, reducer_name: str,
+             interval_rule: str = "") -> OpDef:
     """Register one reduce op: `np_reduce` (NumPy) / `te.<reducer_name>` combine Z."""
     d = op(name, family="reduce", inputs=("data",), attrs=_ATTRS, fusion=Fusion.REDUCTION,
-           precision_rule=precision_rule)
+           precision_rule=precision_rule, interval_rule=interval_rule)
 
     @d.shape
     def _shape(ins, a):
@@ -97,5 +98,6 @@ reduce_sum.precision(lambda ins, a: ins[0].precision + bitlen(_reduction_size("s
 reduce_sum.cost(lambda ins, outs, a: _reduction_size("sum", ins[0], a))
 
 # the true maximum, also for an all-negative input (CVM-Runtime starts from 0: quirk #3)
-reduce_max = _declare("max", "p_x", np.max, "max")
+reduce_max = _declare("max", "p_x", np.max, "max", DATA_INTERVAL)
+reduce_max.interval(data_interval)
 reduce_max.precision(lambda ins, a: ins[0].precision)

@@ -37,6 +37,11 @@ Rule signatures (`ins`: input TensorTypes, `xs`: input arrays/tensors, `a`: `Att
   `no_arith`, `arith_per_input`, `arith_per_output` help).
 - kind(kinds, a) -> str: typed ops whose result element kind depends on attributes only
   (`cinn.const_scalar`): the kind, given the input kinds.
+- interval(ivs, a) -> (lo, hi), or a list of them for several outputs: the values an
+  integer result can take, given `ivs`, its inputs' intervals (`(lo, hi)`, None for a
+  non-integer input), with its `interval_rule` words. Optional: without it a result may
+  hold anything its precision allows (`precision_interval`); with it the result is that
+  interval clamped into the precision's (`infer_intervals`).
 Facts beside the rules: `types` (below), `ulp` (a float result's accuracy), `cvm_name`
 and `Attr.cvm_name` (CVM-Runtime's JSON spellings, which `cvmc export` writes),
 `multiply_add` (the `arith` operations are multiply-adds, 2 each: the MACs `cvmc check`
@@ -71,6 +76,7 @@ from typing import Any
 
 from cvmc.errors import OpRuleError
 from cvmc.ir.graph import TensorType
+from cvmc.ops.common import Interval, precision_interval
 
 MAX_ATTR = 4096  # CVM-Runtime's default attribute bound ("max_attr")
 
@@ -226,7 +232,7 @@ class Attrs(dict):
             raise AttributeError(name) from None
 
 
-_RULES = ("shape", "precision", "reference", "lower", "cost", "arith", "kind")
+_RULES = ("shape", "precision", "reference", "lower", "cost", "arith", "kind", "interval")
 
 
 class OpDef:
@@ -235,7 +241,7 @@ class OpDef:
     def __init__(self, name: str, *, family: str, inputs: Sequence[str],
                  outputs: Sequence[str] = ("out",), attrs: Sequence[Attr] = (),
                  aliases: Sequence[str] = (), fusion: Fusion = Fusion.OPAQUE,
-                 precision_rule: str = "", seeds: Sequence[str] = ("cvm",),
+                 precision_rule: str = "", interval_rule: str = "", seeds: Sequence[str] = ("cvm",),
                  types: str = "", cvm_name: str = "", ulp: int = 0,
                  backends: Sequence[str] = ("llvm", "cuda"), multiply_add: bool = False,
                  packed_on: Sequence[str] = (), epilogue_on: Sequence[str] = ("llvm",)):
@@ -267,6 +273,8 @@ class OpDef:
         self.aliases = tuple(aliases)
         self.fusion = fusion
         self.precision_rule = precision_rule
+        # the words of the interval rule (`cvmc ops`); "": none, the precision's interval
+        self.interval_rule = interval_rule
         self.seeds = tuple(seeds)
         self.types = types
         self.in_kinds, self.out_kind = _parse_types(name, types)
@@ -296,6 +304,7 @@ class OpDef:
     cost = _rule("cost")
     arith = _rule("arith")
     kind = _rule("kind")
+    interval = _rule("interval")
     del _rule
 
     @property
@@ -395,6 +404,21 @@ class OpDef:
         precs = [result] if len(self.outputs) == 1 else list(result)
         return [int(p) for p in precs]
 
+    def infer_intervals(self, ivs: Sequence[Interval | None], precisions: Sequence[int],
+                        a: Attrs) -> list[Interval]:
+        """The proven interval of each integer result of `precisions`, given its inputs'
+        intervals `ivs`: the `interval` rule's, its ends clamped into the precision's
+        interval (which holds every result; the ops that clip to it, cvm_clip and the
+        shifts, leave the clip to this)."""
+        whole = [precision_interval(p) for p in precisions]
+        rule = self.rules.get("interval")
+        if rule is None:
+            return whole
+        result = rule(list(ivs), a)
+        found = [result] if len(precisions) == 1 and isinstance(result, tuple) else result
+        return [(min(max(lo, w[0]), w[1]), min(max(hi, w[0]), w[1]))
+                for (lo, hi), w in zip(found, whole)]
+
     def run_reference(self, xs: Sequence[Any], a: Attrs) -> list[Any]:
         """Reference outputs as a list (int64 arrays)."""
         result = self.rules["reference"](list(xs), a)
@@ -490,6 +514,9 @@ def check_registry() -> None:
     for d in _REGISTRY.values():
         if (d.integer_op or "precision" in d.rules) and not d.precision_rule:
             problems.append(f"{d.name}: missing precision_rule (words for `cvmc ops`)")
+        if ("interval" in d.rules) != bool(d.interval_rule):
+            problems.append(f"{d.name}: an interval rule and its interval_rule words come "
+                            f"together")
         if d.out_kind == "numeric" and not (
                 "precision" in d.rules and d.precision_rule):
             problems.append(f"{d.name}: a numeric result needs a precision rule and its "

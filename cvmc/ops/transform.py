@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from cvmc.ir.graph import TensorType
-from cvmc.ops.common import normalize_axis, require
+from cvmc.ops.common import DATA_INTERVAL, data_interval, normalize_axis, require
 from cvmc.ops.registry import MAX_ATTR, Attr, Fusion, OpDef, op
 
 MAX_RANK = 6  # CVM-Runtime's limits on every tensor (cvm-semantics.md)
@@ -120,7 +120,8 @@ def reshape_like(d: OpDef) -> None:
 
 
 flatten = op("flatten", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
-             precision_rule="p_x")
+             precision_rule="p_x", interval_rule=DATA_INTERVAL)
+flatten.interval(data_interval)
 flatten.precision(input_precision)
 
 
@@ -134,8 +135,9 @@ def _flatten_shape(ins, a):
 reshape_like(flatten)
 
 reshape = op("reshape", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
-             precision_rule="p_x",
+             precision_rule="p_x", interval_rule=DATA_INTERVAL,
              attrs=(Attr("target_shape", "ints", aliases=("shape",), cvm_name="shape"),))
+reshape.interval(data_interval)
 reshape.precision(input_precision)
 
 
@@ -159,9 +161,10 @@ def _reshape_shape(ins, a):
 reshape_like(reshape)
 
 expand_dims = op("expand_dims", family="transform", inputs=("data",),
-                 fusion=Fusion.INJECTIVE, precision_rule="p_x",
+                 fusion=Fusion.INJECTIVE, precision_rule="p_x", interval_rule=DATA_INTERVAL,
                  attrs=(Attr("axis", "int"),
                         Attr("num_newaxis", "int", 1, lo=0, hi=MAX_ATTR - 1)))
+expand_dims.interval(data_interval)
 expand_dims.precision(input_precision)
 
 
@@ -179,9 +182,10 @@ def _expand_dims_shape(ins, a):
 reshape_like(expand_dims)
 
 squeeze = op("squeeze", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
-             precision_rule="p_x",
+             precision_rule="p_x", interval_rule=DATA_INTERVAL,
              attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",),
                          cvm_name="axis"),))
+squeeze.interval(data_interval)
 squeeze.precision(input_precision)
 
 
@@ -205,8 +209,9 @@ reshape_like(squeeze)
 
 # ---- repeat ----------------------------------------------------------------------------
 repeat = op("repeat", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
-            precision_rule="p_x",
+            precision_rule="p_x", interval_rule=DATA_INTERVAL,
             attrs=(Attr("axis", "int", 0), Attr("repeats", "int", lo=1, hi=MAX_ATTR)))
+repeat.interval(data_interval)
 repeat.precision(input_precision)
 
 
@@ -232,7 +237,9 @@ gather_rules(repeat, _repeat_map)
 
 # ---- tile ------------------------------------------------------------------------------
 tile = op("tile", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
-          precision_rule="p_x", attrs=(Attr("reps", "ints", lo=1, hi=MAX_ATTR - 1),))
+          precision_rule="p_x", interval_rule=DATA_INTERVAL,
+          attrs=(Attr("reps", "ints", lo=1, hi=MAX_ATTR - 1),))
+tile.interval(data_interval)
 tile.precision(input_precision)
 
 
@@ -257,7 +264,8 @@ gather_rules(tile, _tile_map)
 
 # ---- transpose -------------------------------------------------------------------------
 transpose = op("transpose", family="transform", inputs=("data",), fusion=Fusion.INJECTIVE,
-               precision_rule="p_x", attrs=(Attr("axes", "ints", ()),))
+               precision_rule="p_x", interval_rule=DATA_INTERVAL, attrs=(Attr("axes", "ints", ()),))
+transpose.interval(data_interval)
 transpose.precision(input_precision)
 
 
@@ -291,8 +299,10 @@ gather_rules(transpose, _transpose_map)
 # ---- slice (strided_slice) -------------------------------------------------------------
 slice_op = op("slice", family="transform", inputs=("data",), aliases=("strided_slice",),
               cvm_name="strided_slice", fusion=Fusion.INJECTIVE, precision_rule="p_x",
+              interval_rule=DATA_INTERVAL,
               attrs=(Attr("begin", "ints"), Attr("end", "ints"),
                      Attr("strides", "ints", (), aliases=("stride",), cvm_name="stride")))
+slice_op.interval(data_interval)
 slice_op.precision(input_precision)
 
 
@@ -346,8 +356,10 @@ gather_rules(slice_op, _slice_map)
 # ---- slice_like ------------------------------------------------------------------------
 slice_like = op("slice_like", family="transform", inputs=("data", "shape_like"),
                 fusion=Fusion.INJECTIVE, precision_rule="p_x (the data input)",
+                interval_rule=DATA_INTERVAL,
                 attrs=(Attr("axes", "ints", (), scalar_ok=True, aliases=("axis",),
                             cvm_name="axis"),))
+slice_like.interval(data_interval)
 slice_like.precision(input_precision)
 
 

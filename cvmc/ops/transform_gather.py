@@ -14,14 +14,15 @@ import math
 import numpy as np
 
 from cvmc.ir.graph import TensorType
-from cvmc.ops.common import normalize_axis, require
+from cvmc.ops.common import DATA_INTERVAL, data_interval, hull, normalize_axis, require
 from cvmc.ops.registry import Attr, Fusion, op
 from cvmc.ops.transform import input_precision, limited_shape, te_clamp_int, types_of, unravel
 
 # ---- take, cvm_lut ---------------------------------------------------------------------
 take = op("take", family="transform", inputs=("data", "indices"), fusion=Fusion.INJECTIVE,
-          precision_rule="p_data (indices are clipped into range)",
+          precision_rule="p_data (indices are clipped into range)", interval_rule=DATA_INTERVAL,
           attrs=(Attr("axis", "int?", None),))
+take.interval(data_interval)
 take.precision(input_precision)
 
 
@@ -79,6 +80,7 @@ def _take_low(xs, a):
 # first spec file lists X first but only defines cvm_lut as take(X, indices, axis=None).
 cvm_lut = op("cvm_lut", family="transform", inputs=("indices", "table"),
              fusion=Fusion.INJECTIVE, precision_rule="p_table (indices are clipped)",
+             interval_rule="the table's interval (its weight's min and max)",
              # CVM-Runtime's, not in the spec: its parser requires it (the table's size)
              attrs=(Attr("in_dim", "int?", None, lo=1,
                          cvm_derive=lambda shapes: math.prod(shapes[1])),))
@@ -90,6 +92,9 @@ def _cvm_lut_shape(ins, a):
     require(a.in_dim in (None, size), f"cvm_lut: attribute 'in_dim' {a.in_dim} must be the "
                                       f"table's size {size} (CVM-Runtime checks it)")
     return _take_shape_of("cvm_lut", ins[1], ins[0], None)
+
+
+cvm_lut.interval(lambda ivs, a: ivs[1])
 
 
 @cvm_lut.precision
@@ -110,7 +115,8 @@ def _cvm_lut_lower(xs, a):
 # ---- concatenate -----------------------------------------------------------------------
 concatenate = op("concatenate", family="transform", inputs=("*data",),
                  fusion=Fusion.INJECTIVE, precision_rule="max over the inputs",
-                 attrs=(Attr("axis", "int", 1),))
+                 interval_rule="the hull of the inputs'", attrs=(Attr("axis", "int", 1),))
+concatenate.interval(lambda ivs, a: hull(*ivs))
 
 
 def _concat_axis(ins, a) -> int:
@@ -166,7 +172,9 @@ def te_concat(xs, axis: int, out: tuple[int, ...], name: str):
 # ---- where -----------------------------------------------------------------------------
 where = op("where", family="transform", inputs=("condition", "x", "y"),
            fusion=Fusion.BROADCAST,
-           precision_rule="max(p_x, p_y) (CVM-Runtime gives p_condition, which is unsound)")
+           precision_rule="max(p_x, p_y) (CVM-Runtime gives p_condition, which is unsound)",
+           interval_rule="the hull of x's and y's")
+where.interval(lambda ivs, a: hull(ivs[1], ivs[2]))
 
 
 @where.shape

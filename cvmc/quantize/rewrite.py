@@ -84,6 +84,7 @@ class Options:
     output_range_bits: int = 0  # of output_bits: outputs' thresholds 2^R times calibrated
     product_bits: int = PRODUCT_BITS
     shifted: bool = True
+    weight_bits: int = 8  # of conv and dense weights (7: AVX2's exact vpmaddubsw path)
 
 
 class Rewriter:
@@ -151,13 +152,14 @@ class Rewriter:
 
     # ---- the rules ---------------------------------------------------------------------
     def weights(self, w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-        """8-bit integer weights and their scales (one per `axis` entry, or one in all)."""
+        """Integer weights of `weight_bits` and their scales (one per `axis` entry, or one
+        in all)."""
         w = w.astype(np.float64)
         others = tuple(a for a in range(w.ndim) if a != axis)
         absmax = np.abs(w).max(axis=others, keepdims=True) if self.opt.per_channel \
             else np.full([1] * w.ndim, np.abs(w).max())
-        scale = prec_max(8) / np.where(absmax > 0, absmax, 1.0)
-        return quantize("weight", w * scale, 1.0, 8), scale.reshape(-1)
+        scale = prec_max(self.opt.weight_bits) / np.where(absmax > 0, absmax, 1.0)
+        return quantize("weight", w * scale, 1.0, self.opt.weight_bits), scale.reshape(-1)
 
     def linear_layer(self, node: Node, x: str, w: np.ndarray, bias: np.ndarray | None,
                      make, channel_axis: int = 1) -> None:

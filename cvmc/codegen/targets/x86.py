@@ -7,7 +7,12 @@ import functools
 
 from cvmc.codegen.targets.cpu import CPU_PASSES, CPU_ROWS, CpuBackend
 from cvmc.lowering.rules import ScheduleRule
-from cvmc.lowering.x86 import schedule_conv_avx2, schedule_conv_packed
+from cvmc.lowering.x86 import (
+    maddubs_facts,
+    schedule_conv_avx2,
+    schedule_conv_maddubs,
+    schedule_conv_packed,
+)
 from cvmc.lowering.x86_float import schedule_conv_float
 from cvmc.lowering.x86_matmul import schedule_matmul, schedule_matmul_packed
 from cvmc.passes.target import X86_TRIPLES
@@ -16,7 +21,10 @@ ROWS = (
     ScheduleRule("x86-avx512-vnni", "conv2d_packed", ("avx512vnni",),
                  functools.partial(schedule_conv_packed, vnni=True)),
     # AVX2 without VNNI (haswell, znver3; AVX-512 CPUs without VNNI too, on 256-bit
-    # vectors): `vpmaddwd` on int16, 2 partial sums per channel.
+    # vectors): `vpmaddubsw` where the value intervals prove its int16 pair sums exact,
+    # else `vpmaddwd` on int16, 2 partial sums per channel.
+    ScheduleRule("x86-avx2-maddubs", "conv2d_packed", ("avx2",), schedule_conv_maddubs,
+                 maddubs_facts),
     ScheduleRule("x86-avx2", "conv2d_packed", ("avx2",), schedule_conv_avx2),
     ScheduleRule("x86-avx512-matmul", "matmul", ("avx512f",),
                  functools.partial(schedule_matmul, lanes=16, registers=32)),
