@@ -82,7 +82,8 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
 
     model = args.model
     bits, range_bits = args.output_bits
-    options = Options(args.bits, bits, args.per_channel, range_bits, args.weight_bits)
+    options = Options(args.bits, bits, args.per_channel, range_bits,
+                      weight_bits=args.weight_bits)
     qdq = load_qdq(Path(model), tmp, input_shapes(args), origins) if is_onnx(model) else None
     if qdq is not None:
         if samples or args.report or args.report_json or range_bits:

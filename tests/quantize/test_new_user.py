@@ -240,8 +240,12 @@ def test_converter_records_each_tensor_onnx_origin(tmp_path):
     assert weights == {"layer1.conv1.weight", "layer1.conv1.bias", "fc.weight"}
 
 
-def test_report_and_folder_name_the_onnx_nodes(tmp_path, capsys):
+def test_report_and_folder_name_the_onnx_nodes(tmp_path, capsys, monkeypatch):
     import json
+
+    from cvmc.cli.common import console
+    # the table's rows whole, as a pipe prints them (a test run may set COLUMNS)
+    monkeypatch.setattr(console, "width", 10_000)
     onnx.save(_named_net(), tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", np.random.default_rng(1).standard_normal((4, 1, 6, 6))
             .astype(np.float32))
