@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from cvmc_runtime import atomic_write_bytes
+from cvmc_runtime import atomic_write_bytes, scale_entry
 from rich.table import Table
 
 from cvmc.cli.common import console, input_shapes, is_onnx, read_inputs
@@ -50,8 +50,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     ops = len(q.graph.nodes)
     console.print(f"quantized {args.model} -> {out}: {ops} CVM ops, inputs "
                   + ", ".join(f"{n} (scale {s:.6g}, {p} bits)" for n, (s, p) in q.inputs.items())
-                  + "; outputs " + ", ".join(f"{n} (scale {q.scales[n]:.6g})"
-                                             for n in q.graph.outputs))
+                  + "; outputs " + ", ".join(
+                      f"{n} (scale " + " | ".join(
+                          f"{s:.6g}" for s in np.atleast_1d(scale_entry(q.scales[n])["scale"]))
+                      + ")" for n in q.graph.outputs))
     if qdq is not None:
         console.print(f"ONNX scales kept; fixed point: every multiplier within "
                       f"{qdq.worst_relative:.2g} of its scale ratio (relative), at most "

@@ -240,6 +240,8 @@ class _Model:
         for key in ("inputs", "outputs"):
             for i, spec in enumerate(self.plan[key]):
                 scale = f", scale {spec['scale']!r}" if "scale" in spec else ""
+                if "axis" in spec:
+                    scale += f" per slice along axis {spec['axis']}, sizes {spec['sizes']}"
                 precision = f" precision {spec['precision']}" if spec["precision"] else ""
                 lines.append(f"   {key[:-1]} {i}: '{_comment(spec['name'])}' {spec['dtype']}"
                              f"{precision} {spec['shape']}{scale}")
@@ -274,7 +276,9 @@ typedef struct {{
   const int64_t* shape;
   {n}_dtype dtype;
   int precision;  /* an integer tensor holds |v| <= 2^(precision-1) - 1; 0 for others */
-  double scale;   /* a quantized model's scale: real ~= integer / scale; 0 when none */
+  double scale;   /* a quantized model's scale: real ~= integer / scale; 0 when none; an
+                     output with a scale per slice: the first slice's (the comment at the
+                     top lists them all) */
   size_t bytes;   /* the size of its buffer */
 }} {n}_tensor_info;
 
@@ -331,7 +335,7 @@ const char* {n}_last_error(void);
             infos[key] = "\n".join(
                 f"  {{{_c_string(s['name'])}, {len(s['shape'])}, "
                 f"shape_{self.tensors[s['name']]['index']}, {up}_{DTYPES[s['dtype']][0]}, "
-                f"{s['precision'] or 0}, {float(s.get('scale', 0))!r}, "
+                f"{s['precision'] or 0}, {float(np.atleast_1d(s.get('scale', 0))[0])!r}, "
                 f"{self.tensors[s['name']]['bytes']}}}," for s in plan[key])
         symbols = list(dict.fromkeys(k["symbol"] for k in plan["kernels"]))
         declared = "\n".join(f"int __tvm_ffi_{s}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);"

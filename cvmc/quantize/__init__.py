@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from cvmc_runtime import scale_entry
 
 from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed
@@ -32,7 +33,9 @@ class Quantized:
     graph: Graph
     source: Layers  # the float model's layers as written (the report compares with them)
     layers: Layers  # after the float rewrites: what was calibrated and quantized
-    scales: dict[str, float]  # float value name -> scale of the integer value of that name
+    # float value name -> scale of the integer value of that name (an output's per slice an
+    # array, `cvmc_runtime.sliced_scale`)
+    scales: dict[str, float | np.ndarray]
     inputs: dict[str, tuple[float, int]]  # input -> (scale, precision)
     # float value name -> the real of its integer 0, where not 0 (a shifted clamp)
     offsets: dict[str, float] = field(default_factory=dict)
@@ -40,7 +43,7 @@ class Quantized:
     def manifest(self) -> dict:
         """quantization.json: real ~= integer / scale."""
         return {"inputs": {n: {"scale": s, "precision": p} for n, (s, p) in self.inputs.items()},
-                "outputs": {n: {"scale": float(self.scales[n])} for n in self.graph.outputs}}
+                "outputs": {n: scale_entry(self.scales[n]) for n in self.graph.outputs}}
 
 
 def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options: Options,

@@ -517,6 +517,8 @@ class QdqRewriter(Rewriter):
     """The quantize pass with each tensor's scale from its ONNX grid, weights on the ONNX
     weight grids, and the fixed-point error of every requantization recorded."""
 
+    sliced_outputs = False  # a concat output at its ONNX grid, as the model quantizes it
+
     def __init__(self, layers, grids: dict[str, Grid], weight_scales: np.ndarray,
                  origin: dict[str, str], options: Options):
         super().__init__(layers, {}, options)

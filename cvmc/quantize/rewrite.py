@@ -12,7 +12,10 @@ result is requantized to its calibrated scale at the activation bits. The rules:
   the activation bits and 8; then the op and a requantization;
 - matmul of two activations -> broadcast_mul of the operands (at the product's operand
   bits), one expanded on each side, then sum over the inner axis, then requantize;
-- concat: each input requantized to the output's scale;
+- concat: each input requantized to the output's scale; a model output that is a concat
+  of parts at different scales keeps each part at its own scale (the output bits each,
+  so the concat is one integer tensor of that precision): its scale is one per slice
+  along the axis (quantization.json's per-slice form);
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
   reduce -> sum, the same way;
@@ -34,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from cvmc_runtime import quantize
+from cvmc_runtime import quantize, sliced_scale
 
 from cvmc.builder import GraphBuilder, Var
 from cvmc.errors import CvmcError
@@ -90,6 +93,8 @@ class Options:
 class Rewriter:
     """Builds the integer graph of a float layer graph, layer by layer."""
 
+    sliced_outputs = True  # a concat output's parts each at its own scale (`concat`)
+
     def __init__(self, layers: Layers, thresholds: dict[str, float], options: Options):
         self.layers, self.g = layers, layers.graph
         self.thr, self.opt = thresholds, options
@@ -97,6 +102,7 @@ class Rewriter:
         self.values: dict[str, QTensor] = {}
         self.operand_bits, self.wide = product_operands(layers, options)
         self.shifted = shifted_clamps(layers) if options.shifted else {}
+        self.sliced: set[str] = set()  # outputs with a scale per slice (`concat`)
 
     def scale(self, name: str, bits: int) -> float:
         """The scale that maps `name`'s threshold to the largest `bits`-bit integer."""
@@ -383,12 +389,26 @@ class Rewriter:
         self.finish(node, QTensor(getattr(self.b, op)(va, vb), scale))
 
     def concat(self, node: Node) -> None:
-        """concat: every input at the output's scale."""
-        bits = self.out_bits(node)
-        scale = self.scale(node.name, bits)
-        parts = [self.operand(i, scale, bits) for i in node.inputs]
-        y = self.b.concatenate(parts, axis=node.attrs["axis"])
-        self.values[node.name] = QTensor(y, scale)
+        """concat: every input at the output's scale; for a model output that no layer reads
+        (`sliced_outputs`) whose parts' thresholds differ, each part at its own threshold's scale (times the
+        outputs' 2^R), the output's scale one per slice along the axis."""
+        bits, axis = self.out_bits(node), node.attrs["axis"]
+        scales = [self.scale(node.name, bits)] * len(node.inputs)
+        if self.sliced_outputs and node.name in self.g.outputs and \
+                not any(node.name in n.inputs for n in self.g.nodes):
+            part = [prec_max(bits) / (self.threshold_of(i) * 2.0 ** self.opt.output_range_bits)
+                    for i in node.inputs]
+            if len(set(part)) > 1:
+                scales = part
+        parts = [self.operand(i, s, bits) for i, s in zip(node.inputs, scales)]
+        y = self.b.concatenate(parts, axis=axis)
+        if len(set(scales)) == 1:
+            self.values[node.name] = QTensor(y, scales[0])
+            return
+        sizes = [self.g.types[i].shape[axis] for i in node.inputs]
+        self.sliced.add(node.name)
+        self.values[node.name] = QTensor(y, sliced_scale(scales, axis % len(y.shape), sizes,
+                                                         len(y.shape)))
 
     def pool_geometry(self, node: Node, attrs):
         """(window, strides, (before, after) padding) of a 2-D NCHW pool, or the unsupported
@@ -608,8 +628,9 @@ class Rewriter:
 
     def run(self) -> tuple[Graph, dict[str, float], dict[str, tuple[float, int]],
                            dict[str, float]]:
-        """The integer graph, each float value's scale, the inputs' (scale, precision), and
-        the offset of each float value at a nonzero one (`QTensor`)."""
+        """The integer graph, each float value's scale (an output's per slice an array,
+        `sliced_scale`), the inputs' (scale, precision), and the offset of each float value
+        at a nonzero one (`QTensor`)."""
         g, bits = self.g, self.opt.bits
         inputs = {}
         for name in g.inputs:
@@ -624,14 +645,15 @@ class Rewriter:
         outs = []
         for name in g.outputs:
             t = self.values[name]
-            if t.precision > self.opt.output_bits or np.ndim(t.scale):
+            if t.precision > self.opt.output_bits or \
+                    (np.ndim(t.scale) and name not in self.sliced):
                 t = self.requant(t, self.scale(name, self.opt.output_bits), self.opt.output_bits)
                 self.values[name] = t
             outs.append(t.var)
         graph = self.b.build(outputs=outs)
         names = {t.var.name: f for f, t in self.values.items()}
         return (rename(graph, names), {f: t.scale for f, t in self.values.items()
-                                       if np.ndim(t.scale) == 0}, inputs,
+                                       if np.ndim(t.scale) == 0 or f in self.sliced}, inputs,
                 {f: t.offset for f, t in self.values.items() if t.offset})
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from cvmc_runtime.signature import ModelError, precision_bound
+from cvmc_runtime.signature import ModelError, precision_bound, sliced_problem
 
 INT_DTYPES = ("int8", "int32")  # CVM integers, with a precision
 DTYPES = (*INT_DTYPES, "float32", "bool")  # NNEF scalar and logical tensors: no precision
@@ -54,17 +54,24 @@ def _check_spec(where: str, spec: object, scaled: bool = False) -> tuple[tuple[i
                     f"with a precision in 1..8 for int8, 1..32 for int32 and none otherwise, "
                     f"got {dtype!r:.20} and {precision!r:.20}")
     if "scale" in spec:
-        _check_scale(where, spec, scaled and integer)
+        _check_scale(where, spec, scaled and integer, tuple(shape))
     return tuple(shape), dtype
 
 
-def _check_scale(where: str, spec: Mapping, allowed: bool) -> None:
+def _check_scale(where: str, spec: Mapping, allowed: bool, shape: tuple[int, ...]) -> None:
     """A scale (real ~= integer / scale) is a finite JSON number > 0 on an integer input or
-    output: Model.run multiplies reals by it and divides outputs by it."""
+    output, or a list of them with an axis and sizes (one per slice, `sliced_problem`):
+    Model.run multiplies reals by it and divides outputs by it."""
     scale = spec["scale"]
     if not allowed:
         raise _fail(f"{where} '{spec['name']}': only an integer input or output may have a "
                     f"scale, got {scale!r:.40}")
+    if isinstance(scale, list):
+        problem = sliced_problem(spec, shape)
+        if problem is not None:
+            field, rule, got = problem
+            raise _fail(f"{where} '{spec['name']}': {field} {rule}, got {got!r:.40}")
+        return
     # Compared, not converted: a JSON integer beyond float range must not overflow here.
     if type(scale) not in (int, float) or not 0 < scale <= sys.float_info.max:
         raise _fail(f"{where} '{spec['name']}': scale must be a finite number > 0, got "

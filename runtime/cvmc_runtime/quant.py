@@ -9,6 +9,10 @@ computed in float64, so that the product of a float32 input and a float64 scale 
 0.5 ulp of float64 and the rounding is the same on every machine. `cvmc quantize` (the
 calibration samples, the report), `cvmc run`, `Model.run` and the reference interpreter all
 call `quantize`; nobody writes the rule again.
+
+A scale is one number, or (an output that concatenates differently scaled parts) one per
+slice along an axis: quantization.json's {"scale": [s1, s2, ...], "axis": a, "sizes": [n1,
+n2, ...]}, held as a float64 array that broadcasts along `a` (`cvmc_runtime.signature.sliced_scale`).
 """
 from __future__ import annotations
 
@@ -27,8 +31,14 @@ def round_half_away(v: np.ndarray) -> np.ndarray:
     return whole + np.sign(v) * (np.abs(v - whole) >= 0.5)
 
 
-def check_scale(name: str, scale: float) -> float:
-    """A scale is a finite positive number; anything else is a ModelError naming `name`."""
+def check_scale(name: str, scale):
+    """A scale is a finite positive number, or an array of them (`sliced_scale`); anything
+    else is a ModelError naming `name`."""
+    if isinstance(scale, np.ndarray) and scale.dtype.kind == "f":
+        if scale.size == 0 or not (np.isfinite(scale) & (scale > 0)).all():
+            raise ModelError(f"{name}: every scale must be a finite number > 0, got "
+                             f"{scale.reshape(-1).tolist()!r:.80}")
+        return scale.astype(np.float64)
     if isinstance(scale, (bool, np.bool_)) or \
             not isinstance(scale, (int, float, np.integer, np.floating)) or \
             not np.isfinite(scale) or scale <= 0:
@@ -57,7 +67,7 @@ def _real_array(name: str, x, kinds: str, what: str) -> np.ndarray:
     return v
 
 
-def quantize(name: str, x, scale: float, precision: int) -> np.ndarray:
+def quantize(name: str, x, scale: float | np.ndarray, precision: int) -> np.ndarray:
     """Real array x -> int32 CVM integers of `precision` bits (1..32) by the rule above.
     NaN is an error naming the input and the first index; +-inf saturates like any large
     value."""
@@ -73,9 +83,9 @@ def quantize(name: str, x, scale: float, precision: int) -> np.ndarray:
     return np.clip(q, -bound, bound).astype(np.int32)
 
 
-def dequantize(q: np.ndarray, scale: float) -> np.ndarray:
-    """CVM integers -> the float32 reals they stand for, q / scale (a finite scale > 0;
-    beyond float32's range a real is +-inf)."""
+def dequantize(q: np.ndarray, scale: float | np.ndarray) -> np.ndarray:
+    """CVM integers -> the float32 reals they stand for, q / scale (a finite scale > 0, or
+    an array of them that broadcasts against q; beyond float32's range a real is +-inf)."""
     scale = check_scale("dequantize", scale)
     v = _real_array("dequantize", q, "iu", "an integer")
     with np.errstate(over="ignore"):

@@ -9,6 +9,7 @@ they become +-inf); a bool input (NNEF logical) takes bool arrays only.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,7 +30,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     precision: int | None
-    scale: float | None = None
+    scale: float | np.ndarray | None = None  # an array: one per slice (`sliced_scale`)
 
     def __post_init__(self) -> None:
         # An integer's precision fits its dtype: int8 with precision 9 would store 200 as
@@ -44,14 +45,55 @@ class TensorSpec:
         """A JSON-serialisable dict (with 'scale' only when there is one)."""
         d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype,
              "precision": self.precision}
-        return d if self.scale is None else {**d, "scale": self.scale}
+        return d if self.scale is None else {**d, **scale_entry(self.scale)}
 
     @staticmethod
     def from_json(d: Mapping) -> TensorSpec:
         """Inverse of to_json."""
-        p, scale = d["precision"], d.get("scale")
-        return TensorSpec(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]),
-                          None if p is None else int(p), None if scale is None else float(scale))
+        p, scale, shape = d["precision"], d.get("scale"), tuple(int(x) for x in d["shape"])
+        if isinstance(scale, list):
+            scale = sliced_scale(scale, d["axis"], d["sizes"], len(shape))
+        return TensorSpec(str(d["name"]), shape, str(d["dtype"]),
+                          None if p is None else int(p), None if scale is None else
+                          scale if isinstance(scale, np.ndarray) else float(scale))
+
+
+def sliced_scale(scales: list[float], axis: int, sizes: list[int], rank: int) -> np.ndarray:
+    """The scale of slices along `axis` (of `sizes` elements each, one scale each) as a
+    float64 array of `rank` axes that broadcasts along `axis`."""
+    shape = [1] * rank
+    shape[axis] = sum(sizes)
+    return np.repeat(np.asarray(scales, np.float64), sizes).reshape(shape)
+
+
+def scale_entry(scale: float | np.ndarray) -> dict:
+    """quantization.json's form of a scale: {"scale": s}, or for a scale that varies along
+    one axis {"scale": [...], "axis": a, "sizes": [...]} (runs of equal scales merged)."""
+    v = np.asarray(scale, np.float64)
+    if v.size == 1:
+        return {"scale": float(v.reshape(-1)[0])}
+    axis = next(a for a, n in enumerate(v.shape) if n > 1)
+    flat = v.reshape(-1)
+    starts = [0] + [i for i in range(1, flat.size) if flat[i] != flat[i - 1]]
+    sizes = [b - a for a, b in zip(starts, starts[1:] + [flat.size])]
+    return {"scale": [float(flat[i]) for i in starts], "axis": axis, "sizes": sizes}
+
+
+def sliced_problem(entry: Mapping, shape: tuple[int, ...]) -> tuple[str, str, object] | None:
+    """The first fault of a scale per slice {"scale": [...], "axis": a, "sizes": [...]} of
+    a tensor of `shape`, as (field, rule, value got), or None where it has none."""
+    scales, axis, sizes = entry["scale"], entry.get("axis"), entry.get("sizes")
+    if type(axis) is not int or not 0 <= axis < len(shape):
+        return "axis", f"must be an axis of the tensor's shape {list(shape)} (0..{len(shape) - 1})", axis
+    if not isinstance(sizes, list) or not sizes or \
+            not all(type(n) is int and n > 0 for n in sizes):
+        return "sizes", "must be a list of integers > 0", sizes
+    if sum(sizes) != shape[axis]:
+        return "sizes", f"must sum to the extent of axis {axis}, {shape[axis]}", sizes
+    if len(scales) != len(sizes) or not all(
+            type(s) in (int, float) and 0 < s <= sys.float_info.max for s in scales):
+        return "scale", f"must be a list of {len(sizes)} finite numbers > 0, one per size", scales
+    return None
 
 
 def precision_bound(precision: int) -> int:

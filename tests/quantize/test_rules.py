@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cvmc_runtime import dequantize, quantize
+from cvmc_runtime import dequantize, quantize, sliced_scale
 
 from cvmc import reference_run
 from cvmc.errors import CvmcError
@@ -45,8 +45,10 @@ def _compare(graph, samples, options: Options | None = None):
         feeds = {i: samples[i][k] for i in graph.inputs}
         want.append(reference_run(graph, feeds)["y"].astype(np.float64))
         ints = {i: quantize(i, feeds[i], *q.inputs[i]).astype(np.int8) for i in graph.inputs}
-        got.append(dequantize(reference_run(q.graph, ints)["y"], q.manifest()["outputs"]["y"]
-                              ["scale"]).astype(np.float64))
+        y, entry = reference_run(q.graph, ints)["y"], q.manifest()["outputs"]["y"]
+        scale = entry["scale"] if "axis" not in entry else \
+            sliced_scale(entry["scale"], entry["axis"], entry["sizes"], y.ndim)
+        got.append(dequantize(y, scale).astype(np.float64))
     return np.array(want), np.array(got), q
 
 
@@ -130,14 +132,17 @@ def test_residual_add_of_differently_scaled_inputs(tmp_path):
 
 
 def test_concat_of_differently_scaled_inputs(tmp_path):
+    """A model output: each part at its own scale, s_y one per slice (the one-scale rule:
+    tests/quantize/test_concat_scales.py)."""
     g = _model(tmp_path, "    y = concat([x, z], axis = 1);",
                {"x": (1, 2, 3, 3), "z": (1, 3, 3, 3)}, {})
     xs = RNG.standard_normal((8, 1, 2, 3, 3)).astype(np.float32) * 0.1
     zs = RNG.standard_normal((8, 1, 3, 3, 3)).astype(np.float32) * 5
     want, got, q = _compare(g, {"x": xs, "z": zs})
     err = np.abs(got - want)
-    assert err[:, :, :2].max() <= 0.5 / _sx(q, "x") + 1 / _sy(q)
-    assert err[:, :, 2:].max() <= 0.5 / _sx(q, "z") + 1 / _sy(q)
+    sy_x, sy_z = _sy(q)
+    assert err[:, :, :2].max() <= 0.5 / _sx(q, "x") + 1 / sy_x
+    assert err[:, :, 2:].max() <= 0.5 / _sx(q, "z") + 1 / sy_z
 
 
 @pytest.mark.parametrize("call", [
