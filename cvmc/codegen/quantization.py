@@ -16,9 +16,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from cvmc_runtime import sliced_problem
+
 from cvmc.errors import CvmcError
 from cvmc.ir import Graph
-from cvmc_runtime import sliced_problem
 
 MAX_BYTES = 16 << 20  # a few lines per input and output
 # {"inputs": {name: {"scale": s}}, "outputs": {name: {"scale": s} or the per-slice form}}

@@ -13,9 +13,9 @@ result is requantized to its calibrated scale at the activation bits. The rules:
 - matmul of two activations -> broadcast_mul of the operands (at the product's operand
   bits), one expanded on each side, then sum over the inner axis, then requantize;
 - concat: each input requantized to the output's scale; a model output that is a concat
-  of parts at different scales keeps each part at its own scale (the output bits each,
-  so the concat is one integer tensor of that precision): its scale is one per slice
-  along the axis (quantization.json's per-slice form);
+  (or its reshape / transpose) of parts at different scales keeps each part at its own
+  scale (the output bits each, so the concat is one integer tensor of that precision):
+  its scale is one per slice along the axis (quantization.json's per-slice form);
 - avg pool (box) -> depthwise conv2d with unit weights, divided by its tap count inside the
   requantization (per position where 'ignore' borders change the count); mean / sum
   reduce -> sum, the same way;
@@ -102,7 +102,8 @@ class Rewriter:
         self.values: dict[str, QTensor] = {}
         self.operand_bits, self.wide = product_operands(layers, options)
         self.shifted = shifted_clamps(layers) if options.shifted else {}
-        self.sliced: set[str] = set()  # outputs with a scale per slice (`concat`)
+        # a concat output's parts at their own scales, and the reshapes after it (`concat`)
+        self.sliced: set[str] = set()
 
     def scale(self, name: str, bits: int) -> float:
         """The scale that maps `name`'s threshold to the largest `bits`-bit integer."""
@@ -389,13 +390,12 @@ class Rewriter:
         self.finish(node, QTensor(getattr(self.b, op)(va, vb), scale))
 
     def concat(self, node: Node) -> None:
-        """concat: every input at the output's scale; for a model output that no layer reads
-        (`sliced_outputs`) whose parts' thresholds differ, each part at its own threshold's scale (times the
-        outputs' 2^R), the output's scale one per slice along the axis."""
+        """concat: every input at the output's scale; for a model output (`sliced_outputs`,
+        `reaches_output`) whose parts' thresholds differ, each part at its own threshold's
+        scale (times the outputs' 2^R), the output's scale one per slice along the axis."""
         bits, axis = self.out_bits(node), node.attrs["axis"]
         scales = [self.scale(node.name, bits)] * len(node.inputs)
-        if self.sliced_outputs and node.name in self.g.outputs and \
-                not any(node.name in n.inputs for n in self.g.nodes):
+        if self.sliced_outputs and self.reaches_output(node.name):
             part = [prec_max(bits) / (self.threshold_of(i) * 2.0 ** self.opt.output_range_bits)
                     for i in node.inputs]
             if len(set(part)) > 1:
@@ -409,6 +409,15 @@ class Rewriter:
         self.sliced.add(node.name)
         self.values[node.name] = QTensor(y, sliced_scale(scales, axis % len(y.shape), sizes,
                                                          len(y.shape)))
+
+    def reaches_output(self, name: str) -> bool:
+        """Whether `name` is a model output that no layer reads, or is read only by one
+        reshape / squeeze / unsqueeze / transpose whose result does the same."""
+        readers = [n for n in self.g.nodes if name in n.inputs]
+        if name in self.g.outputs:
+            return not readers
+        return len(readers) == 1 and readers[0].op in RESHAPES and \
+            self.reaches_output(readers[0].name)
 
     def pool_geometry(self, node: Node, attrs):
         """(window, strides, (before, after) padding) of a 2-D NCHW pool, or the unsupported
@@ -495,7 +504,13 @@ class Rewriter:
             y = self.b.upsampling(t.var, scale=factor.pop())
         else:
             y = self.b.nnef_reshape(t.var, target_shape=list(self.g.types[node.name].shape))
-        self.values[node.name] = QTensor(y, t.scale, t.offset)
+        scale = t.scale
+        if node.inputs[0] in self.sliced:  # a concat's scale per slice, moved alike
+            scale = moved_scale(t.scale, self.g.types[node.inputs[0]].shape,
+                                self.g.types[node.name].shape,
+                                axes if node.op == "nnef.transpose" else None)
+            self.sliced.add(node.name)
+        self.values[node.name] = QTensor(y, scale, t.offset)
 
     def gather(self, node: Node) -> None:
         """gather by weight indices (torch's split of packed q, k, v) -> take (and a reshape
@@ -645,16 +660,35 @@ class Rewriter:
         outs = []
         for name in g.outputs:
             t = self.values[name]
-            if t.precision > self.opt.output_bits or \
-                    (np.ndim(t.scale) and name not in self.sliced):
+            per_slice = name in self.sliced and sum(n > 1 for n in np.shape(t.scale)) == 1
+            if t.precision > self.opt.output_bits or (np.ndim(t.scale) and not per_slice):
                 t = self.requant(t, self.scale(name, self.opt.output_bits), self.opt.output_bits)
                 self.values[name] = t
             outs.append(t.var)
         graph = self.b.build(outputs=outs)
         names = {t.var.name: f for f, t in self.values.items()}
         return (rename(graph, names), {f: t.scale for f, t in self.values.items()
-                                       if np.ndim(t.scale) == 0 or f in self.sliced}, inputs,
+                                       if np.ndim(t.scale) == 0 or f in g.outputs}, inputs,
                 {f: t.offset for f, t in self.values.items() if t.offset})
+
+
+RESHAPES = ("nnef.reshape", "nnef.squeeze", "unsqueeze", "nnef.transpose")
+
+
+def moved_scale(scale: np.ndarray, before: tuple[int, ...], after: tuple[int, ...],
+                axes: list[int] | None) -> np.ndarray:
+    """A per-element scale of a tensor of shape `before` after its transpose by `axes`
+    (None: a reshape to `after`), each axis along which it does not vary collapsed to 1."""
+    full = np.broadcast_to(scale, before)
+    if axes is None:
+        full = full.reshape(after)
+    else:
+        full = full.transpose(axes + list(range(len(axes), len(before))))
+    for a in range(full.ndim):
+        first = full.take([0], axis=a)
+        if (full == first).all():
+            full = first
+    return np.ascontiguousarray(full)
 
 
 def rename(graph: Graph, names: dict[str, str]) -> Graph:

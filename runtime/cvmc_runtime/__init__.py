@@ -25,8 +25,14 @@ from cvmc_runtime.npyfile import MAX_NPY_BYTES, read_npy
 from cvmc_runtime.plan import ARENA_ALIGNMENT, buffer_lifetimes, tensor_bytes
 from cvmc_runtime.pool import load_kernels, pool_stats, set_num_threads
 from cvmc_runtime.quant import Saturation, SaturationWarning, dequantize, quantize
-from cvmc_runtime.signature import (ModelError, TensorSpec, check_inputs, scale_entry,
-                                    sliced_problem, sliced_scale)
+from cvmc_runtime.signature import (
+    ModelError,
+    TensorSpec,
+    check_inputs,
+    scale_entry,
+    sliced_problem,
+    sliced_scale,
+)
 
 __all__ = ["ARENA_ALIGNMENT", "CPUINFO_FLAGS", "MAX_NPY_BYTES", "NATIVE_ABI", "NATIVE_FOLDER",
            "SIGNATURE_FUNCTION", "Model", "ModelError", "Saturation", "SaturationWarning",

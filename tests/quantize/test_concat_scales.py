@@ -1,8 +1,9 @@
 """A model output that concatenates differently scaled parts keeps one scale per part
 (issue 30 item 4): a detector-like head, box regressions (range ~ +-100) beside sigmoid
 scores (0..1), concatenated along axis 1. quantization.json records {"scale": [...],
-"axis": 1, "sizes": [4, 3]}; compile checks it, the plan carries it, and Model.run,
-`cvmc run --dequantize` and the C header use it."""
+"axis": 1, "sizes": [4, 3]} (moved along with reshapes and transposes after the concat);
+compile checks it, the plan carries it, and Model.run, `cvmc run --dequantize` and the C
+header use it."""
 from __future__ import annotations
 
 import json
@@ -142,3 +143,30 @@ def test_compile_refuses_a_bad_per_slice_entry(head, edit, message) -> None:
     doc = {"inputs": {"x": {"scale": 1.0, "precision": 8}}, "outputs": {"y": entry}}
     with pytest.raises(CvmcError, match=message):
         cvmc.compile(q.graph, None, quantization=doc)
+
+
+@pytest.mark.parametrize("tail, axis, shape", [
+    ("t = transpose(c, axes = [1, 0]);\n    y = reshape(t, shape = [7, 1, 1]);", 0, (7, 1, 1)),
+    ("y = unsqueeze(c, axes = [0]);", 2, (1, 1, 7)),
+])
+def test_through_reshapes_and_transposes(head, tmp_path, tail, axis, shape) -> None:
+    """A concat reshaped or transposed on its way to the output: the scale per slice moves
+    with it (to the axis where the parts now lie), and the integers are the direct
+    concat's, moved."""
+    body = BODY.replace("y = concat", "c = concat") + "\n    " + tail
+    q = quantize_graph(_model(tmp_path, body, {"x": (1, 8)}, WEIGHTS), SAMPLES, Options())
+    _, direct, _ = head
+    assert q.manifest()["outputs"]["y"] == {**direct.manifest()["outputs"]["y"], "axis": axis}
+    assert np.array_equal(_ints(q).reshape(-1, *shape), _ints(direct).reshape(-1, *shape))
+
+
+def test_a_reshape_that_mixes_the_slices_gives_one_scale(tmp_path) -> None:
+    """Parts of 4 and 2 reshaped to [2, 3]: no one axis holds the slices, so the output is
+    requantized to one scale, the one-scale rule's, within a unit of its integers."""
+    weights = {**WEIGHTS, "ws": WEIGHTS["ws"][:2], "bs": WEIGHTS["bs"][:, :2]}
+    body = BODY.replace("y = concat", "c = concat") + "\n    y = reshape(c, shape = [2, 3]);"
+    graph = _model(tmp_path, body, {"x": (1, 8)}, weights)
+    q = quantize_graph(graph, SAMPLES, Options())
+    one = quantize_graph(graph, SAMPLES, Options(), rewriter=OneScale)
+    assert q.manifest()["outputs"]["y"] == one.manifest()["outputs"]["y"]
+    assert np.abs(_ints(q).astype(np.int64) - _ints(one)).max() <= 1
