@@ -170,3 +170,42 @@ def test_a_reshape_that_mixes_the_slices_gives_one_scale(tmp_path) -> None:
     one = quantize_graph(graph, SAMPLES, Options(), rewriter=OneScale)
     assert q.manifest()["outputs"]["y"] == one.manifest()["outputs"]["y"]
     assert np.abs(_ints(q).astype(np.int64) - _ints(one)).max() <= 1
+
+
+def _plan(**output) -> dict:
+    """A one-kernel plan x -> y [1, 7], with `output`'s keys on y."""
+    spec = {"name": "y", "shape": [1, 7], "dtype": "int32", "precision": 8, **output}
+    return {"device": "cpu", "target": {"kind": "llvm", "mcpu": "x86-64", "features": []},
+            "inputs": [{"name": "x", "shape": [1, 8], "dtype": "int8", "precision": 8}],
+            "weights": [], "buffers": [], "outputs": [spec],
+            "kernels": [{"symbol": "k", "args": ["x", "y"], "num_inputs": 1}]}
+
+
+@pytest.mark.parametrize("output, message", [
+    ({"scale": [1.0, 2.0], "axis": 1, "sizes": [4, 3]}, None),
+    ({"scale": [1.0, 2.0], "axis": 1, "sizes": [4, 4]}, "sizes must sum to the extent"),
+    ({"scale": [1.0, 2.0], "sizes": [4, 3]}, "axis must be an axis"),
+    ({"scale": [1.0, 0.0], "axis": 1, "sizes": [4, 3]}, "scale must be a list of 2 finite"),
+])
+def test_the_runtime_checks_a_plan_scale_per_slice(output, message) -> None:
+    from cvmc_runtime.plan import validate_plan
+
+    if message is None:
+        validate_plan(_plan(**output))
+        spec = TensorSpec.from_json(_plan(**output)["outputs"][0])
+        assert spec.scale.tolist() == [[1.0] * 4 + [2.0] * 3]
+        return
+    with pytest.raises(cvmc_runtime.ModelError, match=f"invalid plan: outputs\\[0\\] 'y': "
+                                                      f"{message}"):
+        validate_plan(_plan(**output))
+
+
+def test_dequantize_divides_each_slice_by_its_scale() -> None:
+    """Hand-computed: [8, -4 | 6] at scales [2 | 3] along axis 1 are [4, -2 | 2]; a scale
+    array with a zero is refused."""
+    scale = cvmc_runtime.sliced_scale([2.0, 3.0], 1, [2, 1], 2)
+    q = np.array([[8, -4, 6]], np.int32)
+    assert cvmc_runtime.dequantize(q, scale).tolist() == [[4.0, -2.0, 2.0]]
+    assert cvmc_runtime.scale_entry(scale) == {"scale": [2.0, 3.0], "axis": 1, "sizes": [2, 1]}
+    with pytest.raises(cvmc_runtime.ModelError, match="every scale must be a finite number"):
+        cvmc_runtime.dequantize(q, np.array([[2.0, 0.0, 3.0]]))
