@@ -22,7 +22,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantize a float model: calibrate, rewrite, write DIR and quantization.json."""
     from cvmc.codegen import Quiet
     from cvmc.codegen.progress import RichProgress
-    from cvmc.frontend.onnx_convert import check_destination
+    from cvmc.frontend.folder import check_destination
     from cvmc.quantize.report import layer_report
     from cvmc.quantize.writer import write_model
 
