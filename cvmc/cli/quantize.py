@@ -74,10 +74,11 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
     converted in `tmp` (each NNEF value's ONNX node recorded in `origins`)."""
     from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import convert_onnx
+    from cvmc.frontend.onnx_qdq import load_qdq
     from cvmc.frontend.printer import graph_dumper
     from cvmc.quantize import Options, quantize_graph
     from cvmc.quantize.calibrate import check_shape
-    from cvmc.quantize.qdq import QdqRewriter, load_qdq
+    from cvmc.quantize.qdq import QdqRewriter
     from cvmc.quantize.rewrite import Rewriter
 
     model = args.model
