@@ -22,7 +22,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     """Quantize a float model: calibrate, rewrite, write DIR and quantization.json."""
     from cvmc.codegen import Quiet
     from cvmc.codegen.progress import RichProgress
-    from cvmc.frontend.onnx_convert import check_destination
+    from cvmc.frontend.folder import check_destination
     from cvmc.quantize.report import layer_report
     from cvmc.quantize.writer import write_model
 
@@ -76,10 +76,11 @@ def _quantize(args: argparse.Namespace, samples: dict, progress, tmp: Path,
     converted in `tmp` (each NNEF value's ONNX node recorded in `origins`)."""
     from cvmc.frontend import load_checked
     from cvmc.frontend.onnx_convert import convert_onnx
+    from cvmc.frontend.onnx_qdq import load_qdq
     from cvmc.frontend.printer import graph_dumper
     from cvmc.quantize import Options, quantize_graph
     from cvmc.quantize.calibrate import check_shape
-    from cvmc.quantize.qdq import QdqRewriter, load_qdq
+    from cvmc.quantize.qdq import QdqRewriter
     from cvmc.quantize.rewrite import Rewriter
 
     model = args.model

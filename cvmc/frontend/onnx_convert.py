@@ -63,8 +63,6 @@ the converter would refuse a valid model or, worse, give it another meaning (REA
 from __future__ import annotations
 
 import re
-import shutil
-import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -76,6 +74,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cvmc.errors import CvmcError
+from cvmc.frontend.folder import model_folder
 from cvmc.frontend.onnx_rewrite import internal_errors, rewrite
 from cvmc.frontend.syntax import KEYWORDS
 
@@ -110,23 +109,14 @@ def convert_onnx(onnx_path: str | Path, out_dir: str | Path, *,
 
     `input_shapes` fixes inputs whose ONNX shape has symbolic dimensions. `out_dir` must
     not exist or be empty; with `force`, a previous model folder (one holding graph.nnef)
-    is replaced. The folder is written beside `out_dir` first and renamed into place, so a
-    failed or interrupted conversion leaves no partial folder and keeps the previous one.
+    is replaced, atomically (`cvmc.frontend.folder.model_folder`).
     `origins`, where given, is filled with each NNEF tensor's ONNX origin (`_origins`).
     """
     onnx_path, out_dir = Path(onnx_path), Path(out_dir)
     tools = _import_tools()
     model, opset = _read_onnx(onnx_path, input_shapes or {})
-    check_destination(out_dir, force, onnx_path)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        folder = tmp / "nnef"  # made by mkdir: the user's umask, not mkdtemp's 0700
-        folder.mkdir()
+    with model_folder(out_dir, force, onnx_path) as folder:
         _run_converter(tools, model, onnx_path, folder, opset, input_shapes, origins)
-        move_into_place(folder, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
@@ -223,36 +213,6 @@ def _onnx_shape(dims) -> str:
     """An ONNX shape as the model writes it, `?` for an unnamed dimension."""
     return "[" + ", ".join(str(d.dim_value) if d.HasField("dim_value") else d.dim_param or "?"
                            for d in dims) + "]"
-
-
-def check_destination(out_dir: Path, force: bool, source: Path) -> None:
-    """`out_dir` is new, an empty folder, or (with --force) a previous model folder; never
-    the folder of the source model (or of the file a link to it names) or an ancestor."""
-    dest = out_dir.resolve()
-    for model in (source.absolute().parent.resolve() / source.name, source.resolve()):
-        if model.is_relative_to(dest):  # the source, its external data, a link to them
-            raise CvmcError(f"-o {out_dir}: holds the source model {source}; write the NNEF "
-                            f"folder elsewhere")
-    if not out_dir.exists() and not out_dir.is_symlink():
-        return
-    if not out_dir.is_dir() or out_dir.is_symlink():
-        raise CvmcError(f"-o {out_dir}: exists and is not a folder")
-    if not any(out_dir.iterdir()):
-        return
-    if not force:
-        raise CvmcError(f"-o {out_dir}: folder is not empty (--force replaces a previous "
-                        f"model folder)")
-    if not (out_dir / "graph.nnef").is_file():  # never delete a folder that is no model
-        raise CvmcError(f"-o {out_dir}: --force replaces only a model folder (one holding "
-                        f"graph.nnef), and this folder holds none")
-
-
-def move_into_place(folder: Path, out_dir: Path) -> None:
-    """Rename the written folder to `out_dir` (an empty one is replaced); a previous model
-    folder is moved into the temporary folder first, removed with it afterwards."""
-    if out_dir.exists() and any(out_dir.iterdir()):
-        out_dir.rename(folder.parent / "previous")
-    folder.rename(out_dir)
 
 
 def _run_converter(tools: SimpleNamespace, model, onnx_path: Path, folder: Path, opset: int,

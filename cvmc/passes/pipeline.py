@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from cvmc.errors import CvmcError
-from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed, verify
 from cvmc.passes.fusion import fuse_kernels
 from cvmc.passes.layout import block_activations, pack_conv_weights
@@ -22,14 +22,17 @@ from cvmc.passes.transformer import fuse_transformer
 # pay for it.
 VERIFY_TYPES = os.environ.get("CVMC_VERIFY_TYPES") == "1"
 
+IR = TypeVar("IR")  # what a pass list hands on: a Graph, unless the list names its check
+
 
 @dataclass(frozen=True)
 class Pass:
-    """One Graph -> Graph pass, called as `run(graph, target)` where it `needs_target`
-    (what it makes depends on the target), else as `run(graph)`."""
+    """One Graph -> Graph pass (or one of a list that hands on more than a Graph:
+    `run_passes`'s `check`), called as `run(graph, target)` where it `needs_target` (what
+    it makes depends on the target), else as `run(graph)`."""
 
     name: str
-    run: Callable[..., Graph]
+    run: Callable[..., Any]
     needs_target: bool = False
 
 
@@ -88,13 +91,16 @@ BLOCK_FLOAT_ACTIVATIONS = Pass("block-float-activations", block_float_activation
 FUSE_KERNELS = Pass("fuse-kernels", fuse_kernels, needs_target=True)
 
 
-def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = None,
-               after_pass: Callable[[int, str, Graph], None] | None = None,
-               target: Target | None = None) -> Graph:
+def run_passes(graph: IR, passes: Sequence[Pass], stop_after: str | None = None,
+               after_pass: Callable[[int, str, IR], None] | None = None,
+               target: Target | None = None,
+               check: Callable[[IR], None] | None = None) -> IR:
     """Run `passes` in order on `graph` (for `target`, which those that need one must
     have), checking each result, calling `after_pass(index, name, graph)` after each
     (`--dump-ir`: `cvmc.frontend.printer.graph_dumper`), and stop after `stop_after`.
-    Running a backend's list on its own output changes nothing."""
+    Running a backend's list on its own output changes nothing. A pass list that hands on
+    more than a Graph (the quantizer's, cvmc/quantize/__init__.py) names the `check` of
+    what it hands on; by default each result is a Graph, verified."""
     names = [p.name for p in passes]
     if stop_after is not None and stop_after not in names:
         raise CvmcError(f"unknown pass '{stop_after}' for --stop-after; "
@@ -103,7 +109,9 @@ def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = No
         if p.needs_target and target is None:
             raise ValueError(f"pass '{p.name}' needs the target it compiles for")
         graph = p.run(graph, target) if p.needs_target else p.run(graph)
-        if VERIFY_TYPES:
+        if check is not None:
+            check(graph)
+        elif VERIFY_TYPES:
             verify(graph)
         else:
             graph.verify()
@@ -112,4 +120,3 @@ def run_passes(graph: Graph, passes: Sequence[Pass], stop_after: str | None = No
         if p.name == stop_after:
             break
     return graph
-

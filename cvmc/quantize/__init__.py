@@ -1,11 +1,11 @@
 """`cvmc quantize`: a float model to a deterministic CVM integer model (docs/quantize.md).
 
-The passes, in order (each one's graph is what `--dump-ir` writes):
-group-layers (compound fragments back to layers, those no rule covers split again), fold-batch-norm, fuse-elementwise, then
-a dry run of the quantize pass at unit thresholds (every refusal before any sample runs), then
-calibration on the float layers, then quantize (integer CVM ops, `rewrite.py`, each typed as
-it is built: the proof that int32 never overflows), then infer-precision (the compile
-pipeline's check that the graph is typed).
+The passes, in order, run by `cvmc.passes.pipeline.run_passes` (each one's graph is what
+`--dump-ir` writes): group-layers (compound fragments back to layers, those no rule covers
+split again), fold-batch-norm, fuse-elementwise, then quantize: a dry run at unit
+thresholds (every refusal before any sample runs), calibration on the float layers, then
+the integer CVM ops (`rewrite.py`, each typed as it is built: the proof that int32 never
+overflows), then infer-precision (the compile pipeline's check that the graph is typed).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from cvmc_runtime import scale_entry
 
 from cvmc.ir import Graph
 from cvmc.ops.infer import require_typed
+from cvmc.passes.pipeline import Pass, run_passes
 from cvmc.quantize.calibrate import METHODS, Stats, calibrate, check_samples
 from cvmc.quantize.fixedpoint import FixedPointError
 from cvmc.quantize.layers import Layers, fold_batch_norm, fuse_elementwise, group_layers
@@ -56,34 +57,49 @@ def quantize_graph(graph: Graph, samples: dict[str, np.ndarray] | None, options:
     """Quantize a checked float graph, calibrated on `samples` ({input: [N, *shape]}) by
     `calibrator` (`calibrate`'s signature), or with no samples by a `rewriter` that knows
     the scales (a QDQ model, qdq.py)."""
-    def dump(index: int, name: str, g: Graph) -> None:
-        if after_pass is not None:
-            after_pass(index, name, g)
-    source = split_unruled(group_layers(graph))
-    dump(0, "group-layers", source.graph)
-    if samples is not None:
-        samples = check_samples(source, samples)
-    layers = fold_batch_norm(source)
-    dump(1, "fold-batch-norm", layers.graph)
-    layers = fuse_elementwise(layers)
-    dump(2, "fuse-elementwise", layers.graph)
-    thresholds = {}
-    if samples is not None:
-        # The integer graph at unit thresholds, dropped: every refusal that does not
-        # depend on the calibrated ranges (a layer no rule covers, asymmetric padding, a
-        # filter that is not a weight) comes before any sample runs.
-        try:
-            rewriter(layers, defaultdict(lambda: 1.0), options).run()
-        except FixedPointError:
-            pass  # a scale ratio at unit thresholds: the calibrated ranges decide
-        count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
-        stats = calibrator(layers, samples, count)
-        thresholds = {n: s.threshold(method, percentile, lam, options.bits)
-                      for n, s in stats.items()}
-        for name in layers.graph.outputs:  # range beyond the calibrated one, where asked
-            thresholds[name] *= 2.0 ** options.output_range_bits
-    int_graph, scales, inputs, offsets = rewriter(layers, thresholds, options).run()
-    dump(3, "quantize", int_graph)
-    int_graph = require_typed(int_graph)  # GraphBuilder typed every node as it was made
-    dump(4, "infer-precision", int_graph)
-    return Quantized(int_graph, source, layers, scales, inputs, offsets)
+    source = calibrated = None  # the layers as written, and as calibrated and quantized
+    found: tuple = ()  # the scales, inputs and offsets the quantize pass found
+
+    def group(layers: Layers) -> Layers:
+        nonlocal source, samples
+        source = split_unruled(group_layers(layers.graph))
+        if samples is not None:
+            samples = check_samples(source, samples)
+        return source
+
+    def quantize(layers: Layers) -> Layers:
+        nonlocal calibrated, found
+        calibrated = layers
+        thresholds = {}
+        if samples is not None:
+            # The integer graph at unit thresholds, dropped: every refusal that does not
+            # depend on the calibrated ranges (a layer no rule covers, asymmetric padding, a
+            # filter that is not a weight) comes before any sample runs.
+            try:
+                rewriter(layers, defaultdict(lambda: 1.0), options).run()
+            except FixedPointError:
+                pass  # a scale ratio at unit thresholds: the calibrated ranges decide
+            count = min(next(iter(samples.values())).shape[0], max_samples or 1 << 62)
+            stats = calibrator(layers, samples, count)
+            thresholds = {n: s.threshold(method, percentile, lam, options.bits)
+                          for n, s in stats.items()}
+            for name in layers.graph.outputs:  # range beyond the calibrated one, where asked
+                thresholds[name] *= 2.0 ** options.output_range_bits
+        int_graph, *found = rewriter(layers, thresholds, options).run()
+        return Layers(int_graph)
+
+    passes = [Pass("group-layers", group),
+              Pass("fold-batch-norm", fold_batch_norm),
+              Pass("fuse-elementwise", fuse_elementwise),
+              Pass("quantize", quantize),
+              # GraphBuilder typed every node as the quantize pass made it
+              Pass("infer-precision", lambda layers: Layers(require_typed(layers.graph)))]
+    dump = None if after_pass is None else \
+        (lambda index, name, layers: after_pass(index, name, layers.graph))
+    # The passes hand on Layers, not a Graph: a layer node is a fragment call (`sigmoid`,
+    # `batch_normalization`) that no op rule covers, and the values of its body are typed
+    # but defined only in the body. Each result is checked as the graph of its primitives;
+    # infer-precision checks the integer graph's types against the op rules.
+    int_graph = run_passes(Layers(graph), passes, after_pass=dump,
+                           check=lambda layers: layers.primitives().verify()).graph
+    return Quantized(int_graph, source, calibrated, *found)

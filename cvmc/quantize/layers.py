@@ -25,7 +25,8 @@ from cvmc.reference import evaluate, stored
 
 @dataclass
 class Layers:
-    """A float graph whose nodes are layers, and the primitives of each compound layer."""
+    """A graph whose nodes are layers, and the primitives of each compound layer (the
+    integer graph the quantize pass hands on has none)."""
 
     graph: Graph
     bodies: dict[str, list[Node]] = field(default_factory=dict)
@@ -37,6 +38,12 @@ class Layers:
     def activations_of(self, node: Node) -> list[str]:
         """The inputs of a layer that are not weights."""
         return [i for i in node.inputs if i not in self.graph.constants]
+
+    def primitives(self) -> Graph:
+        """The graph with each compound layer replaced by its body: what defines every
+        value the graph types."""
+        return self.graph.replace(nodes=[n for layer in self.graph.nodes
+                                         for n in self.bodies.get(layer.name, [layer])])
 
 
 def group_layers(graph: Graph) -> Layers:
@@ -222,6 +229,9 @@ def fold_batch_norm(layers: Layers) -> Layers:
     used = {i for n in nodes for i in n.inputs}
     labels = {w: label for w, label in g.labels.items() if w not in constants or w in used}
     constants = {w: v for w, v in constants.items() if w in used}
+    defined = {*g.inputs, *constants, *labels,
+               *(o for n in nodes for b in bodies.get(n.name, [n]) for o in b.outputs)}
+    types = {v: t for v, t in types.items() if v in defined}  # of what folding dropped
     return Layers(g.replace(nodes=nodes, constants=constants, types=types, labels=labels),
                   bodies)
 

@@ -1,17 +1,14 @@
 """Write a quantized model: an NNEF folder (graph.nnef, one .dat per weight),
-quantization.json and, for an ONNX model, onnx_nodes.json, all into a temporary folder
-beside DIR that is then renamed into place (as `cvmc convert` does), so a failed or
-interrupted run leaves no partial folder."""
+quantization.json and, for an ONNX model, onnx_nodes.json, into place atomically as
+`cvmc convert` writes its folder (`cvmc.frontend.folder.model_folder`)."""
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from cvmc.frontend.onnx_convert import check_destination, move_into_place
+from cvmc.frontend.folder import model_folder
 from cvmc.frontend.printer import print_graph
 from cvmc.frontend.tensorfile import tensor_bytes
 from cvmc.quantize import Quantized
@@ -29,14 +26,9 @@ def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bo
     value -> ONNX node), `onnx_nodes.json` maps each value of the integer graph that has
     one to its ONNX node."""
     out_dir = Path(out_dir)
-    check_destination(out_dir, force, Path(source))
     graph = q.graph.replace(labels={w: w for w in q.graph.constants
                                     if np.size(q.graph.constants[w]) > _INLINE})
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=out_dir.parent))
-    try:
-        folder = tmp / "model"
-        folder.mkdir()
+    with model_folder(out_dir, force, Path(source)) as folder:
         (folder / "graph.nnef").write_text(print_graph(graph))
         for name, label in graph.labels.items():
             data = graph.constants[name].astype(graph.types[name].dtype)
@@ -46,7 +38,4 @@ def write_model(q: Quantized, out_dir: str | Path, source: str | Path, force: bo
         if origins:
             nodes = {n: origins[n] for n in q.graph.types if n in origins}
             (folder / ONNX_NODES).write_text(json.dumps(nodes, indent=1) + "\n")
-        move_into_place(folder, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
