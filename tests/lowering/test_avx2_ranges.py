@@ -11,7 +11,6 @@ from pathlib import Path
 import cvmc_runtime
 import numpy as np
 import pytest
-from cvmc_runtime.cpu import check_host_cpu
 
 from cvmc import load_graph
 from cvmc.cli import main
@@ -87,23 +86,6 @@ CASES = [
 ]
 
 
-def compiled_vs_reference(graph: Graph, x: np.ndarray, row: str) -> None:
-    """Compile for znver3 (AVX2, no VNNI), check that the conv kernel took `row`, run on
-    `x` (this CPU has AVX2) and assert the outputs equal the reference's."""
-    want = reference_run(graph, {"x": x})
-    with tempfile.TemporaryDirectory() as tmp:
-        plan = compile_model(graph, Path(tmp) / "m.cvmx", mcpu="znver3").plan
-        assert [k["schedule"] for k in plan["kernels"] if k["ops"][0] == "conv2d_packed"] \
-            == [row]
-        try:
-            check_host_cpu(plan["target"])
-        except cvmc_runtime.ModelError as e:
-            pytest.skip(f"compiled; not run: {e}")
-        got = cvmc_runtime.load(Path(tmp) / "m.cvmx").run({"x": x})
-    for name in want:
-        assert np.array_equal(got[name], want[name]), name
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_rows_chosen_from_intervals_are_exact_at_the_extremes(case):
     _, p, before, (x_lo, x_hi), (w_lo, w_hi), row = case
@@ -115,7 +97,8 @@ def test_rows_chosen_from_intervals_are_exact_at_the_extremes(case):
     assert maddubs_exact((x_lo, x_hi), (w_lo, w_hi)) == (row == FAST)
     # the extremes of the input that reach the conv as (x_lo, x_hi)
     lo, hi = (-(2 ** (p - 1)) + 1, 2 ** (p - 1) - 1) if not before else (-127, 127)
-    compiled_vs_reference(graph, extreme_data(graph.types["x"].shape, lo, hi), row)
+    x = extreme_data(graph.types["x"].shape, lo, hi)
+    packed_conv.compiled_vs_reference(graph, "znver3", x, row)
 
 
 def test_fast_row_on_random_data_and_odd_shapes():
@@ -125,7 +108,7 @@ def test_fast_row_on_random_data_and_odd_shapes():
     w = rng.integers(-64, 65, (20, 6, 3, 3))
     graph = conv_graph(8, w, channels=6, padding=0)
     x = rng.integers(-127, 128, graph.types["x"].shape)
-    compiled_vs_reference(graph, x, FAST)
+    packed_conv.compiled_vs_reference(graph, "znver3", x, FAST)
 
 
 @pytest.fixture(scope="module")
