@@ -5,6 +5,7 @@ passes run), `run_passes`, `lower`, `build` (schedule and compile), and `schedul
 (`--emit tir`, the tests)."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from cvmc.passes.target import Target
 
 
 @dataclass(frozen=True)
-class Backend:
+class Backend(ABC):
     """`name`; the targets it compiles for: their `kind` and, for llvm, the LLVM `triples`
     (prefixes); the `passes` a graph takes, in order, and the `schedules` table. A
     subclass builds (`schedule`, `build`)."""
@@ -49,14 +50,14 @@ class Backend:
         (`cvmc.lowering.lower.lower_graph`)."""
         return lower_graph(graph, target, prefix, self.schedules)
 
+    @abstractmethod
     def schedule(self, mod, target: Target):
         """(scheduled module, {kernel symbol: rule name})."""
-        raise NotImplementedError
 
+    @abstractmethod
     def build(self, mod, target: Target, plan: dict,
               on_kernel: Callable[[str], None] | None = None, jobs: int | None = None,
               cache: bool = True) -> Built:
         """The kernels of `mod` scheduled and compiled into a library holding the signature
         of `plan`'s kernels, `on_kernel(symbol)` after each; in `jobs` processes and with
         the per-user kernel cache (`cache`) where the backend builds kernel by kernel."""
-        raise NotImplementedError
